@@ -1,0 +1,28 @@
+# statebook developer entry points.  `make run` runs the demo, `make test` the suite.
+
+PYTHON ?= python3
+VENV := .venv
+PYTEST_ARGS ?=
+# Usage: $(PY_OK) <python>  -- fails unless <python> is 3.11 or newer.
+PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then exit 0; fi; \
+	echo "statebook needs Python >= 3.11; $$0 is $$("$$0" -V 2>&1). Use make PYTHON=python3.11 (and remove $(VENV) if it is stale)." >&2; exit 1'
+
+.PHONY: venv run test bench
+
+venv: $(VENV)/.stamp
+
+# Reinstall only when pyproject.toml changed since the last successful install.
+$(VENV)/.stamp: pyproject.toml
+	@test -x $(VENV)/bin/python || { $(PY_OK) $(PYTHON) && $(PYTHON) -m venv $(VENV); }
+	@$(PY_OK) $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e ".[test]"
+	@touch $@
+
+run: venv
+	$(VENV)/bin/statebook demo
+
+test: venv
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+bench: venv
+	$(VENV)/bin/pip install -q -e ".[test,bench]" && $(VENV)/bin/python tests/bench/run.py

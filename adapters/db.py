@@ -1,0 +1,140 @@
+"""Connect to SQLite or PostgreSQL with the behaviour statebook relies on, and build the schema.
+
+SQLite: WAL, ``busy_timeout``, foreign keys, ``synchronous=NORMAL``, and every transaction starts
+with ``BEGIN IMMEDIATE`` — with a deferred BEGIN a read-then-write transaction fails at once with
+"database is locked" whatever the busy timeout. The database file is created with mode 0600.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from statebook.lifecycle import SYSTEM_CLOCK, Book, Clock, Registry, metadata
+
+from .errors import ConfigError
+from .registry import builtin_registry
+
+DEFAULT_URL = "sqlite:///./statebook.db"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 5000
+
+schema_version = sa.Table(
+    "statebook_schema",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("applied_at", sa.Float, nullable=False),
+)
+
+
+def normalize_url(url: str | None = None) -> str:
+    """An async SQLAlchemy URL from a user's URL, a bare file path, or ``$STATEBOOK_DB``.
+
+    >>> normalize_url("postgresql://u@h/db")
+    'postgresql+asyncpg://u@h/db'
+    """
+    raw = url or os.environ.get("STATEBOOK_DB") or DEFAULT_URL
+    if "://" not in raw:
+        raw = f"sqlite:///{raw}"
+    try:
+        parsed = make_url(raw)
+    except ArgumentError as exc:
+        raise ConfigError(f"malformed database URL {raw!r}: {exc}") from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+        if not parsed.database or parsed.database == ":memory:":
+            raise ConfigError("statebook needs a SQLite file, e.g. sqlite:///./statebook.db (not :memory:)")
+    elif backend in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    else:
+        raise ConfigError(f"unsupported database {backend!r} in {raw!r}; use sqlite:///PATH or postgresql://...")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _prepare_sqlite_file(path: str, *, must_exist: bool) -> None:
+    file = Path(path)
+    if file.exists():
+        return
+    if must_exist:
+        raise ConfigError(f"database file {path} does not exist")
+    if not file.parent.exists():
+        raise ConfigError(f"directory {file.parent} for the database file does not exist")
+    fd = os.open(file, os.O_CREAT | os.O_WRONLY, 0o600)
+    os.close(fd)
+
+
+def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int = 10) -> AsyncEngine:
+    """An async engine configured for statebook. Nothing is read or written yet."""
+    full = normalize_url(url)
+    parsed = make_url(full)
+    if parsed.get_backend_name() == "sqlite":
+        _prepare_sqlite_file(parsed.database or "", must_exist=must_exist)
+        engine = create_async_engine(full, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        _configure_sqlite(engine)
+        return engine
+    return create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2)
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    @sa.event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_conn.cursor()
+        for pragma in (
+            "PRAGMA journal_mode=WAL",
+            f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
+            "PRAGMA foreign_keys=ON",
+            "PRAGMA synchronous=NORMAL",
+        ):
+            cursor.execute(pragma)
+        cursor.close()
+
+    @sa.event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn):  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Create every statebook table that is missing and record the schema version."""
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+        found = (await conn.execute(sa.select(sa.func.max(schema_version.c.version)))).scalar()
+        if found is None:
+            await conn.execute(sa.insert(schema_version).values(version=SCHEMA_VERSION, applied_at=clock.now()))
+        elif found > SCHEMA_VERSION:
+            raise ConfigError(
+                f"the database has schema version {found}, newer than this statebook ({SCHEMA_VERSION}); upgrade statebook"
+            )
+
+
+async def reset_schema(engine: AsyncEngine) -> None:
+    """Delete every row of every statebook table (tests and benchmarks only)."""
+    async with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            names = ", ".join(t.name for t in metadata.sorted_tables if t.name != schema_version.name)
+            await conn.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
+        else:
+            for table in reversed(metadata.sorted_tables):
+                if table is not schema_version:
+                    await conn.execute(sa.delete(table))
+
+
+async def open_book(
+    url: str | None = None,
+    *,
+    registry: Registry | None = None,
+    clock: Clock | None = None,
+    create: bool = True,
+    must_exist: bool = False,
+) -> Book:
+    """Connect, create the schema when asked, and return a :class:`Book` over the built-in registry."""
+    engine = connect(url, must_exist=must_exist)
+    if create:
+        await create_schema(engine, clock or SYSTEM_CLOCK)
+    return Book(engine, registry if registry is not None else builtin_registry(), clock or SYSTEM_CLOCK)

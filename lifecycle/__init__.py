@@ -1,0 +1,34 @@
+"""statebook.lifecycle — declare lifecycles, move entities through them, replay and verify history.
+
+Knows no dispatch and no schedule: those are lifecycles declared by ``statebook.outbox`` and
+``statebook.scheduler``. Imports nothing else of statebook.
+"""
+
+from .book import Book
+from .clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
+from .engine import Command, Outcome, apply, create, purge, transition
+from .errors import (
+    DuplicateEntity,
+    EntityNotFound,
+    IdempotencyMismatch,
+    PolicyError,
+    RegistrySealed,
+    StatebookError,
+    TransitionRejected,
+    UnknownEntityType,
+    UnknownReason,
+)
+from .facts import Cursor, Fact, facts_table, tail
+from .policy import Edge, Lifecycle, Registry, edges, validate
+from .reasons import Actor, Reason, check_reason_code
+from .replay import Finding, Report, as_of, export_jsonl, fold, history, read_row, replay, verify
+from .schema import LIFECYCLE_COLUMNS, data_columns, managed_table, metadata
+
+__all__ = [
+    "LIFECYCLE_COLUMNS", "SYSTEM_CLOCK", "Actor", "Book", "Clock", "Command", "Cursor", "DuplicateEntity", "Edge",
+    "EntityNotFound", "Fact", "FakeClock", "Finding", "IdempotencyMismatch", "Lifecycle", "Outcome",
+    "PolicyError", "Reason", "Registry", "RegistrySealed", "Report", "StatebookError", "SystemClock",
+    "TransitionRejected", "UnknownEntityType", "UnknownReason", "apply", "as_of", "check_reason_code", "create",
+    "data_columns", "edges", "export_jsonl", "facts_table", "fold", "history", "managed_table", "metadata",
+    "purge", "read_row", "replay", "tail", "transition", "validate", "verify",
+]

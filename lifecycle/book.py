@@ -1,0 +1,74 @@
+"""``Book``: the handle domain functions take — a database, the registry and the clock.
+
+A book made from an engine opens its own transaction per operation. ``async with book.begin() as
+tx`` yields a book bound to one open transaction: every operation given ``tx`` joins it, so an
+application commits its own rows and a status change atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .clock import SYSTEM_CLOCK, Clock
+from .policy import Lifecycle, Registry
+
+
+@dataclass(frozen=True)
+class Book:
+    """Database handle + registry + clock. Cheap to copy; holds no connection unless bound."""
+
+    engine: AsyncEngine
+    registry: Registry
+    clock: Clock = SYSTEM_CLOCK
+    conn: AsyncConnection | None = None
+    on_commit: list[Callable[[str], None]] = field(default_factory=list, compare=False)
+    """Callbacks run with an entity type after a transaction that wrote it commits (wake-ups)."""
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def policy(self, entity_type: str) -> Lifecycle:
+        return self.registry.get(entity_type)
+
+    def with_clock(self, clock: Clock) -> Book:
+        return replace(self, clock=clock)
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[Book]:
+        """A book bound to one transaction; joins the current one when already bound."""
+        if self.conn is not None:
+            if self.conn.in_transaction():
+                yield self
+                return
+            async with self.conn.begin():
+                yield self
+            return
+        touched: set[str] = set()
+        async with self.engine.begin() as conn:
+            bound = replace(self, conn=conn)
+            conn.info["statebook.touched"] = touched
+            yield bound
+        for entity_type in touched:
+            for callback in self.on_commit:
+                callback(entity_type)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for reads: the bound one, or a fresh one."""
+        if self.conn is not None:
+            yield self.conn
+            return
+        async with self.engine.connect() as conn:
+            yield conn
+
+
+def mark_touched(conn: AsyncConnection, entity_type: str) -> None:
+    touched: Any = conn.info.get("statebook.touched")
+    if touched is not None:
+        touched.add(entity_type)

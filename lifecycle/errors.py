@@ -1,0 +1,50 @@
+"""The exception family. Every error says what was wrong and what would be right."""
+
+from __future__ import annotations
+
+
+class StatebookError(Exception):
+    """Root of every error statebook raises on purpose."""
+
+
+class PolicyError(StatebookError):
+    """A lifecycle declaration or registry operation is invalid."""
+
+
+class RegistrySealed(PolicyError):
+    """The registry was sealed; policies can no longer be added or replaced."""
+
+
+class UnknownEntityType(StatebookError, LookupError):
+    """No lifecycle is registered for the entity type."""
+
+
+class EntityNotFound(StatebookError, LookupError):
+    """The entity's row does not exist."""
+
+
+class TransitionRejected(StatebookError):
+    """The policy forbids this command; nothing was written.
+
+    ``rule`` names the rule that refused it (``edge``, ``actor``, ``patch``, ``guard``, ``reason``,
+    ``initial``, ``status``).
+    """
+
+    def __init__(self, message: str, *, rule: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+
+
+class UnknownReason(TransitionRejected):
+    """The reason code is not declared by the lifecycle."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, rule="reason")
+
+
+class IdempotencyMismatch(StatebookError):
+    """An idempotency key was reused for a different command."""
+
+
+class DuplicateEntity(StatebookError):
+    """``create`` was asked to insert an id that already exists."""

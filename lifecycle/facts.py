@@ -1,0 +1,168 @@
+"""The ``status_transitions`` table: immutable facts, their hash chain, and a tailing reader.
+
+Every fact names the previous fact of its entity; ``UNIQUE(entity_type, entity_id, prev_fact_id)``
+makes two forks of one history impossible to commit. A fact's hash covers its content and the
+previous hash, so editing or deleting a fact breaks the chain visibly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from .codec import digest, dumps
+from .schema import metadata
+
+GENESIS = ""
+"""``prev_fact_id`` and ``prev_hash`` of an entity's first fact."""
+
+facts_table = sa.Table(
+    "status_transitions",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(32), nullable=False, unique=True),
+    sa.Column("entity_type", sa.Text, nullable=False),
+    sa.Column("entity_id", sa.Text, nullable=False),
+    sa.Column("prev_fact_id", sa.String(32), nullable=False),
+    sa.Column("previous_status", sa.Text, nullable=True),
+    sa.Column("status", sa.Text, nullable=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("reason_code", sa.Text, nullable=False),
+    sa.Column("reason_summary", sa.Text, nullable=False),
+    sa.Column("evidence_refs", sa.JSON, nullable=False),
+    sa.Column("actor_type", sa.Text, nullable=False),
+    sa.Column("actor_id", sa.Text, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("patch", sa.JSON, nullable=False),
+    sa.Column("metadata", sa.JSON, nullable=False),
+    sa.Column("idempotency_key", sa.Text, nullable=True),
+    sa.Column("command_digest", sa.String(64), nullable=True),
+    sa.Column("policy_fingerprint", sa.String(16), nullable=False),
+    sa.Column("prev_hash", sa.String(64), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+    sa.Column("tx_id", sa.BigInteger, nullable=True),
+    sa.UniqueConstraint("entity_type", "entity_id", "prev_fact_id", name="uq_fact_chain"),
+    sa.Index("ix_fact_entity", "entity_type", "entity_id", "seq"),
+    sa.Index("ix_fact_reason_at", "reason_code", "at"),
+    sa.Index("ix_fact_at", "at"),
+    sa.Index(
+        "uq_fact_idempotency",
+        "entity_type",
+        "entity_id",
+        "idempotency_key",
+        unique=True,
+        sqlite_where=sa.text("idempotency_key IS NOT NULL"),
+        postgresql_where=sa.text("idempotency_key IS NOT NULL"),
+    ),
+)
+
+# PostgreSQL sequence values can commit out of order; the writing transaction's id lets the tailing
+# reader emit only facts whose transactions are all finished (see ``tail``). SQLite has one writer,
+# so its sequence order is its commit order.
+sa.event.listen(
+    facts_table,
+    "after_create",
+    sa.DDL(
+        "ALTER TABLE status_transitions ALTER COLUMN tx_id SET DEFAULT (pg_current_xact_id()::text::bigint)"
+    ).execute_if(dialect="postgresql"),
+)
+
+HASHED_FIELDS = (
+    "id", "entity_type", "entity_id", "prev_fact_id", "previous_status", "status", "version", "reason_code",
+    "reason_summary", "evidence_refs", "actor_type", "actor_id", "at", "patch", "metadata", "idempotency_key",
+    "command_digest", "policy_fingerprint",
+)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One committed transition (or creation, or tombstone) of one entity."""
+
+    id: str
+    entity_type: str
+    entity_id: str
+    prev_fact_id: str
+    previous_status: str | None
+    status: str | None
+    version: int
+    reason_code: str
+    reason_summary: str
+    evidence_refs: list[str]
+    actor_type: str
+    actor_id: str
+    at: float
+    patch: dict[str, Any]
+    metadata: dict[str, Any]
+    idempotency_key: str | None
+    command_digest: str | None
+    policy_fingerprint: str
+    prev_hash: str
+    hash: str
+    seq: int | None = None
+    tx_id: int | None = None
+
+    @property
+    def is_creation(self) -> bool:
+        return self.previous_status is None
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.status is None
+
+    def content(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in HASHED_FIELDS}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_row(cls, row: Any) -> Fact:
+        m = row._mapping
+        return cls(**{k: m[k] for k in cls.__dataclass_fields__})
+
+
+def fact_hash(content: dict[str, Any], prev_hash: str) -> str:
+    """The chain hash of a fact: covers its content and the previous fact's hash."""
+    return digest(prev_hash, dumps(content))
+
+
+def insert_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
+    """Column values for a new fact row, hash included."""
+    return {**content, "prev_hash": prev_hash, "hash": fact_hash(content, prev_hash)}
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Position of a tailing reader: the last (transaction id, sequence) it returned."""
+
+    tx_id: int = 0
+    seq: int = 0
+
+
+async def tail(conn: Any, cursor: Cursor = Cursor(), *, limit: int = 1000) -> tuple[list[Fact], Cursor]:
+    """Facts committed after ``cursor``, in an order no late commit can jump ahead of.
+
+    On PostgreSQL only facts whose writing transaction is older than every transaction still in
+    flight (``pg_snapshot_xmin``) are returned, ordered by (transaction id, seq): a fact that commits
+    later always sorts after the cursor. On SQLite writes are serialised, so seq order suffices.
+    """
+    t = facts_table
+    if conn.dialect.name == "postgresql":
+        horizon = sa.text("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+        query = (
+            sa.select(t)
+            .where(sa.tuple_(t.c.tx_id, t.c.seq) > sa.tuple_(sa.literal(cursor.tx_id), sa.literal(cursor.seq)))
+            .where(t.c.tx_id < sa.select(horizon).scalar_subquery())
+            .order_by(t.c.tx_id, t.c.seq)
+            .limit(limit)
+        )
+    else:
+        query = sa.select(t).where(t.c.seq > cursor.seq).order_by(t.c.seq).limit(limit)
+    rows = (await conn.execute(query)).fetchall()
+    found = [Fact.from_row(r) for r in rows]
+    if found:
+        last = found[-1]
+        cursor = Cursor(last.tx_id or 0, last.seq or 0)
+    return found, cursor

@@ -1,0 +1,379 @@
+"""Lifecycle declarations and the registry that validates them.
+
+A :class:`Lifecycle` is a closed graph: statuses, initial and terminal sets, edges, the columns a
+transition may patch, and the reason codes it may cite. The :class:`Registry` refuses a declaration
+that could not be operated safely, with a message naming the offending part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Literal
+
+import sqlalchemy as sa
+
+from .errors import PolicyError, RegistrySealed, TransitionRejected, UnknownEntityType, UnknownReason
+from .reasons import check_reason_code
+from .schema import LIFECYCLE_COLUMNS
+
+SameStatus = Literal["edge", "allow"]
+"""How a move to the same status is treated: ``edge`` — only along a declared self-edge;
+``allow`` — any non-terminal status may move to itself (a patch-only update)."""
+
+
+def _fs(values: Iterable[str] | str | None) -> frozenset[str]:
+    if values is None:
+        return frozenset()
+    if isinstance(values, str):
+        return frozenset((values,))
+    return frozenset(values)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One allowed move. Empty ``actors`` means any actor type may take it."""
+
+    source: str
+    target: str
+    actors: frozenset[str] = frozenset()
+    requires_patch: frozenset[str] = frozenset()
+    requires_guard: frozenset[str] = frozenset()
+
+    @property
+    def gated(self) -> bool:
+        return bool(self.actors)
+
+    def canonical(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "target": self.target,
+            "actors": sorted(self.actors),
+            "requires_patch": sorted(self.requires_patch),
+            "requires_guard": sorted(self.requires_guard),
+        }
+
+
+def edges(
+    source: str,
+    *targets: str,
+    actors: Iterable[str] | str | None = None,
+    patch: Iterable[str] | str | None = None,
+    guard: Iterable[str] | str | None = None,
+) -> list[Edge]:
+    """Edges from ``source`` to each target sharing the same requirements.
+
+    >>> [e.target for e in edges("pending", "delivering", "expired")]
+    ['delivering', 'expired']
+    """
+    return [Edge(source, t, _fs(actors), _fs(patch), _fs(guard)) for t in targets]
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """A declared lifecycle for one entity type stored in one managed table."""
+
+    entity_type: str
+    table: sa.Table
+    statuses: tuple[str, ...]
+    initial: frozenset[str]
+    terminal: frozenset[str]
+    edges: tuple[Edge, ...]
+    patch_fields: frozenset[str] = frozenset()
+    reason_prefixes: frozenset[str] = frozenset()
+    reasons: frozenset[str] = frozenset()
+    same_status: SameStatus = "edge"
+    purgeable: frozenset[str] | None = None
+    description: str = ""
+    _index: Mapping[tuple[str, str], Edge] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "statuses", tuple(self.statuses))
+        for name in ("initial", "terminal", "patch_fields", "reason_prefixes", "reasons"):
+            set_(self, name, _fs(getattr(self, name)))
+        set_(self, "edges", tuple(self.edges))
+        if self.purgeable is None:
+            set_(self, "purgeable", self.terminal)
+        else:
+            set_(self, "purgeable", _fs(self.purgeable))
+        set_(self, "_index", MappingProxyType({(e.source, e.target): e for e in self.edges}))
+
+    # -- reading ------------------------------------------------------------------------------
+    @property
+    def table_name(self) -> str:
+        return self.table.name
+
+    def edge(self, source: str, target: str) -> Edge | None:
+        """The edge ``source -> target``, including an implicit same-status move when allowed."""
+        found = self._index.get((source, target))
+        if found is None and source == target and self.same_status == "allow" and source not in self.terminal:
+            return Edge(source, target)
+        return found
+
+    def targets(self, source: str) -> list[str]:
+        return [e.target for e in self.edges if e.source == source]
+
+    def canonical(self) -> dict[str, object]:
+        return {
+            "entity_type": self.entity_type,
+            "table": self.table.name,
+            "statuses": list(self.statuses),
+            "initial": sorted(self.initial),
+            "terminal": sorted(self.terminal),
+            "edges": sorted((e.canonical() for e in self.edges), key=lambda d: (d["source"], d["target"])),
+            "patch_fields": sorted(self.patch_fields),
+            "reason_prefixes": sorted(self.reason_prefixes),
+            "reasons": sorted(self.reasons),
+            "same_status": self.same_status,
+            "purgeable": sorted(self.purgeable or ()),
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable hash of the canonical form: equal declarations give equal fingerprints."""
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # -- deriving -----------------------------------------------------------------------------
+    def extend(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        initial: Iterable[str] = (),
+        terminal: Iterable[str] = (),
+        edges: Iterable[Edge] = (),
+        patch_fields: Iterable[str] = (),
+        reasons: Iterable[str] = (),
+        reason_prefixes: Iterable[str] = (),
+        table: sa.Table | None = None,
+        entity_type: str | None = None,
+        description: str | None = None,
+    ) -> Lifecycle:
+        """A copy with more statuses, edges, patch fields or reason codes (never fewer)."""
+        return replace(
+            self,
+            entity_type=entity_type or self.entity_type,
+            table=self.table if table is None else table,
+            statuses=self.statuses + tuple(s for s in statuses if s not in self.statuses),
+            initial=self.initial | _fs(initial),
+            terminal=self.terminal | _fs(terminal),
+            edges=self.edges + tuple(e for e in edges if (e.source, e.target) not in self._index),
+            patch_fields=self.patch_fields | _fs(patch_fields),
+            reasons=self.reasons | _fs(reasons),
+            reason_prefixes=self.reason_prefixes | _fs(reason_prefixes),
+            purgeable=(self.purgeable or frozenset()) | _fs(terminal),
+            description=self.description if description is None else description,
+        )
+
+    # -- checking commands --------------------------------------------------------------------
+    def check_reason(self, code: str) -> None:
+        if code not in self.reasons:
+            near = sorted(r for r in self.reasons if r.split(".")[1:2] == code.split(".")[1:2])
+            hint = f"; declared codes for that status: {', '.join(near)}" if near else ""
+            raise UnknownReason(
+                f"reason code {code!r} is not declared by lifecycle {self.entity_type!r}{hint}"
+            )
+
+    def check_command(
+        self,
+        sources: Iterable[str],
+        target: str,
+        *,
+        actor_type: str,
+        patch: Iterable[str] = (),
+        guard: Iterable[str] = (),
+        reason_code: str,
+    ) -> None:
+        """Refuse, with the rule's name, a command this policy forbids from any expected status."""
+        self.check_reason(reason_code)
+        for status in (target, *sources):
+            if status not in self.statuses:
+                raise TransitionRejected(
+                    f"{self.entity_type}: unknown status {status!r}; statuses are {', '.join(self.statuses)}",
+                    rule="status",
+                )
+        patch_keys, guard_keys = set(patch), set(guard)
+        undeclared = sorted((patch_keys | guard_keys) - self.patch_fields)
+        if undeclared:
+            raise TransitionRejected(
+                f"{self.entity_type}: column(s) {', '.join(undeclared)} are not patch fields of this "
+                f"lifecycle (patch fields: {', '.join(sorted(self.patch_fields)) or 'none'})",
+                rule="patch",
+            )
+        srcs = list(sources)
+        if not srcs:
+            raise TransitionRejected(f"{self.entity_type}: a transition needs at least one expected status", rule="status")
+        for source in srcs:
+            edge = self.edge(source, target)
+            if edge is None:
+                allowed = ", ".join(self.targets(source)) or "none (terminal)"
+                raise TransitionRejected(
+                    f"{self.entity_type}: edge {source} -> {target} is not declared; from {source} the "
+                    f"allowed targets are: {allowed}",
+                    rule="edge",
+                )
+            if edge.actors and actor_type not in edge.actors:
+                raise TransitionRejected(
+                    f"{self.entity_type}: edge {source} -> {target} is reserved for actor type(s) "
+                    f"{', '.join(sorted(edge.actors))}; got {actor_type!r}",
+                    rule="actor",
+                )
+            missing = sorted(edge.requires_patch - patch_keys)
+            if missing:
+                raise TransitionRejected(
+                    f"{self.entity_type}: edge {source} -> {target} requires patch field(s) {', '.join(missing)}",
+                    rule="patch",
+                )
+            missing = sorted(edge.requires_guard - guard_keys)
+            if missing:
+                raise TransitionRejected(
+                    f"{self.entity_type}: edge {source} -> {target} requires a guard on {', '.join(missing)} "
+                    f"(pass guards={{{', '.join(repr(m) + ': <expected value>' for m in missing)}}})",
+                    rule="guard",
+                )
+
+
+def validate(lc: Lifecycle) -> None:
+    """Raise :class:`PolicyError` for a lifecycle that cannot be operated safely."""
+    name = lc.entity_type
+    if not name or not name.replace("_", "").isalnum() or not name[0].isalpha():
+        raise PolicyError(f"entity type {name!r} must be an identifier (letters, digits, underscores)")
+    if not lc.statuses:
+        raise PolicyError(f"{name}: a lifecycle needs at least one status")
+    if len(set(lc.statuses)) != len(lc.statuses):
+        raise PolicyError(f"{name}: statuses are listed twice: {sorted({s for s in lc.statuses if lc.statuses.count(s) > 1})}")
+    known = set(lc.statuses)
+    for label, group in (("initial", lc.initial), ("terminal", lc.terminal), ("purgeable", lc.purgeable or ())):
+        unknown = sorted(set(group) - known)
+        if unknown:
+            raise PolicyError(f"{name}: {label} status(es) {', '.join(unknown)} are not among the statuses {sorted(known)}")
+    if not lc.initial:
+        raise PolicyError(f"{name}: at least one initial status is required")
+    for e in lc.edges:
+        for end in (e.source, e.target):
+            if end not in known:
+                raise PolicyError(f"{name}: edge {e.source} -> {e.target} names unknown status {end!r}")
+        outside = sorted((e.requires_patch | e.requires_guard) - lc.patch_fields)
+        if outside:
+            raise PolicyError(
+                f"{name}: edge {e.source} -> {e.target} requires field(s) {', '.join(outside)} that are not "
+                f"patch fields (declare them in patch_fields)"
+            )
+        if e.source in lc.terminal and not e.gated:
+            raise PolicyError(
+                f"{name}: terminal status {e.source!r} has an ungated exit to {e.target!r}; a terminal status may "
+                "only be left by an edge restricted to an actor type (e.g. actors='operator')"
+            )
+    if lc.same_status not in ("edge", "allow"):
+        raise PolicyError(f"{name}: same_status must be 'edge' or 'allow', not {lc.same_status!r}")
+    reached, frontier = set(lc.initial), list(lc.initial)
+    while frontier:
+        for target in lc.targets(frontier.pop()):
+            if target not in reached:
+                reached.add(target)
+                frontier.append(target)
+    unreachable = [s for s in lc.statuses if s not in reached]
+    if unreachable:
+        raise PolicyError(f"{name}: status(es) {', '.join(unreachable)} cannot be reached from the initial statuses")
+    columns = set(lc.table.c.keys())
+    if not set(LIFECYCLE_COLUMNS) <= columns or "id" not in columns:
+        raise PolicyError(
+            f"{name}: table {lc.table.name!r} is not a managed table; build it with lifecycle.managed_table()"
+        )
+    bad = sorted(f for f in lc.patch_fields if f not in columns or f in LIFECYCLE_COLUMNS or f == "id")
+    if bad:
+        raise PolicyError(f"{name}: patch field(s) {', '.join(bad)} are not data columns of table {lc.table.name!r}")
+    checked = lc.table.info.get("statuses")
+    if checked is not None and set(lc.statuses) - set(checked):
+        raise PolicyError(
+            f"{name}: table {lc.table.name!r} CHECK admits only {list(checked)}; statuses "
+            f"{sorted(set(lc.statuses) - set(checked))} need a table built with those statuses"
+        )
+    if not lc.reason_prefixes:
+        raise PolicyError(f"{name}: declare at least one reason prefix (the <domain> of its reason codes)")
+    for prefix in lc.reason_prefixes:
+        check_reason_code(f"{prefix}.x.x")
+    for code in lc.reasons:
+        domain, _, _ = check_reason_code(code)
+        if domain not in lc.reason_prefixes:
+            raise PolicyError(
+                f"{name}: reason code {code!r} does not start with one of its prefixes {sorted(lc.reason_prefixes)}"
+            )
+
+
+class Registry:
+    """The set of lifecycles an application runs. Seal it once assembled; it is then immutable."""
+
+    def __init__(self, lifecycles: Iterable[Lifecycle] = ()) -> None:
+        self._by_type: dict[str, Lifecycle] = {}
+        self._sealed = False
+        for lc in lifecycles:
+            self.register(lc)
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def _guard(self) -> None:
+        if self._sealed:
+            raise RegistrySealed("the registry is sealed; register and extend lifecycles before sealing it")
+
+    def _check_against_others(self, lc: Lifecycle, ignore: str | None = None) -> None:
+        for other in self._by_type.values():
+            if other.entity_type == ignore:
+                continue
+            if other.entity_type == lc.entity_type:
+                raise PolicyError(f"entity type {lc.entity_type!r} is already registered")
+            if other.table.name == lc.table.name:
+                raise PolicyError(
+                    f"{lc.entity_type}: table {lc.table.name!r} is already managed by {other.entity_type!r}"
+                )
+            clash = sorted(lc.reason_prefixes & other.reason_prefixes)
+            if clash:
+                raise PolicyError(
+                    f"{lc.entity_type}: reason prefix(es) {', '.join(clash)} are already used by {other.entity_type!r}"
+                )
+
+    def register(self, lc: Lifecycle) -> Lifecycle:
+        self._guard()
+        validate(lc)
+        self._check_against_others(lc)
+        self._by_type[lc.entity_type] = lc
+        return lc
+
+    def extend(self, entity_type: str, **additions: object) -> Lifecycle:
+        """Replace a registered lifecycle by an extended copy (see :meth:`Lifecycle.extend`)."""
+        self._guard()
+        base = self.get(entity_type)
+        if "entity_type" in additions and additions["entity_type"] not in (None, entity_type):
+            raise PolicyError("extend() keeps the entity type; register a derived copy under a new type instead")
+        derived = base.extend(**additions)  # type: ignore[arg-type]
+        validate(derived)
+        self._check_against_others(derived, ignore=entity_type)
+        self._by_type[entity_type] = derived
+        return derived
+
+    def seal(self) -> Registry:
+        self._sealed = True
+        self._by_type = MappingProxyType(dict(self._by_type))  # type: ignore[assignment]
+        return self
+
+    def get(self, entity_type: str) -> Lifecycle:
+        try:
+            return self._by_type[entity_type]
+        except KeyError:
+            known = ", ".join(sorted(self._by_type)) or "none"
+            raise UnknownEntityType(f"no lifecycle is registered for {entity_type!r}; known types: {known}") from None
+
+    def __contains__(self, entity_type: object) -> bool:
+        return entity_type in self._by_type
+
+    def __iter__(self) -> Iterator[Lifecycle]:
+        return iter(list(self._by_type.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_type)

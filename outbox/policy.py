@@ -1,0 +1,49 @@
+"""The built-in ``dispatch`` lifecycle (seed ADR-0059 D5, the registry's closed edge graph)."""
+
+from __future__ import annotations
+
+from statebook.lifecycle import Lifecycle, edges
+
+from .schema import DISPATCH_STATUSES, dispatch_outbox
+
+OPERATOR = "operator"
+
+DISPATCH_REASONS = frozenset(
+    {
+        "dispatch.pending.enqueued",
+        "dispatch.delivering.attempt",
+        "dispatch.delivering.reclaimed",
+        "dispatch.delivered.transport_ok",
+        "dispatch.pending.transport_failed",
+        "dispatch.pending.awaiting_ack",
+        "dispatch.pending.operator_retry",
+        "dispatch.acked.consumer",
+        "dispatch.dead_letter.max_attempts",
+        "dispatch.dead_letter.ack_timeout",
+        "dispatch.expired.deadline",
+        "dispatch.purged.operator",
+        "dispatch.purged.retention",
+    }
+)
+
+DISPATCH = Lifecycle(
+    entity_type="dispatch",
+    table=dispatch_outbox,
+    statuses=DISPATCH_STATUSES,
+    initial={"pending"},
+    terminal={"delivered", "acked", "dead_letter", "expired"},
+    edges=(
+        *edges("pending", "delivering", "expired", "acked"),
+        *edges("delivering", "delivering", guard="attempt"),
+        *edges("delivering", "pending", "delivered", "acked", "dead_letter", "expired"),
+        *edges(
+            "dead_letter", "pending", actors=OPERATOR, patch=("attempt", "next_attempt_at", "last_error")
+        ),
+        *edges("expired", "pending", actors=OPERATOR, patch=("attempt", "next_attempt_at", "last_error")),
+    ),
+    patch_fields={"attempt", "next_attempt_at", "last_error"},
+    reason_prefixes={"dispatch"},
+    reasons=DISPATCH_REASONS,
+    same_status="edge",
+    description="A durable outbound notification: claimed, sent by a transport, retried, acknowledged.",
+)

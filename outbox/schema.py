@@ -1,0 +1,45 @@
+"""The ``dispatch_outbox`` table (seed ADR-0059 D1) plus the lifecycle columns."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import managed_table
+
+DISPATCH_STATUSES = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
+
+dispatch_outbox = managed_table(
+    "dispatch_outbox",
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("deliver_to", sa.Text, nullable=False),
+    sa.Column("payload", sa.JSON, nullable=False),
+    sa.Column("dedup_key", sa.Text, nullable=True),
+    sa.Column("attempt", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False, server_default="8"),
+    sa.Column("next_attempt_at", sa.Float, nullable=False),
+    sa.Column("ack_required", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("ack_token", sa.Text, nullable=True),
+    # Provenance links. The seed declares foreign keys to sessions and schedule_runs; the outbox may
+    # not depend on the scheduler, so these stay plain references.
+    sa.Column("session_id", sa.Text, nullable=True),
+    sa.Column("schedule_run_id", sa.Text, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=True),
+    sa.Index(
+        "idx_dispatch_outbox_dedup",
+        "dedup_key",
+        unique=True,
+        sqlite_where=sa.text("dedup_key IS NOT NULL"),
+        postgresql_where=sa.text("dedup_key IS NOT NULL"),
+    ),
+    sa.Index(
+        "idx_dispatch_outbox_due",
+        "status",
+        "next_attempt_at",
+        sqlite_where=sa.text("status IN ('pending', 'delivering')"),
+        postgresql_where=sa.text("status IN ('pending', 'delivering')"),
+    ),
+    statuses=DISPATCH_STATUSES,
+)
