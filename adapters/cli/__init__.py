@@ -1,0 +1,17 @@
+"""statebook's command line. ``main`` is the console-script entry point."""
+
+from __future__ import annotations
+
+from .app import app
+
+# Each module registers its commands on ``app`` when imported.
+from . import lifecycle as _lifecycle  # noqa: F401,E402
+from . import dispatch as _dispatch  # noqa: F401,E402
+from . import schedule as _schedule  # noqa: F401,E402
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

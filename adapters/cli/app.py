@@ -1,0 +1,88 @@
+"""The ``statebook`` command: one Typer app; each part's commands live in their own module."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from statebook.lifecycle import Book, StatebookError
+
+app = typer.Typer(
+    name="statebook",
+    help="Durable operational state: lifecycles, the dispatch outbox and the scheduler.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+T = TypeVar("T")
+
+DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
+
+
+class Context:
+    db_url: str | None = None
+
+
+ctx_state = Context()
+
+
+@app.callback()
+def _root(db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP)) -> None:
+    ctx_state.db_url = db
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a one-line error and return the exit to raise."""
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine, turning statebook and database errors into a one-line message."""
+    import sqlalchemy.exc
+
+    try:
+        return asyncio.run(coro)
+    except StatebookError as exc:
+        raise fail(str(exc)) from None
+    except LookupError as exc:
+        raise fail(str(exc.args[0] if exc.args else exc)) from None
+    except (sqlalchemy.exc.DBAPIError, OSError) as exc:
+        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise fail(f"database error: {detail}") from None
+
+
+async def open_cli_book(*, must_exist: bool = True, create: bool = False) -> Book:
+    """The book the CLI works on. An operator command on a missing SQLite file is an error."""
+    from statebook.adapters.db import open_book
+
+    return await open_book(ctx_state.db_url, must_exist=must_exist, create=create)
+
+
+def with_book(
+    fn: Callable[..., Awaitable[T]], *, must_exist: bool = True, create: bool = False
+) -> Callable[..., Coroutine[Any, Any, T]]:
+    """Wrap ``async fn(book, ...)`` so the book is opened and disposed around it."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> T:
+        book = await open_cli_book(must_exist=must_exist, create=create)
+        try:
+            return await fn(book, *args, **kwargs)
+        finally:
+            await book.engine.dispose()
+
+    return wrapper
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
