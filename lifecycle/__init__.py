@@ -4,6 +4,7 @@ Knows no dispatch and no schedule: those are lifecycles declared by ``statebook.
 ``statebook.scheduler``. Imports nothing else of statebook.
 """
 
+from .batch import NewEntity, apply_many, create_many
 from .book import Book
 from .clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
 from .engine import Command, Outcome, apply, create, purge, transition
@@ -28,7 +29,7 @@ __all__ = [
     "LIFECYCLE_COLUMNS", "SYSTEM_CLOCK", "Actor", "Book", "Clock", "Command", "Cursor", "DuplicateEntity", "Edge",
     "EntityNotFound", "Fact", "FakeClock", "Finding", "IdempotencyMismatch", "Lifecycle", "Outcome",
     "PolicyError", "Reason", "Registry", "RegistrySealed", "Report", "StatebookError", "SystemClock",
-    "TransitionRejected", "UnknownEntityType", "UnknownReason", "apply", "as_of", "check_reason_code", "create",
+    "TransitionRejected", "UnknownEntityType", "UnknownReason", "NewEntity", "apply", "apply_many", "as_of", "create_many", "check_reason_code", "create",
     "data_columns", "edges", "export_jsonl", "facts_table", "fold", "history", "managed_table", "metadata",
     "purge", "read_row", "replay", "tail", "transition", "validate", "verify",
 ]
