@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from .book import Book, mark_touched
 from .codec import new_id
 from .engine import Command, Outcome, _fact_content, _insert, _projection, apply
-from .errors import TransitionRejected
+from .errors import DuplicateEntity, TransitionRejected
 from .facts import GENESIS, facts_table, insert_values
 from .reasons import Actor, Reason
 from .schema import LIFECYCLE_COLUMNS
@@ -46,12 +46,16 @@ async def create_many(
     lc = book.policy(entity_type)
     now = book.clock.now()
     prepared: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    chosen_ids: set[str] = set()  # caller-chosen ids may collide with a purged history; generated ones cannot
     for item in items:
         lc.check_reason(item.reason.code)
         if item.status not in lc.initial:
             raise TransitionRejected(f"{entity_type}: {item.status!r} is not an initial status", rule="initial")
         data = dict(item.values)
-        data.setdefault("id", new_id())
+        if "id" in data:
+            chosen_ids.add(data["id"])
+        else:
+            data["id"] = new_id()
         unknown = sorted(k for k in data if k not in lc.table.c or k in LIFECYCLE_COLUMNS)
         if unknown:
             raise TransitionRejected(f"{entity_type}: {', '.join(unknown)} are not data columns", rule="patch")
@@ -63,11 +67,26 @@ async def create_many(
         fact = insert_values(content, GENESIS)
         prepared.append(({**data, **_projection(content, fact)}, fact))
     inserted: set[str] = set()
+    firsts: set[int] = set()
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None
+        all_ids = sorted(chosen_ids)
+        purged: set[str] = set()
+        for start in range(0, len(all_ids), _CHUNK):
+            chunk_ids = all_ids[start : start + _CHUNK]
+            purged.update(r[0] for r in await conn.execute(
+                sa.select(facts_table.c.entity_id).distinct().where(
+                    facts_table.c.entity_type == entity_type, facts_table.c.entity_id.in_(chunk_ids))))
+        if purged and not if_absent:
+            raise DuplicateEntity(f"{entity_type} {sorted(purged)[0]!r} has a history (it was purged); ids are not reused")
+        seen_ids: set[str] = set()
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        for row, _ in prepared:
+        for n, (row, _) in enumerate(prepared):
+            if row["id"] in purged or (if_absent and row["id"] in seen_ids):
+                continue
+            seen_ids.add(row["id"])
+            firsts.add(n)
             groups.setdefault(tuple(sorted(row)), []).append(row)
         for rows in groups.values():
             for start in range(0, len(rows), _CHUNK):
@@ -77,16 +96,16 @@ async def create_many(
                     stmt = stmt.on_conflict_do_nothing()
                 result = await conn.execute(stmt.values(chunk).returning(lc.table.c.id))
                 inserted.update(r[0] for r in result)
-        facts = [fact for row, fact in prepared if row["id"] in inserted]
+        facts = [fact for n, (row, fact) in enumerate(prepared) if n in firsts and row["id"] in inserted]
         for start in range(0, len(facts), _CHUNK):
             await conn.execute(sa.insert(facts_table), facts[start : start + _CHUNK])
         if facts:
             mark_touched(conn, entity_type)
     return [
         Outcome("applied", entity_type, row["id"], row["status"], 1, fact["id"], row=row)
-        if row["id"] in inserted
+        if n in firsts and row["id"] in inserted
         else Outcome("conflict", entity_type, row["id"], None, None)
-        for row, fact in prepared
+        for n, (row, fact) in enumerate(prepared)
     ]
 
 

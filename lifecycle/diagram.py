@@ -28,7 +28,9 @@ Check = Callable[..., bool]
 
 
 def trigger_name(source: str, target: str) -> str:
-    """>>> trigger_name("pending", "delivering")
+    """The machine's trigger for the edge ``source -> target``.
+
+    >>> trigger_name("pending", "delivering")
     'pending__to__delivering'
     """
     return f"{source}__to__{target}"
@@ -95,12 +97,8 @@ def conditions(lc: Lifecycle) -> dict[str, Check]:
 
 
 class LifecycleModel:
-    """The default model of :func:`to_machine`: it carries one condition method per requirement.
-
-    >>> from statebook.outbox import DISPATCH  # doctest: +SKIP
-    >>> LifecycleModel(DISPATCH).actor_is_operator(actor_type="system")  # doctest: +SKIP
-    False
-    """
+    """The default model of :func:`to_machine`: it carries one condition method per requirement,
+    e.g. ``LifecycleModel(DISPATCH).actor_is_operator(actor_type="system")`` is False."""
 
     state: str
 

@@ -163,7 +163,9 @@ async def create(
             rule="initial",
         )
     data = dict(values)
-    entity_id = entity_id or data.get("id") or new_id()
+    # A freshly generated id cannot collide with a purged history; a caller's id might.
+    chosen = entity_id or data.get("id")
+    entity_id = chosen or new_id()
     data["id"] = entity_id
     unknown = sorted(k for k in data if k not in lc.table.c or k in LIFECYCLE_COLUMNS)
     if unknown:
@@ -180,6 +182,12 @@ async def create(
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None
+        purged = chosen is not None and (await conn.execute(sa.select(facts_table.c.id).where(
+            facts_table.c.entity_type == entity_type, facts_table.c.entity_id == entity_id).limit(1))).first()
+        if purged:
+            if if_absent:
+                return Outcome("conflict", entity_type, entity_id, None, None)
+            raise DuplicateEntity(f"{entity_type} {entity_id!r} has a history (it was purged); ids are not reused")
         stmt = _insert(book.dialect, lc.table).values(row)
         if if_absent:
             stmt = stmt.on_conflict_do_nothing()
@@ -268,6 +276,10 @@ async def apply(book: Book, cmd: Command) -> Outcome:
             if current.status not in cmd.expected or any(
                 getattr(current, g) != v for g, v in cmd.guards.items()
             ):
+                if cmd.idempotency_key is not None:
+                    earlier = await _replayed(conn, cmd)
+                    if earlier is not None:
+                        return earlier
                 return Outcome("conflict", cmd.entity_type, cmd.entity_id, current.status, current.version)
             version = current.version + 1
             content = _fact_content(

@@ -138,7 +138,12 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
             flag("version_gap", f"fact {f.id} has version {f.version}, expected {version + 1}", f)
         if f.is_creation:
             if f.status not in lc.initial:
-                flag("forbidden_edge", f"created in {f.status!r}, which is not an initial status", f)
+                if f.policy_fingerprint != lc.fingerprint:
+                    flag("edge_not_in_current_policy",
+                         f"created in {f.status!r} under policy {f.policy_fingerprint}; the current policy "
+                         f"{lc.fingerprint} does not allow it as an initial status", f)
+                else:
+                    flag("forbidden_edge", f"created in {f.status!r}, which is not an initial status", f)
         elif not f.is_tombstone:
             edge = lc.edge(f.previous_status or "", f.status or "")
             allowed = edge is not None and (not edge.actors or f.actor_type in edge.actors)

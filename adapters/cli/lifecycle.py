@@ -1,1 +1,249 @@
-"""CLI commands (being written)."""
+"""Lifecycle commands: inspect declarations (no database), read history, replay, verify, demo."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, Report, as_of, history, replay, verify
+from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
+
+from .app import app, console, err_console, fail, run, with_book
+
+lifecycle_app = typer.Typer(help="Inspect the declared lifecycles (works without a database).", no_args_is_help=True)
+app.add_typer(lifecycle_app, name="lifecycle")
+
+
+class GraphFormat(str, Enum):
+    mermaid = "mermaid"
+    text = "text"
+
+
+def _policy(entity_type: str) -> Lifecycle:
+    from statebook.adapters.registry import builtin_registry
+
+    registry = builtin_registry()
+    if entity_type not in registry:
+        known = ", ".join(sorted(lc.entity_type for lc in registry))
+        raise fail(f"no lifecycle is registered for {entity_type!r}; known types: {known}")
+    return registry.get(entity_type)
+
+
+def _dump(value: Any, *, indent: int | None = None) -> str:
+    return json.dumps(value, sort_keys=True, indent=indent, default=str, ensure_ascii=False)
+
+
+# -- rendering (also used by the demo) --------------------------------------------------------
+
+
+def history_table(facts: list[Fact], title: str = "") -> Table:
+    """One row per fact: version, time, move, reason, actor, patched columns."""
+    table = Table(title=title or None, title_justify="left")
+    for name in ("v", "at (UTC)", "move", "actor"):
+        table.add_column(name, no_wrap=name in ("v", "at (UTC)"), overflow="fold")
+    table.add_column("reason", overflow="fold", ratio=2)
+    table.add_column("patch", overflow="fold", ratio=1)
+    for f in facts:
+        move = f"{f.previous_status or '(new)'} -> {f.status or '(purged)'}"
+        reason = f.reason_code + (f": {f.reason_summary}" if f.reason_summary else "")
+        patch = "" if f.is_creation else ", ".join(f"{k}={v!r}" for k, v in sorted(f.patch.items()))
+        actor = f"{f.actor_type}:{f.actor_id}" if f.actor_id else f.actor_type
+        at = datetime.fromtimestamp(f.at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(str(f.version), at, move, escape(actor), escape(reason), escape(patch))
+    return table
+
+
+def report_summary(report: Report) -> str:
+    verdict = "ok" if report.ok else f"{len(report.findings)} finding(s)"
+    return f"verified {report.entities} entities, {report.facts} facts: {verdict}"
+
+
+def print_report(report: Report) -> None:
+    console.print(report_summary(report), style="green" if report.ok else "red", highlight=False)
+    if report.findings:
+        table = Table()
+        for name in ("kind", "type", "entity", "detail"):
+            table.add_column(name, overflow="fold")
+        for f in report.findings:
+            table.add_row(f.kind, f.entity_type, f.entity_id, escape(f.detail))
+        console.print(table)
+
+
+# -- lifecycle ls / show / graph --------------------------------------------------------------
+
+
+@lifecycle_app.command("ls")
+def lifecycle_ls() -> None:
+    """List the built-in lifecycles."""
+    from statebook.adapters.registry import builtin_registry
+
+    table = Table()
+    for name in ("type", "table", "statuses", "fingerprint"):
+        table.add_column(name, no_wrap=True)
+    for lc in sorted(builtin_registry(), key=lambda lc: lc.entity_type):
+        table.add_row(lc.entity_type, lc.table_name, str(len(lc.statuses)), lc.fingerprint)
+    console.print(table)
+
+
+@lifecycle_app.command("show")
+def lifecycle_show(entity_type: str = typer.Argument(..., metavar="TYPE")) -> None:
+    """Statuses, edges, patch fields and reason codes of one lifecycle."""
+    lc = _policy(entity_type)
+    console.print(f"[bold]{lc.entity_type}[/bold] (table {lc.table_name}, fingerprint {lc.fingerprint})")
+    if lc.description:
+        console.print(escape(lc.description), highlight=False)
+    statuses = Table(title="statuses", title_justify="left")
+    for name in ("status", "initial", "terminal"):
+        statuses.add_column(name)
+    for s in lc.statuses:
+        statuses.add_row(s, "yes" if s in lc.initial else "", "yes" if s in lc.terminal else "")
+    console.print(statuses)
+    moves = Table(title="edges", title_justify="left")
+    for name in ("from", "to", "requirements"):
+        moves.add_column(name)
+    for e in accepted_edges(lc):
+        moves.add_row(e.source, e.target, "same status, patch only" if is_implicit(lc, e) else requirements(e))
+    console.print(moves)
+    console.print("patch fields: " + (", ".join(sorted(lc.patch_fields)) or "none"), highlight=False)
+    console.print("reasons:", highlight=False)
+    for code in sorted(lc.reasons):
+        console.print(f"  {code}", highlight=False)
+
+
+@lifecycle_app.command("graph")
+def lifecycle_graph(
+    entity_type: str = typer.Argument(..., metavar="TYPE"),
+    format: GraphFormat = typer.Option(GraphFormat.mermaid, "--format", "-f", help="mermaid or text"),
+) -> None:
+    """Print the lifecycle's graph; Mermaid goes to stdout as is, ready to pipe."""
+    lc = _policy(entity_type)
+    if format is GraphFormat.mermaid:
+        typer.echo(to_mermaid(lc), nl=False)
+        return
+    for s in lc.statuses:
+        marks = [m for m, on in (("initial", s in lc.initial), ("terminal", s in lc.terminal)) if on]
+        typer.echo(s + (f" ({', '.join(marks)})" if marks else ""))
+        for e in (e for e in accepted_edges(lc) if e.source == s):
+            need = "same status, patch only" if is_implicit(lc, e) else requirements(e)
+            typer.echo(f"  -> {e.target}" + (f"  [{need}]" if need else "") + f"  ({trigger_name(e.source, e.target)})")
+
+
+# -- history / replay / verify ----------------------------------------------------------------
+
+
+def _parse_time(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise fail(f"--as-of {text!r} is neither epoch seconds nor ISO-8601 (e.g. 2024-05-01T12:00:00Z)") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+async def _facts(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
+    facts = await history(book, entity_type, entity_id)
+    if not facts:
+        raise EntityNotFound(f"{entity_type} {entity_id!r} has no history in this database")
+    return facts
+
+
+@app.command("history")
+def history_cmd(
+    entity_type: str = typer.Argument(..., metavar="TYPE"),
+    entity_id: str = typer.Argument(..., metavar="ID"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON object per fact"),
+) -> None:
+    """Every fact of one entity, oldest first."""
+    facts = run(with_book(_facts)(entity_type, entity_id))
+    if as_json:
+        for f in facts:
+            typer.echo(_dump(f.to_json()))
+    else:
+        console.print(history_table(facts, f"{entity_type} {entity_id}"))
+
+
+async def _replay(book: Book, entity_type: str, entity_id: str, when: float | None) -> dict[str, Any] | None:
+    await _facts(book, entity_type, entity_id)
+    if when is None:
+        return await replay(book, entity_type, entity_id)
+    return await as_of(book, entity_type, entity_id, when)
+
+
+@app.command("replay")
+def replay_cmd(
+    entity_type: str = typer.Argument(..., metavar="TYPE"),
+    entity_id: str = typer.Argument(..., metavar="ID"),
+    as_of_: str = typer.Option(None, "--as-of", metavar="TIME", help="epoch seconds or ISO-8601 (UTC if no zone)"),
+) -> None:
+    """Fold an entity's facts into its state (now, or as it was at --as-of) and print it as JSON."""
+    when = None if as_of_ is None else _parse_time(as_of_)
+    state = run(with_book(_replay)(entity_type, entity_id, when))
+    if state is None:
+        err_console.print("no state: the entity did not exist yet or was purged at that time", highlight=False)
+    typer.echo(_dump(state, indent=2))
+
+
+PROGRESS_FROM_FACTS = 5000
+"""Below this many facts verify is quick; the progress bar only appears for longer runs."""
+
+
+async def _verify(book: Book, entity_type: str | None, show_progress: bool) -> Report:
+    if not show_progress:
+        return await verify(book, entity_type)
+    columns = (TextColumn("verifying facts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    bar = Progress(*columns, console=err_console, transient=True)
+    task = bar.add_task("verify", total=None)
+
+    def tick(done: int, total: int) -> None:
+        if total >= PROGRESS_FROM_FACTS:
+            if not bar.live.is_started:
+                bar.start()
+            bar.update(task, completed=done, total=total)
+
+    try:
+        return await verify(book, entity_type, progress=tick)
+    finally:
+        if bar.live.is_started:
+            bar.stop()
+
+
+@app.command("verify")
+def verify_cmd(
+    entity_type: str = typer.Option(None, "--type", metavar="TYPE", help="check one entity type only"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """Check every row against its facts and every fact against its chain and policy; exit 1 on a finding."""
+    report = run(with_book(_verify)(entity_type, err_console.is_terminal and not as_json))
+    if as_json:
+        typer.echo(_dump(report.to_json(), indent=2))
+    else:
+        print_report(report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+@app.command("demo")
+def demo_cmd(
+    db: str = typer.Option("./statebook-demo.db", "--db", help="SQLite file for the demo (recreated each run)"),
+) -> None:
+    """Walk a small example lifecycle through statebook on an embedded SQLite database."""
+    from statebook.adapters.demo import run_demo
+
+    report = run(run_demo(db, console))
+    if not report.ok:
+        raise typer.Exit(1)

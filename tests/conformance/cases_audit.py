@@ -1,0 +1,253 @@
+"""Conformance cases for the audit trail: the hash chain, purge and tombstones, and verify."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from statebook.lifecycle import (
+    Book,
+    EntityNotFound,
+    Reason,
+    TransitionRejected,
+    as_of,
+    create,
+    history,
+    purge,
+    replay,
+    transition,
+    verify,
+)
+from statebook.lifecycle.facts import GENESIS, fact_hash, facts_table, insert_values
+
+from .support import (
+    BLOCKED,
+    FINISHED,
+    OPERATOR,
+    PURGED,
+    REFUSED,
+    STARTED,
+    SYSTEM,
+    TASK,
+    TASK_CREATED_WORKING,
+    TASK_WITH_SHORTCUT,
+    count_facts,
+    execute,
+    new_task,
+    row,
+    start,
+    task_registry,
+    task_values,
+    tasks,
+)
+
+
+async def walked(book: Book, entity_id: str) -> None:
+    """A task with four facts: open -> working -> blocked -> working."""
+    await new_task(book, entity_id)
+    await start(book, entity_id)
+    await transition(book, "task", entity_id, "blocked", expected="working", reason=BLOCKED, actor=SYSTEM)
+    await transition(book, "task", entity_id, "working", expected="blocked", reason=STARTED, actor=SYSTEM)
+
+
+def kinds_for(report, entity_id: str) -> set[str]:
+    return {f.kind for f in report.findings if f.entity_id == entity_id}
+
+
+class AuditCases:
+    """The history is a tamper-evident chain; verify finds every kind of damage."""
+
+    # -- the chain ------------------------------------------------------------------------------
+
+    async def test_facts_form_a_hash_chain(self, book: Book):
+        """L8: each fact links to its predecessor by id and hash; the row carries the head of the chain."""
+        await walked(book, "t1")
+        facts = await history(book, "task", "t1")
+        prev_id, prev_hash = GENESIS, GENESIS
+        for fact in facts:
+            assert (fact.prev_fact_id, fact.prev_hash) == (prev_id, prev_hash)
+            assert fact.hash == fact_hash(fact.content(), fact.prev_hash)
+            prev_id, prev_hash = fact.id, fact.hash
+        current = await row(book, "t1")
+        assert (current["last_fact_id"], current["chain_hash"]) == (prev_id, prev_hash)
+        assert len({f.hash for f in facts}) == len(facts)
+
+    async def test_a_second_fact_on_the_same_predecessor_cannot_commit(self, book: Book):
+        """L8: (entity, prev_fact_id) is unique, so a fork of the history is refused by the database."""
+        await new_task(book, "t1")
+        await start(book, "t1")
+        first, second = await history(book, "task", "t1")
+        fork = {**second.content(), "id": "fork", "status": "rejected"}
+        with pytest.raises(sa.exc.IntegrityError):
+            await execute(book, sa.insert(facts_table).values(insert_values(fork, first.hash)))
+        assert await count_facts(book) == 2
+        other = {**second.content(), "id": "other", "entity_id": "t2", "prev_fact_id": first.id}
+        await execute(book, sa.insert(facts_table).values(insert_values(other, first.hash)))
+        assert await count_facts(book) == 3, "the constraint is per entity"
+
+    # -- verify finds tampering ------------------------------------------------------------------
+
+    async def test_clean_database_verifies(self, book: Book):
+        """L12: untouched histories give no findings, and the report counts what it checked."""
+        await walked(book, "t1")
+        await new_task(book, "t2")
+        seen: list[tuple[int, int]] = []
+        report = await verify(book, progress=lambda done, total: seen.append((done, total)))
+        assert report.ok and report.findings == []
+        assert (report.entities, report.facts) == (2, 5)
+        assert seen and seen[-1] == (5, 5)
+        assert report.to_json()["ok"] is True
+
+    async def test_row_status_changed_behind_the_engine(self, book: Book):
+        """L12: a status written by plain SQL no longer matches the facts: row_mismatch on that entity."""
+        await walked(book, "t1")
+        await new_task(book, "t2")
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t1").values(status="done"))
+        report = await verify(book)
+        assert kinds_for(report, "t1") == {"row_mismatch"} and kinds_for(report, "t2") == set()
+        assert any("'status'" in f.detail for f in report.findings)
+
+    async def test_patched_column_changed_behind_the_engine(self, book: Book):
+        """L7 / L12: a patch column edited by SQL is caught the same way."""
+        await walked(book, "t1")
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t1").values(attempt=42))
+        report = await verify(book)
+        assert [(f.kind, f.entity_id) for f in report.findings] == [("row_mismatch", "t1")]
+        assert "'attempt'" in report.findings[0].detail
+
+    async def test_fact_edited(self, book: Book):
+        """L12: an edited fact (reason summary) no longer matches its hash."""
+        await walked(book, "t1")
+        victim = (await history(book, "task", "t1"))[1]
+        await execute(book, sa.update(facts_table).where(facts_table.c.id == victim.id)
+                      .values(reason_summary="nothing happened"))
+        report = await verify(book)
+        assert [(f.kind, f.fact_id) for f in report.findings] == [("hash_mismatch", victim.id)]
+
+    async def test_middle_fact_deleted(self, book: Book):
+        """L12: deleting a middle fact breaks the chain at its successor."""
+        await walked(book, "t1")
+        facts = await history(book, "task", "t1")
+        await execute(book, sa.delete(facts_table).where(facts_table.c.id == facts[1].id))
+        report = await verify(book)
+        found = {(f.kind, f.fact_id) for f in report.findings}
+        assert ("broken_chain", facts[2].id) in found and ("version_gap", facts[2].id) in found
+        # The lost fact's patch (attempt=1) is missing from the fold too; nothing claims a fact was edited.
+        assert kinds_for(report, "t1") == {"broken_chain", "version_gap", "row_mismatch"}
+
+    async def test_row_deleted_without_purge(self, book: Book):
+        """L12: a row deleted by SQL leaves facts with no row and no tombstone: missing_row."""
+        await walked(book, "t1")
+        await execute(book, sa.delete(tasks).where(tasks.c.id == "t1"))
+        report = await verify(book)
+        assert [(f.kind, f.entity_id) for f in report.findings] == [("missing_row", "t1")]
+
+    async def test_row_without_facts(self, book: Book):
+        """L12: a row inserted behind the engine has no history: row_without_facts."""
+        await new_task(book, "t1")
+        forged = {**task_values(), "id": "forged", "status": "open", "version": 1, "updated_at": 0.0,
+                  "status_reason_code": "task.open.created", "status_reason_summary": "", "last_fact_id": "x",
+                  "chain_hash": "y"}
+        await execute(book, sa.insert(tasks).values(forged))
+        report = await verify(book)
+        assert [(f.kind, f.entity_id) for f in report.findings] == [("row_without_facts", "forged")]
+        assert report.entities == 2
+
+    async def test_forged_fact_on_an_undeclared_edge(self, book: Book):
+        """L12: a correctly hashed fact for an edge the policy never had is a forbidden edge."""
+        await new_task(book, "t1")
+        (first,) = await history(book, "task", "t1")
+        content = {**first.content(), "id": "forged", "prev_fact_id": first.id, "previous_status": "open",
+                   "status": "done", "version": 2, "reason_code": "task.done.finished", "patch": {}}
+        fact = insert_values(content, first.hash)
+        await execute(book, sa.insert(facts_table).values(fact))
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t1").values(
+            status="done", version=2, status_reason_code="task.done.finished", last_fact_id="forged",
+            chain_hash=fact["hash"]))
+        report = await verify(book)
+        assert [(f.kind, f.fact_id) for f in report.findings] == [("forbidden_edge", "forged")]
+
+    async def test_edge_written_under_an_older_policy(self, book: Book):
+        """L12: a fact legal under the policy it was written with, but not under today's, names both fingerprints."""
+        older = Book(book.engine, task_registry(TASK_WITH_SHORTCUT), book.clock)
+        await new_task(older, "t1")
+        await transition(older, "task", "t1", "done", expected="open", reason=FINISHED, actor=SYSTEM)
+        assert (await verify(older)).ok
+        report = await verify(book)
+        (finding,) = report.findings
+        assert (finding.kind, finding.entity_id) == ("edge_not_in_current_policy", "t1")
+        assert TASK_WITH_SHORTCUT.fingerprint in finding.detail and TASK.fingerprint in finding.detail
+
+    async def test_creation_under_an_older_policy(self, book: Book):
+        """L12: a creation in a status that was initial under the older policy is attributed to that policy."""
+        older = Book(book.engine, task_registry(TASK_CREATED_WORKING), book.clock)
+        await create(older, "task", values=task_values(), status="working", reason=Reason("task.working.started"),
+                     actor=SYSTEM, entity_id="t1")
+        (finding,) = (await verify(book)).findings
+        assert finding.kind == "edge_not_in_current_policy"
+        assert TASK_CREATED_WORKING.fingerprint in finding.detail and TASK.fingerprint in finding.detail
+
+    async def test_verify_can_be_limited_to_one_entity_type(self, book: Book):
+        """L12: verify(entity_type=...) checks that lifecycle only."""
+        await new_task(book, "t1")
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t1").values(status="done"))
+        assert not (await verify(book, "task")).ok
+        only_dispatch = await verify(book, "dispatch")
+        assert only_dispatch.ok and only_dispatch.entities == 0
+
+    # -- purge -----------------------------------------------------------------------------------
+
+    async def test_purge_deletes_the_row_and_appends_a_tombstone(self, book: Book):
+        """L11: purge removes the row and records a tombstone (status NULL); the history verifies."""
+        await walked(book, "t1")
+        await transition(book, "task", "t1", "done", expected="working", reason=FINISHED, actor=SYSTEM)
+        done_at = book.clock.now()
+        book.clock.advance(60)
+        outcome = await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR)
+        assert (outcome.kind, outcome.status, outcome.version) == ("applied", None, 6)
+        assert await row(book, "t1") is None
+        facts = await history(book, "task", "t1")
+        tombstone = facts[-1]
+        assert tombstone.id == outcome.fact_id and tombstone.is_tombstone
+        assert (tombstone.previous_status, tombstone.status, tombstone.version) == ("done", None, 6)
+        assert (tombstone.reason_code, tombstone.actor_type) == ("task.purged.cleanup", "operator")
+        assert tombstone.prev_fact_id == facts[-2].id
+        assert await replay(book, "task", "t1") is None
+        assert (await as_of(book, "task", "t1", done_at))["status"] == "done"
+        assert (await verify(book)).ok
+
+    async def test_purge_of_a_live_status_needs_force(self, book: Book):
+        """L11: a non-purgeable (non-terminal) entity is purged only with force=True, which is recorded."""
+        await new_task(book, "t1")
+        with pytest.raises(TransitionRejected) as excinfo:
+            await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR)
+        assert excinfo.value.rule == "purge" and "force=True" in str(excinfo.value)
+        assert (await row(book, "t1"))["status"] == "open" and await count_facts(book) == 1
+        outcome = await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR, force=True)
+        assert outcome.applied
+        tombstone = (await history(book, "task", "t1"))[-1]
+        assert tombstone.is_tombstone and tombstone.metadata == {"forced": True}
+        assert (await verify(book)).ok
+
+    async def test_purge_compare_and_set_and_refusals(self, book: Book):
+        """L3 / L4 / L11: purge honours ``expected``, needs a declared reason and an existing row."""
+        await new_task(book, "t1")
+        await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        conflict = await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR, expected="done")
+        assert conflict.kind == "conflict" and conflict.status == "rejected"
+        with pytest.raises(TransitionRejected):
+            await purge(book, "task", "t1", reason=Reason("task.purged.because"), actor=OPERATOR)
+        assert (await row(book, "t1"))["status"] == "rejected" and await count_facts(book) == 2
+        with pytest.raises(EntityNotFound):
+            await purge(book, "task", "ghost", reason=PURGED, actor=OPERATOR)
+        assert (await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR, expected="rejected")).applied
+
+    async def test_row_back_after_its_tombstone(self, book: Book):
+        """L12: a row re-inserted behind the engine after a purge is reported as purged_row_present."""
+        await new_task(book, "t1")
+        await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        saved = await row(book, "t1")
+        await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR)
+        await execute(book, sa.insert(tasks).values(saved))
+        report = await verify(book)
+        assert [(f.kind, f.entity_id) for f in report.findings] == [("purged_row_present", "t1")]

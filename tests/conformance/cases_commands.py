@@ -1,0 +1,384 @@
+"""Conformance cases for commands: create, transition, compare-and-set, atomicity, versions and the fold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from statebook.lifecycle import (
+    Book,
+    DuplicateEntity,
+    EntityNotFound,
+    Reason,
+    TransitionRejected,
+    as_of,
+    create,
+    facts_table,
+    history,
+    purge,
+    replay,
+    transition,
+    verify,
+)
+from statebook.lifecycle.facts import fact_hash
+
+from .support import (
+    BLOCKED,
+    CREATED,
+    FINISHED,
+    OPERATOR,
+    PURGED,
+    REFUSED,
+    RELEASED,
+    REOPENED,
+    RETRIED,
+    STARTED,
+    SYSTEM,
+    TASK,
+    count_facts,
+    execute,
+    new_task,
+    row,
+    start,
+    task_values,
+    tasks,
+)
+
+
+class Boom(Exception):
+    """Raised by a caller after its transition, to prove the rollback."""
+
+
+class CommandCases:
+    """Create and transition through the engine on a real database (the ``book`` fixture)."""
+
+    # -- create ---------------------------------------------------------------------------------
+
+    async def test_create_writes_the_row_and_its_first_fact(self, book: Book):
+        """L5 / L7 / L8: create inserts the full row and one creation fact (previous status NULL) together."""
+        outcome = await new_task(book, "t1")
+        assert (outcome.kind, outcome.status, outcome.version) == ("applied", "open", 1)
+        facts = await history(book, "task", "t1")
+        assert len(facts) == 1
+        first = facts[0]
+        assert first.id == outcome.fact_id
+        assert (first.previous_status, first.status, first.version) == (None, "open", 1)
+        assert (first.prev_fact_id, first.prev_hash) == ("", "")
+        assert (first.actor_type, first.actor_id) == ("system", "worker-1")
+        assert (first.reason_code, first.reason_summary) == ("task.open.created", "filed by the suite")
+        assert list(first.evidence_refs) == ["ticket:1"]
+        assert first.metadata == {"source": "suite"}
+        assert first.patch == {**task_values(), "id": "t1"}, "a creation fact records every data column"
+        assert first.policy_fingerprint == TASK.fingerprint
+        assert first.hash == fact_hash(first.content(), "")
+        current = await row(book, "t1")
+        assert current == {**task_values(), "id": "t1", "status": "open", "version": 1,
+                           "updated_at": book.clock.now(), "status_reason_code": "task.open.created",
+                           "status_reason_summary": "filed by the suite", "last_fact_id": first.id,
+                           "chain_hash": first.hash}
+        assert (await verify(book)).ok
+
+    async def test_create_generates_an_id_when_none_is_given(self, book: Book):
+        """L5: without an id, create picks one and reports it."""
+        outcome = await new_task(book)
+        assert outcome.entity_id and (await row(book, outcome.entity_id))["status"] == "open"
+
+    @pytest.mark.parametrize(
+        "kwargs, rule",
+        [
+            (dict(status="working"), "initial"),
+            (dict(reason=Reason("task.open.filed")), "reason"),
+            (dict(values={**task_values(), "status": "done"}), "patch"),
+            (dict(values={**task_values(), "version": 7}), "patch"),
+            (dict(values={**task_values(), "colour": "red"}), "patch"),
+        ],
+        ids=["not_initial", "undeclared_reason", "status_column", "version_column", "unknown_column"],
+    )
+    async def test_create_refusals_write_nothing(self, book: Book, kwargs: dict[str, Any], rule: str):
+        """L3: create refuses a non-initial status, an undeclared reason and lifecycle/unknown columns."""
+        args: dict[str, Any] = dict(values=task_values(), status="open", reason=CREATED, actor=SYSTEM,
+                                    entity_id="t1")
+        args.update(kwargs)
+        with pytest.raises(TransitionRejected) as excinfo:
+            await create(book, "task", **args)
+        assert excinfo.value.rule == rule
+        assert await row(book, "t1") is None and await count_facts(book) == 0
+
+    async def test_duplicate_create_raises_or_conflicts_and_writes_nothing(self, book: Book):
+        """L5: a second create of an id fails (DuplicateEntity) or, with if_absent, is a conflict."""
+        await new_task(book, "t1")
+        before = await row(book, "t1")
+        with pytest.raises(DuplicateEntity, match="'t1'"):
+            await create(book, "task", values=task_values("again"), status="open", reason=CREATED, actor=SYSTEM,
+                         entity_id="t1")
+        outcome = await create(book, "task", values=task_values("again"), status="open", reason=CREATED,
+                               actor=SYSTEM, entity_id="t1", if_absent=True)
+        assert outcome.kind == "conflict" and outcome.fact_id is None
+        assert await row(book, "t1") == before and await count_facts(book) == 1
+
+    async def test_if_absent_conflicts_on_any_unique_constraint_and_keeps_the_transaction(self, book: Book):
+        """L5: a dedup-key clash under if_absent writes nothing and the caller's transaction stays usable."""
+        await new_task(book, "t1", dedup_key="k")
+        async with book.begin() as tx:
+            clash = await create(tx, "task", values=task_values(dedup_key="k"), status="open", reason=CREATED,
+                                 actor=SYSTEM, entity_id="t2", if_absent=True)
+            assert clash.kind == "conflict"
+            fresh = await create(tx, "task", values=task_values(dedup_key="other"), status="open",
+                                 reason=CREATED, actor=SYSTEM, entity_id="t3", if_absent=True)
+            assert fresh.applied
+        assert await row(book, "t2") is None and (await row(book, "t3"))["status"] == "open"
+        assert await count_facts(book) == 2
+
+    async def test_recreating_a_purged_id_is_refused_cleanly(self, book: Book):
+        """L5 / L8 / L11: a purged id keeps its history, so create refuses the id (DuplicateEntity, or a
+        conflict with if_absent) instead of failing on the fact chain's unique constraint."""
+        await new_task(book, "t1")
+        await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR)
+        with pytest.raises(DuplicateEntity):
+            await create(book, "task", values=task_values(), status="open", reason=CREATED, actor=SYSTEM,
+                         entity_id="t1")
+        outcome = await create(book, "task", values=task_values(), status="open", reason=CREATED, actor=SYSTEM,
+                               entity_id="t1", if_absent=True)
+        assert outcome.kind == "conflict"
+        assert await row(book, "t1") is None and await count_facts(book) == 3
+
+    # -- transition: applied, conflict, rejected --------------------------------------------------
+
+    async def test_applied_transition_appends_a_fact_and_projects_the_row(self, book: Book):
+        """L6 / L7: an applied transition bumps the version, patches declared columns and records why."""
+        await new_task(book, "t1")
+        book.clock.advance(5)
+        outcome = await transition(book, "task", "t1", "working", expected="open", guards={"attempt": 0},
+                                   patch={"attempt": 1, "owner": "bob"}, reason=STARTED, actor=SYSTEM,
+                                   metadata={"host": "h1"})
+        assert (outcome.kind, outcome.status, outcome.version) == ("applied", "working", 2)
+        first, second = await history(book, "task", "t1")
+        assert (second.prev_fact_id, second.prev_hash) == (first.id, first.hash)
+        assert (second.previous_status, second.status, second.version) == ("open", "working", 2)
+        assert second.patch == {"attempt": 1, "owner": "bob"} and second.metadata == {"host": "h1"}
+        assert second.at == book.clock.now()
+        current = await row(book, "t1")
+        assert current["attempt"] == 1 and current["owner"] == "bob" and current["score"] == 1.5
+        assert current["last_fact_id"] == second.id and current["chain_hash"] == second.hash
+        assert current == await replay(book, "task", "t1")
+
+    async def test_wrong_expected_status_is_a_conflict_that_writes_nothing(self, book: Book):
+        """L4: the compare-and-set fails when the row is not in an expected status; nothing is written."""
+        await new_task(book, "t1")
+        await start(book, "t1")
+        before, facts = await row(book, "t1"), await count_facts(book)
+        outcome = await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        assert (outcome.kind, outcome.status, outcome.version, outcome.fact_id) == ("conflict", "working", 2, None)
+        assert await row(book, "t1") == before and await count_facts(book) == facts
+
+    async def test_guard_mismatch_is_a_conflict_that_writes_nothing(self, book: Book):
+        """L4: every guard column must equal its expected value, or the command is a conflict."""
+        await new_task(book, "t1")
+        await start(book, "t1")
+        before = await row(book, "t1")
+        stale = await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 0},
+                                 patch={"attempt": 1}, reason=RETRIED, actor=SYSTEM)
+        assert stale.kind == "conflict"
+        assert await row(book, "t1") == before and await count_facts(book) == 2
+        fresh = await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 1},
+                                 patch={"attempt": 2}, reason=RETRIED, actor=SYSTEM)
+        assert (fresh.kind, fresh.version) == ("applied", 3)
+        assert (await row(book, "t1"))["attempt"] == 2
+
+    async def test_any_of_several_expected_statuses_applies(self, book: Book):
+        """L4: ``expected`` may list several statuses; the row matching any one of them moves."""
+        await new_task(book, "t1")
+        outcome = await transition(book, "task", "t1", "rejected", expected=["open", "blocked"], reason=REFUSED,
+                                   actor=SYSTEM)
+        assert outcome.applied and (await row(book, "t1"))["status"] == "rejected"
+
+    @pytest.mark.parametrize(
+        "command, rule",
+        [
+            (dict(target="done", expected="open", reason=FINISHED), "edge"),
+            (dict(target="open", expected="rejected", reason=REOPENED, patch={"note": "n"}), "actor"),
+            (dict(target="open", expected="rejected", reason=REOPENED, actor=OPERATOR), "patch"),
+            (dict(target="working", expected="open", reason=STARTED, patch={"score": 9.0}), "patch"),
+            (dict(target="working", expected="open", reason=STARTED, patch={"status": "done"}), "patch"),
+            (dict(target="working", expected="open", reason=STARTED, guards={"title": "x"}), "patch"),
+            (dict(target="working", expected="working", reason=RETRIED, patch={"attempt": 1}), "guard"),
+            (dict(target="working", expected="open", reason=Reason("task.working.whim")), "reason"),
+            (dict(target="working", expected="open", reason=Reason("dispatch.pending.enqueued")), "reason"),
+            (dict(target="finished", expected="open", reason=FINISHED), "status"),
+        ],
+        ids=["undeclared_edge", "gated_edge_wrong_actor", "gated_edge_missing_patch", "non_patch_column",
+             "lifecycle_column", "guard_on_non_patch_column", "missing_guard", "undeclared_reason",
+             "foreign_reason", "unknown_status"],
+    )
+    async def test_rejected_commands_write_nothing(self, book: Book, command: dict[str, Any], rule: str):
+        """L3: the policy refuses before any write, naming the rule; row and facts are unchanged."""
+        await new_task(book, "t1")
+        await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        await new_task(book, "t2")
+        before = {i: await row(book, i) for i in ("t1", "t2")}
+        facts = await count_facts(book)
+        args: dict[str, Any] = dict(actor=SYSTEM)
+        args.update(command)
+        target, entity = args.pop("target"), "t1" if args["expected"] == "rejected" else "t2"
+        with pytest.raises(TransitionRejected) as excinfo:
+            await transition(book, "task", entity, target, **args)
+        assert excinfo.value.rule == rule
+        assert {i: await row(book, i) for i in ("t1", "t2")} == before
+        assert await count_facts(book) == facts
+
+    async def test_missing_entity_is_not_found(self, book: Book):
+        """L3: a transition of a row that does not exist raises EntityNotFound (a LookupError); nothing written."""
+        with pytest.raises(EntityNotFound, match="'ghost'") as excinfo:
+            await transition(book, "task", "ghost", "working", expected="open", reason=STARTED, actor=SYSTEM)
+        assert isinstance(excinfo.value, LookupError)
+        assert await count_facts(book) == 0
+
+    async def test_terminal_status_is_left_only_through_its_gate(self, book: Book):
+        """L10: rejected -> open is refused to the system actor and applied for an operator with its patch."""
+        await new_task(book, "t1")
+        await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        with pytest.raises(TransitionRejected) as excinfo:
+            await transition(book, "task", "t1", "open", expected="rejected", reason=REOPENED, actor=SYSTEM,
+                             patch={"note": "retry"})
+        assert excinfo.value.rule == "actor"
+        outcome = await transition(book, "task", "t1", "open", expected="rejected", reason=REOPENED,
+                                   actor=OPERATOR, patch={"note": "retry"})
+        assert outcome.applied
+        assert (await history(book, "task", "t1"))[-1].actor_type == "operator"
+        done = await new_task(book, "t2")
+        await start(book, done.entity_id)
+        await transition(book, "task", "t2", "done", expected="working", reason=FINISHED, actor=SYSTEM)
+        for target in ("open", "working", "rejected"):
+            with pytest.raises(TransitionRejected):
+                await transition(book, "task", "t2", target, expected="done", reason=REOPENED, actor=OPERATOR,
+                                 patch={"note": "x"})
+        assert (await verify(book)).ok
+
+    async def test_builtin_dispatch_walk(self, book: Book):
+        """L3 / L4 / L10: the built-in dispatch policy through the engine: claim, reclaim, dead-letter, reopen."""
+        values = dict(kind="k", deliver_to="log:", payload={"n": 1}, next_attempt_at=0.0, created_at=0.0)
+        await create(book, "dispatch", values=values, entity_id="d1", status="pending",
+                     reason=Reason("dispatch.pending.enqueued"), actor=SYSTEM)
+        claim = dict(reason=Reason("dispatch.delivering.attempt"), actor=SYSTEM)
+        assert (await transition(book, "dispatch", "d1", "delivering", expected="pending", guards={"attempt": 0},
+                                 patch={"attempt": 1}, **claim)).applied
+        reclaim = dict(reason=Reason("dispatch.delivering.reclaimed"), actor=SYSTEM, expected="delivering")
+        assert (await transition(book, "dispatch", "d1", "delivering", guards={"attempt": 0},
+                                 patch={"attempt": 2}, **reclaim)).conflict
+        assert (await transition(book, "dispatch", "d1", "delivering", guards={"attempt": 1},
+                                 patch={"attempt": 2}, **reclaim)).applied
+        await transition(book, "dispatch", "d1", "dead_letter", expected="delivering", actor=SYSTEM,
+                         reason=Reason("dispatch.dead_letter.max_attempts"))
+        reopen = dict(expected="dead_letter", reason=Reason("dispatch.pending.operator_retry"),
+                      patch={"attempt": 0, "next_attempt_at": 10.0, "last_error": None})
+        with pytest.raises(TransitionRejected):
+            await transition(book, "dispatch", "d1", "pending", actor=SYSTEM, **reopen)
+        assert (await transition(book, "dispatch", "d1", "pending", actor=OPERATOR, **reopen)).applied
+        current = await row(book, "d1", "dispatch")
+        assert (current["status"], current["version"], current["attempt"]) == ("pending", 5, 0)
+        folded = await replay(book, "dispatch", "d1")
+        assert {k: current[k] for k in folded} == folded
+        assert (await verify(book)).ok
+
+    # -- atomicity -------------------------------------------------------------------------------
+
+    async def test_caller_transaction_that_fails_rolls_back_row_and_fact(self, book: Book):
+        """L5: a transition joined to the caller's transaction is undone with it, with the caller's own write."""
+        await new_task(book, "t1")
+        before = await row(book, "t1")
+        with pytest.raises(Boom):
+            async with book.begin() as tx:
+                await tx.conn.execute(sa.update(tasks).where(tasks.c.id == "t1").values(score=99.0))
+                assert (await start(tx, "t1")).applied
+                raise Boom
+        assert await row(book, "t1") == before
+        assert await count_facts(book) == 1
+        async with book.begin() as tx:
+            await tx.conn.execute(sa.update(tasks).where(tasks.c.id == "t1").values(score=99.0))
+            await start(tx, "t1")
+        after = await row(book, "t1")
+        assert (after["status"], after["score"]) == ("working", 99.0)
+
+    async def test_create_and_purge_roll_back_with_the_caller(self, book: Book):
+        """L5: create and purge are atomic with the caller's transaction too."""
+        with pytest.raises(Boom):
+            async with book.begin() as tx:
+                await new_task(tx, "t1")
+                raise Boom
+        assert await row(book, "t1") is None and await count_facts(book) == 0
+        await new_task(book, "t2")
+        await transition(book, "task", "t2", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        before = await row(book, "t2")
+        with pytest.raises(Boom):
+            async with book.begin() as tx:
+                assert (await purge(tx, "task", "t2", reason=PURGED, actor=OPERATOR)).applied
+                raise Boom
+        assert await row(book, "t2") == before and await count_facts(book) == 2
+
+    async def test_failed_fact_append_undoes_the_row_update(self, book: Book):
+        """L5 / L8: when the fact cannot be appended (a planted fork holds its chain slot), the row is not moved."""
+        await new_task(book, "t1")
+        (first,) = await history(book, "task", "t1")
+        planted = {**first.content(), "id": "planted", "previous_status": "open", "status": "rejected",
+                   "version": 2, "prev_fact_id": first.id, "prev_hash": first.hash, "hash": "x" * 64}
+        await execute(book, sa.insert(facts_table).values(planted))
+        before = await row(book, "t1")
+        with pytest.raises(sa.exc.IntegrityError):
+            await start(book, "t1")
+        assert await row(book, "t1") == before
+
+    async def test_on_commit_runs_after_commit_only(self, book: Book):
+        """L5: wake-up callbacks see committed work only: called after commit, never after a rollback."""
+        seen: list[str] = []
+        book.on_commit.append(seen.append)
+        await new_task(book, "t1")
+        assert seen == ["task"]
+        with pytest.raises(Boom):
+            async with book.begin() as tx:
+                await start(tx, "t1")
+                raise Boom
+        assert seen == ["task"]
+        async with book.begin() as tx:
+            await start(tx, "t1")
+            assert seen == ["task"], "not before the commit"
+        assert seen == ["task", "task"]
+
+    # -- versions and the fold -------------------------------------------------------------------
+
+    async def test_version_and_fold_after_every_step(self, book: Book):
+        """L6 / L7: after each step version == number of facts and the row equals the fold; as_of replays
+        every intermediate state at its time."""
+        clock = book.clock
+        created_at = clock.now()
+        await new_task(book, "t1")
+        steps = [
+            dict(target="working", expected="open", guards={"attempt": 0}, patch={"attempt": 1}, reason=STARTED),
+            dict(target="blocked", expected="working", patch={"note": "needs review"}, reason=BLOCKED),
+            dict(target="working", expected="blocked", patch={"owner": "carol", "labels": ["a", "b"]},
+                 reason=STARTED),
+            dict(target="working", expected="working", guards={"attempt": 1}, patch={"attempt": 2},
+                 reason=RETRIED),
+            dict(target="open", expected="working", patch={"owner": None}, reason=RELEASED),
+            dict(target="rejected", expected="open", reason=REFUSED),
+            dict(target="open", expected="rejected", patch={"note": "again"}, reason=REOPENED, actor=OPERATOR),
+        ]
+        snapshots = [(clock.now(), await row(book, "t1"))]
+        for n, step in enumerate(steps, start=2):
+            clock.advance(10)
+            args = dict(step)
+            target = args.pop("target")
+            args.setdefault("actor", SYSTEM)
+            outcome = await transition(book, "task", "t1", target, **args)
+            assert outcome.applied and outcome.version == n
+            current = await row(book, "t1")
+            assert current["version"] == n == len(await history(book, "task", "t1"))
+            assert current == await replay(book, "task", "t1")
+            snapshots.append((clock.now(), current))
+        assert await as_of(book, "task", "t1", created_at - 1) is None
+        for when, snapshot in snapshots:
+            assert await as_of(book, "task", "t1", when) == snapshot
+            assert await as_of(book, "task", "t1", when + 5) == snapshot
+        assert [f.version for f in await history(book, "task", "t1")] == list(range(1, len(steps) + 2))

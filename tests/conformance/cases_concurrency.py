@@ -1,0 +1,192 @@
+"""Conformance cases for concurrent use: the tailing reader and racing writers.
+
+``TailCases`` and ``RaceCases`` hold on every backend. The last two classes are per concurrency
+model: ``ConcurrentWriterCases`` for MVCC databases with many simultaneous writers (PostgreSQL),
+``SerialWriterCases`` for a database with one writer at a time that others wait for (SQLite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statebook.lifecycle import Book, Cursor, Fact, create, history, tail, transition, verify
+
+from .support import CREATED, REFUSED, SYSTEM, new_task, row, start, task_values
+
+MakeEngine = Callable[[], AsyncEngine]
+
+
+async def read_tail(book: Book, cursor: Cursor = Cursor(), limit: int = 1000) -> tuple[list[Fact], Cursor]:
+    async with book.read() as conn:
+        return await tail(conn, cursor, limit=limit)
+
+
+def ids(facts: list[Fact]) -> list[str]:
+    return [f.id for f in facts]
+
+
+class TailCases:
+    """L13: the tailing reader returns every committed fact exactly once, in an order late commits respect."""
+
+    async def test_tail_returns_facts_in_order_after_a_cursor(self, book: Book):
+        """L13: tail yields facts after the cursor, oldest first, in pages, and nothing twice."""
+        facts, cursor = await read_tail(book)
+        assert facts == [] and cursor == Cursor()
+        await new_task(book, "t1")
+        await start(book, "t1")
+        await new_task(book, "t2")
+        written = [*await history(book, "task", "t1"), *await history(book, "task", "t2")]
+        facts, cursor = await read_tail(book)
+        assert ids(facts) == ids(written)
+        again, same = await read_tail(book, cursor)
+        assert again == [] and same == cursor
+        moved = await transition(book, "task", "t2", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        newer, cursor = await read_tail(book, cursor)
+        assert ids(newer) == [moved.fact_id]
+        paged: list[Fact] = []
+        page_cursor = Cursor()
+        while True:
+            page, page_cursor = await read_tail(book, page_cursor, limit=2)
+            if not page:
+                break
+            assert len(page) <= 2
+            paged.extend(page)
+        assert ids(paged) == ids(facts) + [moved.fact_id]
+        assert page_cursor == cursor
+
+    async def test_fact_committing_during_a_tail_is_not_skipped(self, book: Book, more_engines: MakeEngine):
+        """L13: a fact written by a transaction still open when a tail starts is returned once it commits."""
+        await new_task(book, "t1")
+        seen, cursor = await read_tail(book)
+        writer_engine = more_engines()
+        async with writer_engine.connect() as conn:
+            await conn.begin()
+            writer = Book(writer_engine, book.registry, book.clock, conn=conn)
+            late = await start(writer, "t1")
+            reading = asyncio.create_task(read_tail(book, cursor))
+            await asyncio.sleep(0.2)  # let the reader run (or wait) while the writer is open
+            await conn.commit()
+        first, cursor = await reading
+        second, cursor = await read_tail(book, cursor)
+        assert ids(first + second) == [late.fact_id]
+        assert ids(seen) + [late.fact_id] == ids(await history(book, "task", "t1"))
+
+
+class RaceCases:
+    """L14: racing writers on one compare-and-set — exactly one wins, whatever the backend."""
+
+    RACERS = 20
+
+    async def test_racers_on_one_compare_and_set(self, book: Book, more_engines: MakeEngine):
+        """L14: many concurrent identical transitions (each on its own connection): one applied, the rest conflict."""
+        await new_task(book, "t1")
+        racer = Book(more_engines(), book.registry, book.clock)
+        outcomes = await asyncio.gather(*(start(racer, "t1") for _ in range(self.RACERS)))
+        assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": self.RACERS - 1}
+        assert len(await history(book, "task", "t1")) == 2
+        assert (await row(book, "t1"))["attempt"] == 1
+        assert (await verify(book)).ok
+
+    async def test_racing_retries_of_one_keyed_command(self, book: Book, more_engines: MakeEngine):
+        """L9 / L14 / L15: the same command with the same idempotency key sent by many racers at once is applied
+        once and every other racer gets that outcome replayed (not a conflict), on every backend."""
+        await new_task(book, "t1")
+        racer = Book(more_engines(), book.registry, book.clock)
+        barrier = asyncio.Barrier(self.RACERS) if book.dialect == "postgresql" else None
+
+        async def race():
+            if barrier is None:  # one writer at a time: the racers queue on the write lock
+                return await start(racer, "t1", idempotency_key="retry-1")
+            async with racer.begin() as tx:
+                assert tx.conn is not None
+                await tx.conn.execute(sa.select(1))
+                await barrier.wait()
+                return await start(tx, "t1", idempotency_key="retry-1")
+
+        outcomes = await asyncio.gather(*(race() for _ in range(self.RACERS)))
+        assert Counter((o.kind, o.replayed) for o in outcomes) == {("applied", False): 1,
+                                                                    ("applied", True): self.RACERS - 1}
+        assert len({o.fact_id for o in outcomes}) == 1
+        assert len(await history(book, "task", "t1")) == 2
+
+    async def test_racing_creates_of_one_id(self, book: Book, more_engines: MakeEngine):
+        """L14 / L5: concurrent if_absent creates of one id: one applied, the others conflict, one fact."""
+        racer = Book(more_engines(), book.registry, book.clock)
+        outcomes = await asyncio.gather(*(
+            create(racer, "task", values=task_values(f"copy {n}"), status="open", reason=CREATED, actor=SYSTEM,
+                   entity_id="t1", if_absent=True)
+            for n in range(self.RACERS)
+        ))
+        assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": self.RACERS - 1}
+        assert len(await history(book, "task", "t1")) == 1
+        assert (await verify(book)).ok
+
+
+class ConcurrentWriterCases:
+    """Backends where many transactions write at once (PostgreSQL)."""
+
+    async def test_racers_released_together_on_separate_connections(self, book: Book, more_engines: MakeEngine):
+        """L14: 20 connections each hold an open transaction, then all fire different commands on one row at
+        once; exactly one is applied and exactly one fact follows the creation."""
+        await new_task(book, "t1")
+        racer = Book(more_engines(), book.registry, book.clock)
+        barrier = asyncio.Barrier(RaceCases.RACERS)
+
+        async def race(n: int):
+            async with racer.begin() as tx:
+                assert tx.conn is not None
+                await tx.conn.execute(sa.select(1))
+                await barrier.wait()
+                if n % 2:
+                    return await transition(tx, "task", "t1", "rejected", expected="open", reason=REFUSED,
+                                            actor=SYSTEM)
+                return await start(tx, "t1")
+
+        outcomes = await asyncio.gather(*(race(n) for n in range(RaceCases.RACERS)))
+        assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": RaceCases.RACERS - 1}
+        facts = await history(book, "task", "t1")
+        assert len(facts) == 2 and facts[1].id == next(o.fact_id for o in outcomes if o.applied)
+        assert (await verify(book)).ok
+
+    async def test_tail_does_not_pass_an_older_open_transaction(self, book: Book, more_engines: MakeEngine):
+        """L13: a fact of an older, still-open transaction holds back the tail, even past a newer commit;
+        after the older commit both come out, older first."""
+        await new_task(book, "t1")
+        await new_task(book, "t2")
+        _, cursor = await read_tail(book)
+        writer_engine = more_engines()
+        async with writer_engine.connect() as conn:
+            await conn.begin()
+            slow = Book(writer_engine, book.registry, book.clock, conn=conn)
+            older = await start(slow, "t1")  # its transaction id is assigned now, before the newer one's
+            newer = await start(book, "t2")  # commits at once
+            held, held_cursor = await read_tail(book, cursor)
+            assert held == [] and held_cursor == cursor, "the tail must not move past the open transaction"
+            await conn.commit()
+        released, cursor = await read_tail(book, cursor)
+        assert ids(released) == [older.fact_id, newer.fact_id]
+        assert (await read_tail(book, cursor))[0] == []
+
+
+class SerialWriterCases:
+    """Backends with one writer at a time, where the others wait (SQLite with BEGIN IMMEDIATE)."""
+
+    async def test_writer_waits_for_a_held_lock_then_applies(self, book: Book, more_engines: MakeEngine):
+        """L14 / L15: while another connection holds the write lock for about a second, a transition waits
+        (busy timeout) instead of failing with 'database is locked', then applies."""
+        await new_task(book, "t1")
+        holder_engine = more_engines()
+        async with holder_engine.connect() as conn:
+            await conn.begin()  # BEGIN IMMEDIATE: the write lock is ours until commit
+            await conn.execute(sa.text("SELECT 1"))
+            waiting = asyncio.create_task(start(book, "t1"))
+            await asyncio.sleep(1.0)
+            assert not waiting.done(), "the transition must wait for the lock holder"
+            await conn.commit()
+        outcome = await waiting
+        assert outcome.applied and (await row(book, "t1"))["status"] == "working"

@@ -1,0 +1,75 @@
+"""``LifecycleConformance``: the lifecycle engine's contract, as test cases a backend inherits.
+
+A backend runs the suite by subclassing it together with the mixin for its concurrency model and
+providing one fixture, ``db_url`` (a URL ``statebook.adapters.db.connect`` accepts)::
+
+    class TestMyBackend(LifecycleConformance, ConcurrentWriterCases):
+        @pytest.fixture
+        def db_url(self):
+            return "postgresql://..."
+
+Every case gets ``book``: a Book over a prepared, empty database whose registry holds the built-in
+lifecycles plus the suite's ``task`` lifecycle (conformance/support.py), on a FakeClock. Cases that
+need more connections call ``more_engines()``; those engines are disposed after the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statebook.adapters.db import connect, reset_schema
+from statebook.lifecycle import Book, FakeClock
+
+from .cases_audit import AuditCases
+from .cases_batch import BatchCases
+from .cases_commands import CommandCases
+from .cases_concurrency import ConcurrentWriterCases, RaceCases, SerialWriterCases, TailCases
+from .cases_idempotency import IdempotencyCases
+from .support import prepare, task_registry, tasks
+
+__all__ = ["ConcurrentWriterCases", "LifecycleConformance", "SerialWriterCases"]
+
+POOL_SIZE = 25
+"""Room for the racing cases: every racer holds its own connection."""
+
+
+class ConformanceFixtures:
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        return FakeClock()
+
+    @pytest.fixture
+    async def book(self, db_url: str, clock: FakeClock) -> AsyncIterator[Book]:
+        engine = connect(db_url, pool_size=POOL_SIZE)
+        try:
+            await prepare(engine, clock)
+            yield Book(engine, task_registry(), clock)
+            # A shared PostgreSQL database outlives the test: leave no task rows or facts behind.
+            await reset_schema(engine)
+            async with engine.begin() as conn:
+                await conn.execute(sa.delete(tasks))
+        finally:
+            await engine.dispose()
+
+    @pytest.fixture
+    async def more_engines(self, db_url: str) -> AsyncIterator[Callable[[], AsyncEngine]]:
+        made: list[AsyncEngine] = []
+
+        def make() -> AsyncEngine:
+            engine = connect(db_url, pool_size=POOL_SIZE)
+            made.append(engine)
+            return engine
+
+        yield make
+        for engine in made:
+            await engine.dispose()
+
+
+class LifecycleConformance(
+    ConformanceFixtures, CommandCases, IdempotencyCases, BatchCases, AuditCases, TailCases, RaceCases
+):
+    """Every backend-neutral case (L3-L14). Add ConcurrentWriterCases or SerialWriterCases for your backend."""

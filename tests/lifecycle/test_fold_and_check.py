@@ -1,0 +1,177 @@
+"""L6 / L7 / L8 / L12 without a database: fold a synthetic history and audit it with ``check_entity``.
+
+The conformance suite runs the same checks against real rows; these pin the rules themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Fact, Lifecycle, edges, fold, managed_table
+from statebook.lifecycle.facts import GENESIS, fact_hash, insert_values
+from statebook.lifecycle.replay import check_entity
+
+META = sa.MetaData()
+JOBS = managed_table("fold_jobs", sa.Column("id", sa.String(32), primary_key=True), sa.Column("title", sa.Text),
+                     sa.Column("attempt", sa.Integer), meta=META)
+JOB = Lifecycle(
+    entity_type="job",
+    table=JOBS,
+    statuses=("new", "busy", "done"),
+    initial={"new"},
+    terminal={"done"},
+    edges=(*edges("new", "busy"), *edges("busy", "new", "done")),
+    patch_fields={"attempt"},
+    reason_prefixes={"job"},
+    reasons={"job.new.created", "job.busy.started", "job.done.ok", "job.new.retry", "job.purged.old"},
+)
+
+
+def chain(*steps: tuple[str | None, dict[str, Any]], lc: Lifecycle = JOB, actor: str = "system") -> list[Fact]:
+    """Facts for one entity 'j1': each step is (status, patch); status None is a tombstone."""
+    facts: list[Fact] = []
+    prev_id, prev_hash, prev_status = GENESIS, GENESIS, None
+    for n, (status, patch) in enumerate(steps, start=1):
+        content = {
+            "id": f"f{n}", "entity_type": lc.entity_type, "entity_id": "j1", "prev_fact_id": prev_id,
+            "previous_status": prev_status, "status": status, "version": n, "reason_code": "job.new.created",
+            "reason_summary": f"step {n}", "evidence_refs": [], "actor_type": actor, "actor_id": "",
+            "at": 1000.0 + n, "patch": patch, "metadata": {}, "idempotency_key": None, "command_digest": None,
+            "policy_fingerprint": lc.fingerprint,
+        }
+        facts.append(Fact(**insert_values(content, prev_hash), seq=n))
+        prev_id, prev_hash, prev_status = facts[-1].id, facts[-1].hash, status
+    return facts
+
+
+HAPPY = (("new", {"id": "j1", "title": "t", "attempt": 0}), ("busy", {"attempt": 1}), ("new", {}),
+         ("busy", {"attempt": 2}), ("done", {}))
+
+
+def kinds(found: list) -> list[str]:
+    return sorted(f.kind for f in found)
+
+
+def test_fold_projects_every_lifecycle_column_and_patch():
+    """L7: the fold carries the last status, version, reason, fact id, chain hash and every patched value."""
+    facts = chain(*HAPPY)
+    state = fold(facts)
+    assert state == {
+        "id": "j1", "title": "t", "attempt": 2, "status": "done", "version": 5, "updated_at": 1005.0,
+        "status_reason_code": "job.new.created", "status_reason_summary": "step 5", "last_fact_id": "f5",
+        "chain_hash": facts[-1].hash,
+    }
+
+
+def test_fold_of_a_prefix_is_the_state_at_that_step():
+    """L7: folding the first n facts gives the state after step n (what as_of relies on)."""
+    facts = chain(*HAPPY)
+    assert fold(facts[:2])["status"] == "busy" and fold(facts[:2])["attempt"] == 1
+    assert fold(facts[:3])["status"] == "new" and fold(facts[:3])["attempt"] == 1
+    assert fold([]) is None
+
+
+def test_tombstone_folds_to_nothing():
+    """L11: a history ending in a tombstone describes no row."""
+    facts = chain(*HAPPY, (None, {}))
+    assert facts[-1].is_tombstone and facts[0].is_creation
+    assert fold(facts) is None
+
+
+def test_clean_history_matching_its_row_has_no_findings():
+    """L7 / L8: an intact chain whose fold equals the row is clean."""
+    facts = chain(*HAPPY)
+    assert check_entity(JOB, "j1", facts, dict(fold(facts) or {})) == []
+
+
+def test_version_counts_the_facts():
+    """L6: fact n carries version n; the folded version equals the number of facts."""
+    facts = chain(*HAPPY)
+    assert [f.version for f in facts] == list(range(1, len(facts) + 1))
+    assert fold(facts)["version"] == len(facts)
+
+
+def test_hash_covers_content_and_previous_hash():
+    """L8: a fact's hash changes with any hashed field and with the hash it links to."""
+    fact = chain(*HAPPY)[1]
+    assert fact_hash(fact.content(), fact.prev_hash) == fact.hash
+    assert fact_hash({**fact.content(), "reason_summary": "edited"}, fact.prev_hash) != fact.hash
+    assert fact_hash(fact.content(), "0" * 64) != fact.hash
+
+
+def test_edited_fact_is_a_hash_mismatch():
+    """L12: changing a stored fact without recomputing its hash is detected."""
+    facts = chain(*HAPPY)
+    facts[2] = dataclasses.replace(facts[2], reason_summary="nothing to see")
+    found = check_entity(JOB, "j1", facts, None)
+    assert ("hash_mismatch", "f3") in [(f.kind, f.fact_id) for f in found]
+
+
+def test_removed_fact_breaks_the_chain_and_the_version_sequence():
+    """L8 / L12: deleting a middle fact leaves a link to a missing fact and a version gap."""
+    facts = chain(*HAPPY)
+    del facts[2]
+    found = check_entity(JOB, "j1", facts, None)
+    assert {"broken_chain", "version_gap"} <= set(kinds(found))
+    assert all(f.fact_id == "f4" for f in found if f.kind in ("broken_chain", "version_gap"))
+
+
+def test_row_differing_from_the_fold_is_a_row_mismatch():
+    """L7 / L12: a row whose column disagrees with the facts is named column by column."""
+    facts = chain(*HAPPY)
+    row = {**fold(facts), "status": "new", "attempt": 9}
+    found = check_entity(JOB, "j1", facts, row)
+    assert kinds(found) == ["row_mismatch", "row_mismatch"]
+    assert any("'status'" in f.detail for f in found) and any("'attempt'" in f.detail for f in found)
+
+
+def test_missing_row_without_tombstone_and_row_after_tombstone():
+    """L11 / L12: facts without a row need a tombstone; a tombstoned entity must not have a row."""
+    facts = chain(*HAPPY)
+    assert kinds(check_entity(JOB, "j1", facts, None)) == ["missing_row"]
+    purged = chain(*HAPPY, (None, {}))
+    assert check_entity(JOB, "j1", purged, None) == []
+    assert kinds(check_entity(JOB, "j1", purged, {"id": "j1", "status": "done"})) == ["purged_row_present"]
+
+
+def test_row_without_facts():
+    """L12: a row the engine did not create has no history."""
+    assert kinds(check_entity(JOB, "j1", [], {"id": "j1", "status": "new"})) == ["row_without_facts"]
+
+
+def test_undeclared_edge_under_the_current_policy_is_forbidden():
+    """L12: a well-hashed fact taking an edge the current policy never allowed is a forbidden edge."""
+    facts = chain(("new", {"id": "j1"}), ("done", {}))
+    found = check_entity(JOB, "j1", facts, fold(facts))
+    assert [(f.kind, f.fact_id) for f in found] == [("forbidden_edge", "f2")]
+
+
+def test_edge_from_an_older_policy_names_both_fingerprints():
+    """L12: an edge allowed when written (older fingerprint) but not now is reported as such, not as forgery."""
+    older = JOB.extend(edges=edges("new", "done"))
+    facts = chain(("new", {"id": "j1"}), ("done", {}), lc=older)
+    found = check_entity(JOB, "j1", facts, fold(facts))
+    assert [(f.kind, f.fact_id) for f in found] == [("edge_not_in_current_policy", "f2")]
+    assert older.fingerprint in found[0].detail and JOB.fingerprint in found[0].detail
+
+
+def test_creation_in_a_status_no_longer_initial_is_attributed_to_the_older_policy():
+    """L12: a creation written under an older policy whose initial set was wider is an old-policy finding."""
+    older = JOB.extend(initial=["busy"])
+    facts = chain(("busy", {"id": "j1"}), lc=older)
+    found = check_entity(JOB, "j1", facts, fold(facts))
+    assert [(f.kind, f.fact_id) for f in found] == [("edge_not_in_current_policy", "f1")]
+    assert older.fingerprint in found[0].detail and JOB.fingerprint in found[0].detail
+
+
+def test_gated_edge_taken_by_the_wrong_actor_is_forbidden():
+    """L10 / L12: a terminal exit recorded for a non-operator actor is flagged."""
+    gated = JOB.extend(edges=edges("done", "new", actors="operator"))
+    steps = (("new", {"id": "j1"}), ("busy", {}), ("done", {}), ("new", {}))
+    found = check_entity(gated, "j1", chain(*steps, lc=gated, actor="system"), None)
+    assert ("forbidden_edge", "f4") in [(f.kind, f.fact_id) for f in found]
+    ok = chain(*steps, lc=gated, actor="operator")
+    assert check_entity(gated, "j1", ok, fold(ok)) == []
