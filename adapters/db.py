@@ -16,6 +16,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from statebook.lifecycle import SYSTEM_CLOCK, Book, Clock, Registry, metadata
+from statebook.lifecycle.book import READ_ONLY_OPTION
 
 from .errors import ConfigError
 from .registry import builtin_registry
@@ -97,7 +98,9 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
 
     @sa.event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn):  # type: ignore[no-untyped-def]
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # Read-only connections (Book.read) take a deferred BEGIN: in WAL mode they never wait for writers.
+        readonly = conn.get_execution_options().get(READ_ONLY_OPTION)
+        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
 async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK) -> None:

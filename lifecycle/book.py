@@ -18,6 +18,10 @@ from .clock import SYSTEM_CLOCK, Clock
 from .policy import Lifecycle, Registry
 
 
+READ_ONLY_OPTION = "statebook_read_only"
+"""Execution option marking a connection that only reads (SQLite then uses a deferred BEGIN)."""
+
+
 @dataclass(frozen=True)
 class Book:
     """Database handle + registry + clock. Cheap to copy; holds no connection unless bound."""
@@ -65,6 +69,7 @@ class Book:
             yield self.conn
             return
         async with self.engine.connect() as conn:
+            await conn.execution_options(**{READ_ONLY_OPTION: True})
             yield conn
 
 

@@ -174,7 +174,7 @@ async def _stream_facts(book: Book, entity_type: str | None) -> AsyncIterator[Fa
     query = sa.select(t).order_by(t.c.entity_type, t.c.entity_id, t.c.seq)
     if entity_type is not None:
         query = query.where(t.c.entity_type == entity_type)
-    async with book.engine.connect() as conn:
+    async with book.read() as conn:
         result = await conn.stream(query.execution_options(yield_per=2000))
         async for row in result:
             yield Fact.from_row(row)
@@ -182,7 +182,7 @@ async def _stream_facts(book: Book, entity_type: str | None) -> AsyncIterator[Fa
 
 async def _count_facts(book: Book, entity_type: str) -> int:
     t = facts_table
-    async with book.engine.connect() as conn:
+    async with book.read() as conn:
         return (await conn.execute(sa.select(sa.func.count()).where(t.c.entity_type == entity_type))).scalar_one()
 
 
@@ -211,7 +211,7 @@ async def _verify_type(
 ) -> None:
     table = lc.table
     rows: dict[str, dict[str, Any]] = {}
-    async with book.engine.connect() as conn:
+    async with book.read() as conn:
         result = await conn.stream(sa.select(table).execution_options(yield_per=2000))
         async for r in result:
             rows[r.id] = dict(r._mapping)
