@@ -44,7 +44,7 @@ def normalize_url(url: str | None = None) -> str:
         raw = f"sqlite:///{raw}"
     try:
         parsed = make_url(raw)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:
         raise ConfigError(f"malformed database URL {raw!r}: {exc}") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":

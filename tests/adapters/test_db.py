@@ -1,0 +1,80 @@
+"""The storage adapter: URLs, SQLite connection behaviour, schema versioning."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+
+import pytest
+import sqlalchemy as sa
+
+from statebook.adapters.db import connect, normalize_url, open_book
+from statebook.adapters.errors import ConfigError
+from statebook.lifecycle import Actor, FakeClock, Reason, create, history
+
+
+def test_urls_are_normalised_for_async_drivers():
+    assert normalize_url("postgresql://u@h/db") == "postgresql+asyncpg://u@h/db"
+    assert normalize_url("postgres://u@h/db") == "postgresql+asyncpg://u@h/db"
+    assert normalize_url("/tmp/x.db") == "sqlite+aiosqlite:////tmp/x.db"
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "sqlite:///:memory:", "postgresql://u@h:notaport/db"])
+def test_bad_urls_are_config_errors(url):
+    with pytest.raises(ConfigError):
+        connect(url)
+
+
+def test_missing_sqlite_file_is_refused_when_it_must_exist(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        connect(f"sqlite:///{tmp_path / 'absent.db'}", must_exist=True)
+    assert not (tmp_path / "absent.db").exists()
+
+
+async def test_sqlite_pragmas_and_file_mode(tmp_path):
+    """L15: WAL, busy timeout, foreign keys; the file is private (0600)."""
+    path = tmp_path / "s.db"
+    book = await open_book(f"sqlite:///{path}")
+    try:
+        async with book.engine.connect() as conn:
+            assert (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar() == "wal"
+            assert (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar() == 5000
+            assert (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar() == 1
+            assert (await conn.exec_driver_sql("PRAGMA synchronous")).scalar() == 1  # NORMAL
+    finally:
+        await book.engine.dispose()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+async def test_sqlite_reads_do_not_wait_for_a_writer(tmp_path):
+    """L15: with another connection holding the write lock, a read (history) still answers at once."""
+    path = tmp_path / "r.db"
+    clock = FakeClock()
+    book = await open_book(f"sqlite:///{path}", clock=clock)
+    try:
+        out = await create(
+            book, "dispatch",
+            values=dict(kind="k", deliver_to="x", payload={}, next_attempt_at=clock.now(), created_at=clock.now()),
+            status="pending", reason=Reason("dispatch.pending.enqueued"), actor=Actor("system"),
+        )
+        holder = sqlite3.connect(path, timeout=0.1, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            facts = await history(book, "dispatch", out.entity_id)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert [f.status for f in facts] == ["pending"]
+    finally:
+        await book.engine.dispose()
+
+
+async def test_schema_version_is_recorded_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    for _ in range(2):
+        book = await open_book(url)
+        async with book.read() as conn:
+            versions = (await conn.execute(sa.text("SELECT version FROM statebook_schema"))).scalars().all()
+        await book.engine.dispose()
+    assert versions == [1]
