@@ -42,6 +42,8 @@ class LauncherSettings(_Section):
     cwd: str | None = None
     """fallback working directory for runs (the seed's LIONAGI_SCHEDULER_CWD)"""
     stdout_log: str | None = None
+    projects: dict[str, str] = {}
+    """project name -> directory; a run's cwd falls back to its project's directory"""
 
 
 class SchedulerSettings(_Section):
@@ -55,6 +57,8 @@ class SchedulerSettings(_Section):
     deferred_record_every: int = Field(10, ge=1)
     github_api_url: str = "https://api.github.com"
     github_token: str | None = None
+    schedules: list[dict[str, Any]] = []
+    """schedules upserted by name when the daemon starts (``[[scheduler.schedules]]`` tables)"""
 
 
 class Settings(_Section):

@@ -27,6 +27,7 @@ schedules = managed_table(
     sa.Column("enabled", sa.Integer, nullable=False, server_default="1"),
     sa.Column("trigger_type", sa.Text, nullable=False),
     sa.Column("cron_expr", sa.Text),
+    sa.Column("timezone", sa.Text),
     sa.Column("interval_sec", sa.Integer),
     sa.Column("at_time", sa.Float),
     sa.Column("github_repo", sa.Text),
@@ -104,5 +105,6 @@ schedule_runs = managed_table(
     sa.Column("pid", sa.Integer),
     sa.Index("ix_schedule_runs_schedule", "schedule_id", "status"),
     sa.Index("ix_schedule_runs_status", "status"),
+    sa.Index("ix_schedule_runs_parent", "chain_parent_id"),
     statuses=RUN_STATUSES,
 )

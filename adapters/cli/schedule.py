@@ -1,1 +1,321 @@
-"""CLI commands (being written)."""
+"""``statebook run`` (the daemon), ``statebook schedule ...`` and ``statebook runs ...``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import typer
+
+from statebook.lifecycle import Book
+
+from .app import app, console, ctx_state, fail, run, with_book
+
+schedule_app = typer.Typer(help="Create, inspect, pause and fire schedules.", no_args_is_help=True)
+runs_app = typer.Typer(help="Inspect or cancel one run of a schedule.", no_args_is_help=True)
+app.add_typer(schedule_app, name="schedule")
+app.add_typer(runs_app, name="runs")
+
+JSON_HELP = "Print JSON instead of a table."
+CONFIG_HELP = "Settings file (TOML); see examples/statebook.toml."
+
+
+def _settings(config: str | None) -> Any:
+    from statebook.adapters.settings import load_settings
+
+    return load_settings(config, db=ctx_state.db_url)
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _emit(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _parse_at(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise fail(f"--at {text!r} is neither an epoch nor an ISO-8601 time like 2026-05-01T09:00:00+00:00") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+@app.command("run")
+def run_cmd(
+    config: str = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    run_for: float = typer.Option(None, "--for", help="Stop after this many seconds and print a summary."),
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """Run the scheduler daemon: fire schedules, deliver their dispatches, until SIGINT/SIGTERM."""
+    from statebook.adapters.daemon import run_daemon
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
+    settings = _settings(config)
+    result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty()))
+    runs, dispatches = result["runs"], result["dispatches"]
+    console.print(
+        f"summary: runs {sum(runs.values())} ({', '.join(f'{k} {v}' for k, v in sorted(runs.items())) or 'none'}); "
+        f"dispatches {sum(dispatches.values())} "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(dispatches.items())) or 'none'}); "
+        f"verify {'ok' if result['verify']['ok'] else 'FAILED: ' + str(result['verify']['findings']) + ' finding(s)'}",
+        highlight=False,
+    )
+    if not result["verify"]["ok"]:
+        raise typer.Exit(1)
+
+
+# -- schedules ----------------------------------------------------------------------------------
+
+@schedule_app.command("add")
+def add(
+    name: str = typer.Argument(..., help="Unique schedule name."),
+    cron: str = typer.Option(None, "--cron", help="Cron expression, read in --tz (default: scheduler.timezone)."),
+    every: int = typer.Option(None, "--every", help="Interval in seconds."),
+    at: str = typer.Option(None, "--at", help="One-shot time: epoch seconds or ISO-8601."),
+    tz: str = typer.Option(None, "--tz", help="IANA timezone for --cron."),
+    kind: str = typer.Option("command", "--kind", help="agent, flow, fanout, play, flow_yaml or command."),
+    command: str = typer.Option(None, "--command", help="Executable for kind 'command'."),
+    arg: list[str] = typer.Option([], "--arg", help="Argument for --command (repeatable)."),
+    prompt: str = typer.Option(None, "--prompt"),
+    model: str = typer.Option(None, "--model"),
+    agent: str = typer.Option(None, "--agent"),
+    play: str = typer.Option(None, "--play"),
+    flow_yaml: typer.FileText = typer.Option(None, "--flow-yaml", help="File holding the flow YAML."),
+    cwd: str = typer.Option(None, "--cwd", help="Working directory of the runs."),
+    notify_kind: str = typer.Option(None, "--notify-kind", help="Dispatch kind sent when a run ends."),
+    notify_to: str = typer.Option(None, "--notify-to", help="Dispatch recipient when a run ends."),
+    max_runs: int = typer.Option(None, "--max-runs"),
+    budget_usd: float = typer.Option(None, "--budget-usd"),
+    budget_tokens: int = typer.Option(None, "--budget-tokens"),
+    missed: str = typer.Option("skip", "--missed", help="Missed-fire policy: skip or run_once."),
+    overlap: str = typer.Option("skip", "--overlap", help="Overlap policy: skip or allow."),
+    paused: bool = typer.Option(False, "--paused", help="Create it paused."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Create a schedule (exactly one of --cron, --every, --at)."""
+    from pydantic import ValidationError
+
+    from statebook.scheduler.requests import CreateScheduleRequest
+    from statebook.scheduler.store import create_schedule
+
+    triggers = [t for t, v in (("cron", cron), ("interval", every), ("at", at)) if v is not None]
+    if len(triggers) != 1:
+        raise fail("give exactly one trigger: --cron EXPR, --every SECONDS or --at TIME")
+    if (notify_kind is None) != (notify_to is None):
+        raise fail("--notify-kind and --notify-to go together")
+    spec: dict[str, Any] = {
+        "name": name, "trigger_type": triggers[0], "cron_expr": cron, "interval_sec": every, "timezone": tz,
+        "at_time": _parse_at(at) if at is not None else None, "action_kind": kind, "action_command": command,
+        "action_command_args": arg, "action_prompt": prompt, "action_model": model, "action_agent": agent,
+        "action_play": play, "action_flow_yaml": flow_yaml.read() if flow_yaml else None, "action_cwd": cwd,
+        "notify": {"kind": notify_kind, "deliver_to": notify_to} if notify_kind else None, "max_runs": max_runs,
+        "budget_usd": budget_usd, "budget_tokens": budget_tokens, "missed_fire_policy": missed,
+        "overlap_policy": overlap, "enabled": not paused,
+    }
+    try:
+        request = CreateScheduleRequest.model_validate(spec)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "schedule"
+        raise fail(f"invalid schedule ({where}): {first['msg']}") from None
+    zone = _settings(None).scheduler.timezone
+
+    async def go(book: Book) -> dict[str, Any]:
+        return await create_schedule(book, request, default_zone=zone)
+
+    row = run(with_book(go, must_exist=False, create=True)())
+    if as_json:
+        _emit(row)
+    else:
+        console.print(f"created schedule {row['name']} ({row['id']}); next fire {_when(row['next_fire_at'])}",
+                      highlight=False)
+
+
+@schedule_app.command("ls")
+def ls(
+    show_all: bool = typer.Option(False, "--all", help="Include deleted schedules."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """List schedules."""
+    from statebook.scheduler.store import list_schedules
+
+    async def go(book: Book) -> list[dict[str, Any]]:
+        return await list_schedules(book, include_deleted=show_all)
+
+    rows = run(with_book(go)())
+    if as_json:
+        _emit(rows)
+        return
+    from rich.table import Table
+
+    table = Table("name", "status", "trigger", "action", "next fire", "last fired", "id")
+    for r in rows:
+        trig = r["cron_expr"] or (f"every {r['interval_sec']}s" if r["interval_sec"] else r["trigger_type"])
+        table.add_row(r["name"], r["status"], trig, r["action_kind"], _when(r["next_fire_at"]),
+                      _when(r["last_fired_at"]), r["id"])
+    console.print(table)
+
+
+@schedule_app.command("show")
+def show(ref: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """Show one schedule (by id or name) with its latest runs."""
+    from statebook.scheduler.store import get_schedule, list_runs
+
+    async def go(book: Book) -> dict[str, Any]:
+        row = await get_schedule(book, ref)
+        return {**row, "recent_runs": await list_runs(book, row["id"], limit=5)}
+
+    row = run(with_book(go)())
+    if as_json:
+        _emit(row)
+        return
+    for key in ("id", "name", "status", "status_reason_code", "trigger_type", "cron_expr", "interval_sec", "at_time",
+                "action_kind", "action_command", "action_command_args", "notify", "max_runs", "budget_usd",
+                "budget_tokens", "missed_fire_policy", "overlap_policy"):
+        if row.get(key) not in (None, [], ""):
+            console.print(f"{key:20} {row[key]}", highlight=False)
+    console.print(f"{'next_fire_at':20} {_when(row['next_fire_at'])}", highlight=False)
+    console.print(f"{'last_fired_at':20} {_when(row['last_fired_at'])}", highlight=False)
+    for r in row["recent_runs"]:
+        console.print(f"  run {r['id']} {r['status']:10} {r['status_reason_code']} at {_when(r['fired_at'])}",
+                      highlight=False)
+
+
+def _simple(action: str) -> None:
+    from statebook.scheduler import store
+
+    fn = {"enable": store.enable_schedule, "disable": store.disable_schedule, "rm": store.delete_schedule}[action]
+
+    def command(ref: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+        async def go(book: Book) -> dict[str, Any]:
+            return await fn(book, ref)
+
+        row = run(with_book(go)())
+        if as_json:
+            _emit(row)
+        else:
+            console.print(f"schedule {row['name']} is {row['status']}", highlight=False)
+
+    command.__doc__ = {"enable": "Enable a paused (or reset an exhausted) schedule.",
+                       "disable": "Pause a schedule.", "rm": "Delete a schedule (its history stays)."}[action]
+    schedule_app.command(action)(command)
+
+
+for _action in ("enable", "disable", "rm"):
+    _simple(_action)
+
+
+@schedule_app.command("fire")
+def fire(
+    ref: str,
+    config: str = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Fire a schedule now, in this process, and wait for the run (and its follow-ups) to end."""
+    from statebook.adapters.daemon import resolve_settings
+    from statebook.scheduler.engine import SchedulerEngine
+    from statebook.scheduler.store import get_run, list_runs
+
+    settings = resolve_settings(_settings(config), config)
+
+    async def go(book: Book) -> list[dict[str, Any]]:
+        engine = SchedulerEngine(book, settings)
+        try:
+            run_id = await engine.fire_now(ref)
+            await engine.wait_idle()
+        finally:
+            await engine.stop()
+        first = await get_run(book, run_id)
+        chain = [r for r in await list_runs(book, first["schedule_id"], limit=50) if r["fired_at"] >= first["fired_at"]]
+        return sorted(chain, key=lambda r: (r["chain_depth"], r["fired_at"]))
+
+    rows = run(with_book(go)())
+    if as_json:
+        _emit(rows)
+        return
+    for r in rows:
+        console.print(f"run {r['id']} depth {r['chain_depth']}: {r['status']} ({r['status_reason_code']}, "
+                      f"exit {r['exit_code']})", highlight=False)
+
+
+@schedule_app.command("runs")
+def schedule_runs_cmd(
+    ref: str,
+    limit: int = typer.Option(20, "--limit"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """List a schedule's runs, newest first."""
+    from statebook.scheduler.store import get_schedule, list_runs
+
+    async def go(book: Book) -> list[dict[str, Any]]:
+        return await list_runs(book, (await get_schedule(book, ref))["id"], limit=limit)
+
+    rows = run(with_book(go)())
+    if as_json:
+        _emit(rows)
+        return
+    from rich.table import Table
+
+    table = Table("run", "status", "reason", "exit", "depth", "fired", "ended")
+    for r in rows:
+        table.add_row(r["id"], r["status"], r["status_reason_code"], str(r["exit_code"] if r["exit_code"] is not None else "-"),
+                      str(r["chain_depth"]), _when(r["fired_at"]), _when(r["ended_at"]))
+    console.print(table)
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+@runs_app.command("show")
+def runs_show(run_id: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """Show one run and its status history."""
+    from statebook.lifecycle import history
+    from statebook.scheduler.store import get_run
+
+    async def go(book: Book) -> dict[str, Any]:
+        row = await get_run(book, run_id)
+        facts = await history(book, "schedule_run", run_id)
+        return {**row, "history": [{"at": f.at, "from": f.previous_status, "to": f.status, "reason": f.reason_code,
+                                    "summary": f.reason_summary} for f in facts]}
+
+    row = run(with_book(go)())
+    if as_json:
+        _emit(row)
+        return
+    for key in ("id", "schedule_id", "status", "status_reason_code", "status_reason_summary", "action_kind",
+                "action_args", "exit_code", "chain_parent_id", "chain_depth", "pid", "cost_usd", "tokens",
+                "error_detail"):
+        if row.get(key) not in (None, [], ""):
+            console.print(f"{key:22} {row[key]}", highlight=False)
+    for h in row["history"]:
+        console.print(f"  {_when(h['at'])} {h['from'] or '-'} -> {h['to']} {h['reason']} {h['summary']}", highlight=False)
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """Cancel a run: it becomes ``cancelled`` now; its daemon kills the process group on its next tick."""
+    from statebook.scheduler.runs import cancel_run
+
+    async def go(book: Book) -> dict[str, Any]:
+        return await cancel_run(book, run_id)
+
+    row = run(with_book(go)())
+    if as_json:
+        _emit(row)
+    else:
+        console.print(f"run {row['id']} is {row['status']}", highlight=False)

@@ -1,0 +1,204 @@
+"""``statebook run``: settings → book → leadership → SchedulerEngine + dispatch delivery, until a signal.
+
+Delivery runs in its own task beside the engine (a slow transport never delays a fire), woken by
+committed dispatches in this process and otherwise by the tick. Schedules listed in the settings
+(``[[scheduler.schedules]]``) are created at start unless a schedule of that name exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from pydantic import ValidationError
+
+from statebook.lifecycle import Book, verify
+from statebook.scheduler.engine import SchedulerEngine
+from statebook.scheduler.schema import schedule_runs, schedules
+from statebook.scheduler.store import create_schedule, find_schedule
+
+from .db import open_book
+from .errors import ConfigError
+from .leader import leadership_for
+from .settings import Settings
+
+log = logging.getLogger("statebook.daemon")
+
+
+def expand(value: Any, config_dir: Path) -> Any:
+    """``{python}`` → this interpreter, ``{config_dir}`` → the settings file's directory (strings in lists too)."""
+    if isinstance(value, str):
+        return value.replace("{python}", sys.executable).replace("{config_dir}", str(config_dir))
+    if isinstance(value, list):
+        return [expand(v, config_dir) for v in value]
+    if isinstance(value, dict):
+        return {k: expand(v, config_dir) for k, v in value.items()}
+    return value
+
+
+def resolve_settings(settings: Settings, config_path: str | None) -> Settings:
+    """Expand placeholders and make the launcher cwd absolute relative to the settings file."""
+    base = Path(config_path).resolve().parent if config_path else Path.cwd()
+    data = settings.model_dump()
+    data["dispatch"]["notify_template"] = expand(data["dispatch"]["notify_template"], base)
+    data["launcher"]["executable"] = expand(data["launcher"]["executable"], base)
+    cwd = data["launcher"]["cwd"]
+    if cwd:
+        data["launcher"]["cwd"] = str((base / expand(cwd, base)).resolve())
+    data["scheduler"]["schedules"] = expand(data["scheduler"]["schedules"], base)
+    return Settings.model_validate(data)
+
+
+async def seed_schedules(book: Book, settings: Settings) -> list[str]:
+    created = []
+    for spec in settings.scheduler.schedules:
+        if await find_schedule(book, spec.get("name", "")) is not None:
+            continue
+        try:
+            row = await create_schedule(book, spec, default_zone=settings.scheduler.timezone)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigError(f"scheduler.schedules entry {spec.get('name')!r}: {first['msg']}") from None
+        log.info("created schedule %s (%s) from the settings", row["name"], row["id"])
+        created.append(row["id"])
+    return created
+
+
+class DeliveryLoop:
+    """Deliver due dispatches in a loop of its own; wakes on committed dispatches in this process."""
+
+    def __init__(self, book: Book, settings: Settings) -> None:
+        from statebook.outbox.transport import ArgvTransport
+
+        self.book = book
+        self.settings = settings
+        self.transport = ArgvTransport(settings.dispatch.notify_template, settings.dispatch.transport_timeout_seconds)
+        self.totals: Counter[str] = Counter()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[Any] | None = None
+
+    def _on_commit(self, entity_type: str) -> None:
+        if entity_type == "dispatch":
+            self._wake.set()
+
+    def start(self) -> None:
+        self.book.on_commit.append(self._on_commit)
+        self._task = asyncio.create_task(self._loop(), name="statebook-delivery")
+
+    async def once(self) -> dict[str, int]:
+        from statebook.outbox.delivery import deliver_due_dispatches
+
+        d = self.settings.dispatch
+        counts = await deliver_due_dispatches(self.book, transport=self.transport, batch_size=d.batch_size,
+                                              concurrency=d.concurrency)
+        self.totals.update(counts)
+        for key in ("delivered", "retried", "dead_letter", "expired"):
+            if counts.get(key):
+                log.info("dispatch %s: %d", key, counts[key])
+        return counts
+
+    async def _loop(self) -> None:
+        from statebook.outbox.delivery import next_due
+
+        while True:
+            self._wake.clear()
+            counts: dict[str, int] = {}
+            try:
+                counts = await self.once()
+            except Exception:  # noqa: BLE001 - delivery failures never stop the daemon
+                log.exception("delivery pass failed")
+            if counts.get("attempted", 0) >= self.settings.dispatch.batch_size:
+                continue
+            timeout = self.settings.scheduler.tick_seconds
+            with contextlib.suppress(Exception):
+                due = await next_due(self.book)
+                if due is not None:
+                    timeout = min(timeout, max(0.05, due - self.book.clock.now()))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._on_commit in self.book.on_commit:
+            self.book.on_commit.remove(self._on_commit)
+
+
+def status_line(engine: SchedulerEngine) -> str:
+    nxt = engine.next_due
+    wait = f"{max(0.0, nxt - engine.book.clock.now()):.1f}s" if nxt is not None else "-"
+    st = engine.stats
+    return (f"tick {st['ticks']} | running {engine.slots.used}/{engine.slots.limit} | fired {st['fired']} | "
+            f"skipped {st['skipped']} | deferred {st['deferred']} | next fire in {wait}")
+
+
+async def summary(book: Book) -> dict[str, Any]:
+    from statebook.outbox.schema import dispatch_outbox
+
+    out: dict[str, Any] = {}
+    async with book.read() as conn:
+        for name, table in (("schedules", schedules), ("runs", schedule_runs), ("dispatches", dispatch_outbox)):
+            rows = await conn.execute(sa.select(table.c.status, sa.func.count()).group_by(table.c.status))
+            out[name] = {status: count for status, count in rows}
+    report = await verify(book)
+    out["verify"] = {"ok": report.ok, "findings": len(report.findings)}
+    return out
+
+
+async def run_daemon(settings: Settings, *, config_path: str | None = None, run_for: float | None = None,
+                     tty: bool = False) -> dict[str, Any]:
+    """Run until SIGINT/SIGTERM (or ``run_for`` seconds); returns a summary of the database."""
+    settings = resolve_settings(settings, config_path)
+    book = await open_book(settings.db)
+    leader = None
+    try:
+        leader = leadership_for(book.engine)
+        await seed_schedules(book, settings)
+        delivery = DeliveryLoop(book, settings)
+
+        async def retention() -> None:
+            if settings.retention.enabled:
+                from statebook.outbox.admin import apply_retention
+
+                await apply_retention(book, now=book.clock.now(), delivered_days=settings.retention.delivered_days,
+                                      failed_days=settings.retention.failed_days)
+
+        engine = SchedulerEngine(book, settings, leader=leader, reapers=[retention])
+        if tty:
+            engine.on_tick = lambda e: print("\r" + status_line(e).ljust(100), end="", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("daemon %s started on %s (tick %gs, %d slots)", engine.daemon_id, book.engine.url.render_as_string(),
+                 settings.scheduler.tick_seconds, settings.scheduler.max_concurrent)
+        await engine.start()
+        delivery.start()
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), run_for)
+        finally:
+            log.info("stopping: cancelling in-flight runs and delivery")
+            await engine.stop()
+            await delivery.stop()
+            with contextlib.suppress(Exception):
+                await delivery.once()  # notifications of runs that just ended
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            if tty:
+                print()
+        return await summary(book)
+    finally:
+        if leader is not None:
+            release = leader.release()
+            if asyncio.iscoroutine(release):
+                await release
+        await book.engine.dispose()

@@ -1,0 +1,454 @@
+"""``SchedulerEngine``: the supervised loop that evaluates schedules and fires admitted runs.
+
+tick() = reapers (interval-gated) → SQLite checkpoint (interval-gated) → operator cancellations →
+schedule evaluation; each concern isolated from the others' failures. Dispatch delivery runs in its
+own task next to the engine (the daemon composes it), so a slow delivery scan never delays a fire.
+Between ticks the loop sleeps until the earliest next fire time or the tick interval, and wakes early
+on a committed schedule change in this process (new schedule, manual fire) or a freed slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Book, Clock, Reason, transition
+
+from . import admission as gates
+from .execution import Executor, Spawner
+from .occurrence import claim, exhaust
+from .runs import SCHEDULER, finalize_run, open_run
+from .schema import schedule_runs, schedules
+from .store import ScheduleError, get_schedule
+from .triggers import following, missed_between
+from .writes import reading, writing
+
+log = logging.getLogger("statebook.scheduler")
+
+_LIVE_DAEMONS: set[str] = set()
+"""daemon ids of engines alive in this process (a run owned by another id of this pid is orphaned)."""
+
+
+class Leader(Protocol):
+    async def is_leader(self) -> bool: ...
+
+
+class CapacityExhausted(ScheduleError):
+    """A manual fire found every global slot taken."""
+
+
+class _Abort(Exception):
+    """Roll back the claim transaction (max_runs reached after the claim took the row lock)."""
+
+
+class SchedulerEngine:
+    """See the module docstring. ``tick()`` is separately callable (tests drive it on a FakeClock)."""
+
+    def __init__(self, book: Book, settings: Any, *, clock: Clock | None = None, launcher: Spawner | None = None,
+                 leader: Leader | None = None, daemon_id: str | None = None,
+                 projects: Mapping[str, str] | None = None,
+                 reapers: list[Callable[[], Awaitable[Any]]] | None = None) -> None:
+        self.book = book.with_clock(clock) if clock is not None else book
+        self.cfg = settings.scheduler
+        lcfg = settings.launcher
+        self.daemon_id = daemon_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.leader = leader
+        self.slots = gates.Slots(self.cfg.max_concurrent)
+        self.executor = Executor(
+            self.book, daemon_id=self.daemon_id, deadline=self.cfg.invocation_deadline_seconds,
+            max_depth=self.cfg.max_chain_depth, executable=lcfg.executable, fallback_cwd=lcfg.cwd,
+            stdout_log=lcfg.stdout_log, projects=projects or getattr(lcfg, "projects", None), spawner=launcher,
+        )
+        self.extra_reapers = list(reapers or [])
+        self.fire_tasks: set[asyncio.Task[Any]] = set()
+        self.deferrals: dict[str, int] = {}
+        self.next_due: float | None = None
+        self.stats = {"ticks": 0, "fired": 0, "skipped": 0, "deferred": 0, "errors": 0}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[Any] | None = None
+        self._last_reap: float | None = None
+        self._last_checkpoint: float | None = None
+        self._was_leader = False
+        self._deferred_now = False
+        self._operator_tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self.on_tick: Callable[[SchedulerEngine], None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self, *, loop: bool = True) -> None:
+        """Recover orphaned runs, then (as leader) handle missed fires; then start the loop."""
+        _LIVE_DAEMONS.add(self.daemon_id)
+        self.book.on_commit.append(self._on_commit)
+        await self.recover()
+        if await self._leading():
+            await self.check_missed_fires()
+        if loop:
+            self._task = asyncio.create_task(self._loop(), name="statebook-scheduler")
+
+    async def stop(self) -> None:
+        """Cancel the loop and every fire (their process groups are terminated), then wait for them."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        tasks = list(self.fire_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.fire_tasks.clear()
+        if self._on_commit in self.book.on_commit:
+            self.book.on_commit.remove(self._on_commit)
+        _LIVE_DAEMONS.discard(self.daemon_id)
+
+    async def wait_idle(self) -> None:
+        """Wait until every fire task (and its follow-ups) has finished (tests, ``--for``)."""
+        while self.fire_tasks:
+            await asyncio.gather(*list(self.fire_tasks), return_exceptions=True)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _on_commit(self, entity_type: str) -> None:
+        if entity_type == "schedule":
+            self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - the loop survives; the next tick retries
+                log.exception("scheduler tick failed")
+            timeout = self.cfg.tick_seconds
+            if self.next_due is not None and not self._deferred_now:
+                timeout = min(timeout, max(0.0, self.next_due - self.book.clock.now()))
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(timeout, 0.01))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _leading(self) -> bool:
+        leading = True if self.leader is None else await self.leader.is_leader()
+        if leading and not self._was_leader and self._task is not None:
+            log.info("daemon %s took over schedule evaluation", self.daemon_id)
+        self._was_leader = leading
+        return leading
+
+    # -- the tick -----------------------------------------------------------------------------
+    async def tick(self) -> None:
+        now = self.book.clock.now()
+        self.stats["ticks"] += 1
+        await self._isolated("reapers", lambda: self._reap_if_due(now))
+        await self._isolated("checkpoint", lambda: self._checkpoint_if_due(now))
+        await self._isolated("cancellations", self.watch_cancellations)
+        await self._isolated("schedules", lambda: self.evaluate(now))
+        if self.on_tick is not None:
+            self.on_tick(self)
+
+    async def _isolated(self, what: str, fn: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            await fn()
+        except Exception:  # noqa: BLE001 - one concern failing never stops the others
+            self.stats["errors"] += 1
+            log.exception("scheduler concern %r failed", what)
+
+    async def _reap_if_due(self, now: float) -> None:
+        if self._last_reap is not None and now - self._last_reap < self.cfg.reaper_interval_seconds:
+            return
+        self._last_reap = now
+        await self.recover()
+        for reaper in self.extra_reapers:
+            await self._isolated("reaper", reaper)
+
+    async def _checkpoint_if_due(self, now: float) -> None:
+        if self.book.dialect != "sqlite":
+            return
+        if self._last_checkpoint is None:
+            self._last_checkpoint = now
+            return
+        if now - self._last_checkpoint < self.cfg.checkpoint_interval_seconds:
+            return
+        self._last_checkpoint = now
+        async with self.book.engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection  # aiosqlite: outside SQLAlchemy's BEGIN IMMEDIATE
+            await driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # -- recovery -----------------------------------------------------------------------------
+    def _owner_gone(self, daemon_id: str | None) -> bool:
+        if not daemon_id:
+            return True
+        if daemon_id == self.daemon_id or daemon_id in _LIVE_DAEMONS:
+            return False
+        host, _, rest = daemon_id.partition(":")
+        pid_text = rest.partition(":")[0]
+        if host != socket.gethostname() or not pid_text.isdigit():
+            return False  # another host: its liveness is not knowable from here
+        pid = int(pid_text)
+        if pid == os.getpid():
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    async def recover(self) -> int:
+        """Runs left ``running`` by a daemon that is gone end ``failed`` (daemon_died); never left forever."""
+        q = sa.select(schedule_runs.c.id, schedule_runs.c.daemon_id, schedule_runs.c.schedule_id).where(
+            schedule_runs.c.status == "running"
+        )
+        async with reading(self.book) as conn:
+            rows = list(await conn.execute(q))
+        count = 0
+        for row in rows:
+            if row.id in self.executor.current or not self._owner_gone(row.daemon_id):
+                continue
+            out = await finalize_run(self.book, row.id, "failed", reason=Reason(
+                "schedule_run.failed.daemon_died", f"daemon {row.daemon_id} is gone; the run was not observed to end",
+                (f"daemon:{row.daemon_id}",)), patch={"error_detail": "owning daemon died"})
+            count += out.applied
+        if count:
+            log.warning("recovered %d run(s) left running by a daemon that died", count)
+        return count
+
+    async def watch_cancellations(self) -> None:
+        """Kill the process group of any run of ours an operator cancelled through the lifecycle."""
+        ids = list(self.executor.current)
+        if not ids:
+            return
+        q = sa.select(schedule_runs.c.id, schedule_runs.c.status).where(schedule_runs.c.id.in_(ids))
+        async with reading(self.book) as conn:
+            ended = [row.id for row in await conn.execute(q) if row.status != "running"]
+        for run_id in ended:
+            task = self.executor.current.get(run_id)
+            if task is not None and not task.done():
+                log.info("run %s was cancelled by an operator; terminating its process group", run_id)
+                self.executor.shutdown_reason[run_id] = "operator"
+                self._operator_tasks.add(task)
+                task.cancel()
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def _active_due(self, now: float, limit: int = 1000) -> sa.Select:
+        s = schedules
+        return (sa.select(s).where(s.c.status == "active", s.c.next_fire_at.is_not(None), s.c.next_fire_at <= now)
+                .order_by(s.c.next_fire_at, s.c.id).limit(limit))
+
+    async def evaluate(self, now: float) -> int:
+        """Consider every due active schedule once; returns how many were considered."""
+        self._deferred_now = False
+        if not await self._leading():
+            return 0
+        async with reading(self.book) as conn:
+            due = [dict(r._mapping) for r in await conn.execute(self._active_due(now))]
+        for row in due:
+            await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
+        async with reading(self.book) as conn:
+            self.next_due = (await conn.execute(
+                sa.select(sa.func.min(schedules.c.next_fire_at)).where(schedules.c.status == "active")
+            )).scalar()
+        return len(due)
+
+    async def consider(self, s: dict[str, Any], now: float) -> str:
+        """The gates in the seed's order for one due schedule; returns what happened."""
+        due = s["next_fire_at"]
+        nxt = following(s, due, now, self.cfg.timezone)
+        context: dict[str, Any] = {"trigger": s["trigger_type"], "occurrence_at": due, "schedule": s["name"]}
+        extra: dict[str, Any] = {}
+        if s["trigger_type"] == "github_poll":
+            return await self._advance(s, due, nxt, "schedule.active.poll", "github polling is done by the poller")
+        cfg = s.get("threshold_config")
+        if cfg:
+            value = await gates.metric_value(self.book, cfg, now, exclude_schedule=s["id"])
+            if not gates.breached(cfg, value):
+                return await self._advance(s, due, nxt, "schedule.active.threshold_ok", f"{cfg['metric']}={value:g} within bounds")
+            if gates.in_cooldown(cfg, s.get("last_alert_at"), now):
+                return await self._advance(s, due, nxt, "schedule.active.threshold_cooldown", f"{cfg['metric']}={value:g} breached in cooldown")
+            context.update(metric=cfg["metric"], value=value, threshold=cfg["value"])
+            extra["last_alert_at"] = now
+        if s["overlap_policy"] == "skip" and await gates.has_running(self.book, s["id"]):
+            async with writing(self.book) as tx:
+                out = await claim(tx, s, due, nxt, fired=False, reason=Reason(
+                    "schedule.active.skipped_overlap", "previous run still running"))
+                if out.applied:
+                    await open_run(tx, s, status="skipped", context=context, daemon_id=self.daemon_id,
+                                   occurrence_at=due, reason=Reason(
+                                       "schedule_run.skipped.overlap", "a run of this schedule is still running"))
+            self.stats["skipped"] += out.applied
+            return "skipped_overlap"
+        over = await self._over_budget(s)
+        if over:
+            await exhaust(self.book, s, "schedule.exhausted.budget", over)
+            return "exhausted_budget"
+        if s.get("max_runs") is not None and await gates.top_level_runs(self.book, s["id"]) >= s["max_runs"]:
+            await exhaust(self.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
+            return "exhausted_max_runs"
+        handle = self.slots.try_take()
+        if handle is None:
+            await self._defer(s, due, context)
+            return "deferred"
+        try:
+            run_id = await self._claim_and_open(s, due, nxt, context, extra, "schedule_run.running.fired")
+        except BaseException:
+            handle.release()
+            raise
+        if run_id is None:
+            handle.release()
+            return "conflict"
+        self.deferrals.pop(s["id"], None)
+        self._launch(s, run_id, context, handle)
+        return "fired"
+
+    async def _over_budget(self, s: Mapping[str, Any]) -> str | None:
+        if s.get("budget_usd") is None and s.get("budget_tokens") is None:
+            return None
+        return gates.over_budget(s, *await gates.spent(self.book, s["id"]))
+
+    async def _advance(self, s: Mapping[str, Any], due: float, nxt: float | None, code: str, summary: str) -> str:
+        out = await claim(self.book, s, due, nxt, fired=False, reason=Reason(code, summary))
+        return code.rsplit(".", 1)[1] if out.applied else "conflict"
+
+    async def _defer(self, s: Mapping[str, Any], due: float, context: Mapping[str, Any]) -> None:
+        count = self.deferrals.get(s["id"], 0) + 1
+        self.deferrals[s["id"]] = count
+        self.stats["deferred"] += 1
+        self._deferred_now = True
+        if gates.deferral_recorded(count, self.cfg.deferred_record_every):
+            await open_run(self.book, s, status="skipped", context={**context, "deferrals": count},
+                           daemon_id=self.daemon_id, occurrence_at=due, reason=Reason(
+                               "schedule_run.skipped.deferred_capacity",
+                               f"all {self.slots.limit} slots busy; deferral {count}, the fire stays due"))
+
+    async def _claim_and_open(self, s: Mapping[str, Any], due: float | None, nxt: float | None,
+                              context: Mapping[str, Any], extra: Mapping[str, Any], run_reason: str) -> str | None:
+        """Claim (or, for a manual fire, lock) the schedule and open the run in ONE transaction (S1, S6)."""
+        try:
+            async with writing(self.book) as tx:
+                if due is not None:
+                    out = await claim(tx, s, due, nxt, extra=extra, reason=Reason(
+                        "schedule.active.fire_claimed", f"occurrence {due} claimed by {self.daemon_id}"))
+                elif s["status"] in ("active", "paused"):
+                    out = await _touch(tx, s, run_reason)
+                else:
+                    out = None  # the recovery run of a one-shot already claimed (and exhausted) it
+                if out is not None and out.conflict:
+                    return None
+                # Counted after the row lock is held: two claimants cannot both take the last run.
+                if s.get("max_runs") is not None and await gates.top_level_runs(tx, s["id"]) >= s["max_runs"]:
+                    raise _Abort
+                return await open_run(tx, s, context=context, daemon_id=self.daemon_id, occurrence_at=due,
+                                      reason=Reason(run_reason, f"{context.get('trigger')} fire"))
+        except _Abort:
+            if s["status"] == "active":
+                await exhaust(self.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
+            return None
+
+    def _launch(self, s: Mapping[str, Any], run_id: str, context: Mapping[str, Any], handle: gates.SlotHandle) -> None:
+        self.stats["fired"] += 1
+
+        async def fire() -> None:
+            try:
+                await self.executor.run_chain(s, run_id, context)
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if self._stopping or me not in self._operator_tasks:
+                    raise
+                self._operator_tasks.discard(me)  # an operator cancelled one of its runs: the fire ends here
+            finally:
+                handle.release()
+                self._wake.set()
+
+        task = asyncio.create_task(fire(), name=f"fire-{run_id}")
+        self.fire_tasks.add(task)
+        task.add_done_callback(self.fire_tasks.discard)
+
+    # -- manual fire and missed fires ---------------------------------------------------------
+    async def fire_now(self, schedule_id: str) -> str:
+        """Fire a schedule now: budget, max_runs and a global slot are checked; capacity is refused."""
+        s = await get_schedule(self.book, schedule_id)
+        if s["status"] not in ("active", "paused"):
+            raise ScheduleError(f"schedule {s['name']} is {s['status']}; enable it before firing")
+        over = await self._over_budget(s)
+        if over:
+            if s["status"] == "active":
+                await exhaust(self.book, s, "schedule.exhausted.budget", over)
+            raise ScheduleError(f"schedule {s['name']} has exhausted its budget ({over})")
+        if s.get("max_runs") is not None and await gates.top_level_runs(self.book, s["id"]) >= s["max_runs"]:
+            raise ScheduleError(f"schedule {s['name']} has used all {s['max_runs']} of its runs")
+        handle = self.slots.try_take()
+        if handle is None:
+            raise CapacityExhausted(f"all {self.slots.limit} global slots are busy; try again when a run ends")
+        context = {"trigger": "manual", "schedule": s["name"], "fired_at": self.book.clock.now()}
+        try:
+            run_id = await self._claim_and_open(s, None, None, context, {}, "schedule_run.running.manual")
+        except BaseException:
+            handle.release()
+            raise
+        if run_id is None:
+            handle.release()
+            raise ScheduleError(f"schedule {s['name']} could not be fired (changed concurrently or max_runs reached)")
+        self._launch(s, run_id, context, handle)
+        return run_id
+
+    async def check_missed_fires(self, now: float | None = None) -> int:
+        """At start: occurrences that fell due while no daemon ran, by each schedule's missed_fire_policy."""
+        now = self.book.clock.now() if now is None else now
+        async with reading(self.book) as conn:
+            due = [dict(r._mapping) for r in await conn.execute(self._active_due(now, limit=100_000))]
+        for s in due:
+            await self._isolated(f"missed fire {s['name']}", lambda s=s: self._missed(s, now))
+        return len(due)
+
+    async def _missed(self, s: dict[str, Any], now: float) -> None:
+        due = s["next_fire_at"]
+        nxt = following(s, due, now, self.cfg.timezone)
+        count = missed_between(s, due, now, self.cfg.timezone)
+        evidence = (f"occurrence_at:{due}", f"missed:{count}", f"detected_at:{now}")
+        context = {"trigger": "missed_fire", "occurrence_at": due, "missed": count, "schedule": s["name"]}
+        if s["missed_fire_policy"] == "skip" or s["trigger_type"] == "github_poll":
+            async with writing(self.book) as tx:
+                out = await claim(tx, s, due, nxt, fired=False, reason=Reason(
+                    "schedule.active.missed_fire", f"{count} occurrence(s) missed while down; skipped", evidence))
+                if out.applied:
+                    await open_run(tx, s, status="skipped", context=context, daemon_id=self.daemon_id,
+                                   occurrence_at=due, reason=Reason(
+                                       "schedule_run.skipped.missed_fire", f"{count} occurrence(s) missed", evidence))
+            return
+        # run_once: reserve the next fire time first; only the reserver launches the recovery run.
+        out = await claim(self.book, s, due, nxt, fired=True, reason=Reason(
+            "schedule.active.missed_fire", f"{count} occurrence(s) missed; one recovery run", evidence))
+        if out.conflict:
+            return
+        over = await self._over_budget(s)
+        if over:
+            await exhaust(self.book, {**s, "next_fire_at": nxt}, "schedule.exhausted.budget", over)
+            return
+        handle = self.slots.try_take()
+        if handle is None:
+            await open_run(self.book, s, status="skipped", context=context, daemon_id=self.daemon_id, occurrence_at=due,
+                           reason=Reason("schedule_run.skipped.deferred_capacity", "no slot for the recovery run"))
+            return
+        fresh = {**s, "next_fire_at": nxt, "status": out.status}
+        run_id = await self._claim_and_open(fresh, None, None, context, {}, "schedule_run.running.recovery")
+        if run_id is None:
+            handle.release()
+            return
+        self._launch(s, run_id, context, handle)
+
+
+async def _touch(tx: Book, s: Mapping[str, Any], why: str) -> Any:
+    """A same-status transition on the schedule: takes its row lock for a manual or recovery fire."""
+    status = s["status"]
+    return await transition(tx, "schedule", s["id"], status, expected=status, actor=SCHEDULER,
+                            patch={"last_fired_at": tx.clock.now()},
+                            reason=Reason(f"schedule.{status}.manual_fire", why))

@@ -1,0 +1,121 @@
+"""Executing an admitted run: build the launch, spawn, finalize by outcome, then follow-ups inline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from statebook.lifecycle import Book, Reason, transition
+
+from .chains import child_context, may_continue, overlay_schedule, pick_continuation
+from .launcher import Launch, LaunchRefused, ProcessResult, build_launch, spawn_and_wait
+from .runs import SCHEDULER, finalize_run, open_run
+from .writes import writing
+
+log = logging.getLogger("statebook.scheduler")
+
+Spawner = Callable[..., Awaitable[ProcessResult]]
+
+
+class Executor:
+    """Runs one top-level fire and its follow-up chain; owned by a :class:`SchedulerEngine`."""
+
+    def __init__(self, book: Book, *, daemon_id: str, deadline: float, max_depth: int,
+                 executable: list[str] | None, fallback_cwd: str | None, stdout_log: str | None,
+                 projects: Mapping[str, str] | None = None, spawner: Spawner | None = None) -> None:
+        self.book = book
+        self.daemon_id = daemon_id
+        self.deadline = deadline
+        self.max_depth = max_depth
+        self.executable = executable
+        self.fallback_cwd = fallback_cwd
+        self.stdout_log = stdout_log
+        self.projects = dict(projects or {})
+        self.spawner = spawner or spawn_and_wait
+        self.current: dict[str, asyncio.Task[Any]] = {}
+        """run id -> the task executing it (for operator cancellation)."""
+        self.pids: dict[str, int] = {}
+        self.shutdown_reason: dict[str, str] = {}
+
+    async def run_chain(self, schedule: Mapping[str, Any], run_id: str, context: Mapping[str, Any]) -> list[str]:
+        """Execute ``run_id``, then at most one continuation per step while depth < cap. Returns run ids."""
+        ran = [run_id]
+        effective, depth = dict(schedule), 0
+        while True:
+            status, exit_code = await self.execute(effective, run_id, context)
+            overlay = pick_continuation(effective, exit_code) if status in ("completed", "failed", "timed_out") else None
+            if overlay is None or not may_continue(depth, self.max_depth):
+                return ran
+            effective = overlay_schedule(effective, overlay)
+            context = child_context(context, run_id, exit_code, status)
+            depth += 1
+            run_id = await open_run(
+                self.book, effective, context=context, daemon_id=self.daemon_id, chain_parent_id=run_id,
+                chain_depth=depth, action_kind=effective.get("action_kind"),
+                reason=Reason("schedule_run.running.follow_up", f"follow-up at depth {depth} after {status}"),
+            )
+            ran.append(run_id)
+
+    async def execute(self, schedule: Mapping[str, Any], run_id: str, context: Mapping[str, Any]) -> tuple[str, int | None]:
+        """One run from ``running`` to a terminal status; returns (status, exit code)."""
+        try:
+            launch = build_launch(schedule, context, executable=self.executable, projects=self.projects,
+                                  fallback_cwd=self.fallback_cwd)
+        except LaunchRefused as exc:
+            await self._end(schedule, run_id, "failed", exc.reason, str(exc), {"error_detail": str(exc)})
+            return "failed", None
+        task = asyncio.current_task()
+        if task is not None:
+            self.current[run_id] = task
+        try:
+            result = await self.spawner(launch, run_id=run_id, deadline=self.deadline, stdout_log=self.stdout_log,
+                                        on_spawn=lambda pid: self._launched(run_id, pid, launch))
+        except LaunchRefused as exc:
+            await self._end(schedule, run_id, "failed", exc.reason, str(exc), {"error_detail": str(exc)})
+            return "failed", None
+        except asyncio.CancelledError:
+            why = self.shutdown_reason.pop(run_id, "shutdown")
+            if why == "shutdown":
+                await asyncio.shield(self._end(schedule, run_id, "cancelled", "schedule_run.cancelled.shutdown",
+                                               "the daemon stopped; the process group was terminated", {}))
+            raise
+        except Exception as exc:  # noqa: BLE001 - any launcher failure becomes a visible failed run
+            log.exception("run %s failed inside the scheduler", run_id)
+            await self._end(schedule, run_id, "failed", "schedule_run.failed.internal_error", repr(exc),
+                            {"error_detail": repr(exc)})
+            return "failed", None
+        finally:
+            self.current.pop(run_id, None)
+        return await self._finish(schedule, run_id, launch, result)
+
+    async def _finish(self, schedule: Mapping[str, Any], run_id: str, launch: Launch, result: ProcessResult) -> tuple[str, int | None]:
+        patch: dict[str, Any] = {"exit_code": result.exit_code, "action_args": launch.argv, **result.report}
+        if result.timed_out:
+            patch["error_detail"] = result.stderr_tail or None
+            await self._end(schedule, run_id, "timed_out", "schedule_run.timed_out.deadline",
+                            f"no exit within {self.deadline:g} s; process group terminated", patch)
+            return "timed_out", result.exit_code
+        if result.exit_code == 0:
+            await self._end(schedule, run_id, "completed", "schedule_run.completed.exit_zero", "exit 0", patch)
+            return "completed", 0
+        patch["error_detail"] = result.stderr_tail or None
+        await self._end(schedule, run_id, "failed", "schedule_run.failed.nonzero_exit", f"exit {result.exit_code}", patch)
+        return "failed", result.exit_code
+
+    async def _launched(self, run_id: str, pid: int, launch: Launch) -> None:
+        # The schedule_run graph has no running -> running edge (seed ADR-0070 D3), so the child's pid
+        # is kept in memory and recorded with the terminal transition.
+        self.pids[run_id] = pid
+        log.info("run %s launched pid %s in %s", run_id, pid, launch.cwd)
+
+    async def _end(self, schedule: Mapping[str, Any], run_id: str, status: str, code: str, summary: str,
+                   patch: Mapping[str, Any]) -> None:
+        pid = self.pids.pop(run_id, None)
+        if pid is not None:
+            patch = {**patch, "pid": pid}
+        out = await finalize_run(self.book, run_id, status, reason=Reason(code, summary[:500]), patch=patch,
+                                 schedule=schedule)
+        if out.conflict:
+            log.info("run %s was already ended elsewhere (now %s); kept that ending", run_id, out.status)

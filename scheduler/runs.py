@@ -1,0 +1,134 @@
+"""Run rows: opened ``running`` (or written terminal: skipped / failed-before-launch) and finalized.
+
+When the schedule asks to be notified, the terminal transition and the dispatch enqueue share ONE
+transaction and the dispatch's dedup key is the terminal fact's id (S9): a notification exists if
+and only if the run ended, and never twice for one ending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from statebook.lifecycle import Actor, Book, EntityNotFound, Outcome, Reason, create, transition
+
+from .writes import writing
+from .store import RUN_TERMINAL, ScheduleError, get_run, get_schedule
+
+SCHEDULER = Actor("system", "scheduler")
+NOTIFIED = ("completed", "failed", "timed_out", "cancelled")
+ERROR_DETAIL_LIMIT = 4000
+
+
+def _bounded(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= ERROR_DETAIL_LIMIT else text[-ERROR_DETAIL_LIMIT:]
+
+
+def run_values(schedule: Mapping[str, Any], *, context: Mapping[str, Any], now: float, daemon_id: str | None,
+               action_kind: str | None = None, action_args: Any = None, chain_parent_id: str | None = None,
+               chain_depth: int = 0, occurrence_at: float | None = None) -> dict[str, Any]:
+    return {
+        "schedule_id": schedule["id"],
+        "trigger_context": dict(context),
+        "action_kind": action_kind or schedule["action_kind"],
+        "action_args": action_args if action_args is not None else [],
+        "chain_parent_id": chain_parent_id,
+        "chain_depth": chain_depth,
+        "fired_at": now,
+        "created_at": now,
+        "occurrence_at": occurrence_at,
+        "daemon_id": daemon_id,
+    }
+
+
+async def open_run(book: Book, schedule: Mapping[str, Any], *, reason: Reason, status: str = "running",
+                   actor: Actor = SCHEDULER, ended: Mapping[str, Any] | None = None, **values: Any) -> str:
+    """Insert a run row; a terminal initial status (skipped / failed) also stamps ``ended_at``.
+
+    A run created ``failed`` (refused before launch) notifies like any other ending.
+    """
+    row = run_values(schedule, now=book.clock.now(), **values)
+    if status in RUN_TERMINAL:
+        row["ended_at"] = book.clock.now()
+        row.update(ended or {})
+    async with writing(book) as tx:
+        out = await create(tx, "schedule_run", values=row, status=status, reason=reason, actor=actor)
+        if status in NOTIFIED:
+            await _notify(tx, schedule, out.entity_id, status, out.fact_id or "", reason, row)
+    return out.entity_id
+
+
+async def _notify(tx: Book, schedule: Mapping[str, Any], run_id: str, status: str, fact_id: str,
+                  reason: Reason, run: Mapping[str, Any]) -> str | None:
+    notify = schedule.get("notify")
+    if not notify or status not in (notify.get("on") or NOTIFIED):
+        return None
+    try:
+        from statebook.outbox import enqueue_dispatch
+    except ImportError:  # the outbox's public surface before its __init__ re-exports it
+        from statebook.outbox.enqueue import enqueue_dispatch
+
+    body = {
+        "event": "schedule_run.ended",
+        "schedule_id": schedule["id"],
+        "schedule": schedule.get("name"),
+        "run_id": run_id,
+        "status": status,
+        "reason": reason.code,
+        "summary": reason.summary,
+        "exit_code": run.get("exit_code"),
+        "fired_at": run.get("fired_at"),
+        "ended_at": run.get("ended_at"),
+        "chain_depth": run.get("chain_depth", 0),
+    }
+    return await enqueue_dispatch(
+        tx, kind=notify["kind"], deliver_to=notify["deliver_to"], body=body,
+        dedup_key=f"schedule_run:{run_id}:{fact_id}", schedule_run_id=run_id,
+    )
+
+
+async def finalize_run(book: Book, run_id: str, target: str, *, reason: Reason, patch: Mapping[str, Any] | None = None,
+                       schedule: Mapping[str, Any] | None = None, actor: Actor = SCHEDULER,
+                       expected: str | tuple[str, ...] = "running") -> Outcome:
+    """Terminal transition (guarded on ``expected``) and, when asked for, its notification — one transaction.
+
+    A lost race (someone else ended the run first) is a ``conflict`` outcome and writes nothing.
+    """
+    now = book.clock.now()
+    full = {"ended_at": now, **(patch or {})}
+    if "error_detail" in full:
+        full["error_detail"] = _bounded(full["error_detail"])
+    async with writing(book) as tx:
+        out = await transition(tx, "schedule_run", run_id, target, expected=expected, reason=reason, actor=actor,
+                               patch=full)
+        if out.applied:
+            run = await get_run(tx, run_id)
+            sched = schedule if schedule is not None else await _schedule_of(tx, run)
+            if sched is not None:
+                await _notify(tx, sched, run_id, target, out.fact_id or "", reason, run)
+    return out
+
+
+async def _schedule_of(book: Book, run: Mapping[str, Any]) -> dict[str, Any] | None:
+    if not run.get("schedule_id"):
+        return None
+    try:
+        return await get_schedule(book, run["schedule_id"])
+    except EntityNotFound:
+        return None
+
+
+async def cancel_run(book: Book, run_id: str, *, actor: Actor = Actor("operator", "cli")) -> dict[str, Any]:
+    """Mark a run ``cancelled`` (notifying like any ending); the daemon owning its process kills its group."""
+    run = await get_run(book, run_id)
+    if run["status"] in RUN_TERMINAL:
+        raise ScheduleError(f"run {run_id} already ended ({run['status']}); nothing to cancel")
+    out = await finalize_run(
+        book, run_id, "cancelled", expected=("running", "queued", "retry_wait", "waiting_dependency"), actor=actor,
+        reason=Reason("schedule_run.cancelled.operator", f"cancelled by {actor}"),
+    )
+    if out.conflict:
+        raise ScheduleError(f"run {run_id} changed concurrently (now {out.status}); nothing cancelled")
+    return await get_run(book, run_id)

@@ -1,0 +1,138 @@
+"""Schedules and runs as lifecycle entities: create, read, enable, disable, delete, cancel.
+
+Every change goes through ``statebook.lifecycle`` (create/transition); reads are plain queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, StatebookError, create, transition
+
+from .requests import CreateScheduleRequest
+from .schema import schedule_runs, schedules
+from .triggers import first_fire
+
+OPERATOR = Actor("operator", "cli")
+RUN_TERMINAL = ("completed", "failed", "timed_out", "skipped", "cancelled")
+
+
+class ScheduleError(StatebookError):
+    """A schedule command that cannot be applied (wrong status, name taken, ...)."""
+
+
+def _row(row: Any) -> dict[str, Any]:
+    return dict(row._mapping) if row is not None else None  # type: ignore[return-value]
+
+
+async def create_schedule(book: Book, request: CreateScheduleRequest | Mapping[str, Any], *,
+                          default_zone: str | None = None, actor: Actor = OPERATOR) -> dict[str, Any]:
+    """Validate and insert a schedule (``active`` or ``paused``); returns the row."""
+    req = request if isinstance(request, CreateScheduleRequest) else CreateScheduleRequest.model_validate(request)
+    if await find_schedule(book, req.name) is not None:
+        raise ScheduleError(f"a schedule named {req.name!r} already exists; pick another name or remove it first")
+    now = book.clock.now()
+    values = req.to_values()
+    values["next_fire_at"] = first_fire(values, now, default_zone)
+    values["created_at"] = now
+    status = "active" if req.enabled else "paused"
+    out = await create(
+        book, "schedule", values=values, status=status,
+        reason=Reason(f"schedule.{status}.created", f"{req.trigger_type} schedule {req.name} created"), actor=actor,
+    )
+    return await get_schedule(book, out.entity_id)
+
+
+async def find_schedule(book: Book, ref: str) -> dict[str, Any] | None:
+    """A schedule by id or by name (deleted ones only by id)."""
+    async with book.read() as conn:
+        row = (await conn.execute(sa.select(schedules).where(schedules.c.id == ref))).first()
+        if row is None:
+            row = (await conn.execute(
+                sa.select(schedules).where(schedules.c.name == ref, schedules.c.status != "deleted")
+            )).first()
+    return _row(row)
+
+
+async def get_schedule(book: Book, ref: str) -> dict[str, Any]:
+    found = await find_schedule(book, ref)
+    if found is None:
+        raise EntityNotFound(f"schedule {ref!r} does not exist (give its id or name; `statebook schedule ls`)")
+    return found
+
+
+async def list_schedules(book: Book, *, include_deleted: bool = False) -> list[dict[str, Any]]:
+    q = sa.select(schedules).order_by(schedules.c.name)
+    if not include_deleted:
+        q = q.where(schedules.c.status != "deleted")
+    async with book.read() as conn:
+        return [_row(r) for r in await conn.execute(q)]
+
+
+async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = None, actor: Actor = OPERATOR) -> dict[str, Any]:
+    """paused → active (or exhausted → active by an operator, resetting cadence)."""
+    row = await get_schedule(book, ref)
+    if row["status"] == "active":
+        return row
+    if row["status"] not in ("paused", "exhausted"):
+        raise ScheduleError(f"schedule {row['name']} is {row['status']}; only paused or exhausted schedules can be enabled")
+    now = book.clock.now()
+    nxt = row["next_fire_at"]
+    if row["status"] == "exhausted" or nxt is None or nxt <= now:
+        nxt = first_fire(row, now, default_zone) if row["trigger_type"] != "at" or row["at_time"] > now else None
+    if nxt is None:
+        raise ScheduleError(f"schedule {row['name']} is a one-shot whose time has passed; create a new one")
+    code = "schedule.active.operator_reset" if row["status"] == "exhausted" else "schedule.active.enabled"
+    out = await transition(book, "schedule", row["id"], "active", expected=row["status"], actor=actor,
+                           reason=Reason(code, "enabled by operator"), patch={"enabled": 1, "next_fire_at": nxt})
+    if out.conflict:
+        raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
+    return await get_schedule(book, row["id"])
+
+
+async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> dict[str, Any]:
+    row = await get_schedule(book, ref)
+    if row["status"] == "paused":
+        return row
+    if row["status"] != "active":
+        raise ScheduleError(f"schedule {row['name']} is {row['status']}; only active schedules can be disabled")
+    out = await transition(book, "schedule", row["id"], "paused", expected="active", actor=actor,
+                           reason=Reason("schedule.paused.disabled", "disabled by operator"), patch={"enabled": 0})
+    if out.conflict:
+        raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
+    return await get_schedule(book, row["id"])
+
+
+async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> dict[str, Any]:
+    """Move to ``deleted``: the row and its runs stay, with their history."""
+    row = await get_schedule(book, ref)
+    if row["status"] == "deleted":
+        return row
+    patch = {"enabled": 0} if row["status"] != "exhausted" else {}
+    out = await transition(book, "schedule", row["id"], "deleted", expected=row["status"], actor=actor,
+                           reason=Reason("schedule.deleted.operator", "removed by operator"), patch=patch)
+    if out.conflict:
+        raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
+    return await get_schedule(book, row["id"])
+
+
+async def get_run(book: Book, run_id: str) -> dict[str, Any]:
+    async with book.read() as conn:
+        row = (await conn.execute(sa.select(schedule_runs).where(schedule_runs.c.id == run_id))).first()
+    if row is None:
+        raise EntityNotFound(f"run {run_id!r} does not exist (`statebook schedule runs NAME` lists them)")
+    return _row(row)
+
+
+async def list_runs(book: Book, schedule_id: str | None = None, *, limit: int = 50,
+                    status: str | None = None) -> list[dict[str, Any]]:
+    q = sa.select(schedule_runs).order_by(schedule_runs.c.created_at.desc(), schedule_runs.c.id).limit(limit)
+    if schedule_id is not None:
+        q = q.where(schedule_runs.c.schedule_id == schedule_id)
+    if status is not None:
+        q = q.where(schedule_runs.c.status == status)
+    async with book.read() as conn:
+        return [_row(r) for r in await conn.execute(q)]

@@ -1,0 +1,124 @@
+"""No double fire (S1), leadership on PostgreSQL and the single-daemon lock on SQLite (S10)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from statebook.adapters.db import connect, open_book, reset_schema
+from statebook.adapters.errors import ConfigError
+from statebook.adapters.leader import PostgresLeader, SqliteDaemonLock, leadership_for
+from statebook.lifecycle import Book, FakeClock, verify
+from statebook.scheduler.engine import SchedulerEngine
+
+from sched_helpers import FakeSpawner, make, runs_of, settings
+
+
+@pytest.mark.postgres
+async def test_two_engines_on_one_postgres_fire_every_occurrence_once(pg_url):
+    """S1: two engines on separate connection pools ticking interleaved and concurrently claim each occurrence once."""
+    clock = FakeClock(1_800_000_000)
+    a_book = await open_book(pg_url, clock=clock)
+    await reset_schema(a_book.engine)
+    b_book = Book(connect(pg_url), a_book.registry, clock)
+    try:
+        schedules = [await make(a_book, f"s{i}", interval_sec=5, overlap_policy="allow") for i in range(3)]
+        a = SchedulerEngine(a_book, settings(max_concurrent=50), clock=clock, launcher=FakeSpawner())
+        b = SchedulerEngine(b_book, settings(max_concurrent=50), clock=clock, launcher=FakeSpawner())
+        await a.start(loop=False)
+        await b.start(loop=False)
+        for step in range(40):
+            clock.advance(5)
+            if step % 2:
+                await asyncio.gather(a.tick(), b.tick())
+            else:
+                await b.tick()
+                await a.tick()
+        await a.wait_idle()
+        await b.wait_idle()
+        for s in schedules:
+            runs = await runs_of(a_book, s["id"])
+            occurrences = [r["occurrence_at"] for r in runs]
+            assert len(occurrences) == 40
+            assert len(set(occurrences)) == 40, "an occurrence fired twice"
+        assert a.stats["fired"] > 0 and b.stats["fired"] > 0
+        await a.stop()
+        await b.stop()
+        assert (await verify(a_book)).ok
+    finally:
+        await a_book.engine.dispose()
+        await b_book.engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_advisory_lock_leader_and_standby_takeover(pg_url):
+    """S10: only the lock holder evaluates schedules; when its session ends the standby takes over."""
+    clock = FakeClock(1_800_000_000)
+    a_book = await open_book(pg_url, clock=clock)
+    await reset_schema(a_book.engine)
+    b_book = Book(connect(pg_url), a_book.registry, clock)
+    try:
+        s = await make(a_book, interval_sec=5)
+        lead_a, lead_b = PostgresLeader(a_book.engine), PostgresLeader(b_book.engine)
+        a = SchedulerEngine(a_book, settings(), clock=clock, launcher=FakeSpawner(), leader=lead_a)
+        b = SchedulerEngine(b_book, settings(), clock=clock, launcher=FakeSpawner(), leader=lead_b)
+        await a.start(loop=False)
+        await b.start(loop=False)
+        assert lead_a.holding and not lead_b.holding
+        for _ in range(3):
+            clock.advance(5)
+            await b.tick()
+            await a.tick()
+            await a.wait_idle()
+        assert a.stats["fired"] == 3 and b.stats["fired"] == 0
+        await lead_a.release()  # the leader's session ends (a dead daemon's connection closes)
+        await a.stop()
+        for _ in range(3):
+            clock.advance(5)
+            await b.tick()
+            await b.wait_idle()
+        assert b.stats["fired"] == 3
+        occurrences = [r["occurrence_at"] for r in await runs_of(a_book, s["id"])]
+        assert len(occurrences) == 6 == len(set(occurrences))
+        await b.stop()
+        await lead_b.release()
+    finally:
+        await a_book.engine.dispose()
+        await b_book.engine.dispose()
+
+
+async def test_second_sqlite_daemon_refuses_to_start(tmp_path):
+    """S10: a second daemon on the same SQLite file is refused with a clear message; released locks free it."""
+    db = tmp_path / "s.db"
+    book = await open_book(f"sqlite:///{db}")
+    try:
+        first = leadership_for(book.engine)
+        with pytest.raises(ConfigError, match="another statebook daemon is already running"):
+            leadership_for(book.engine)
+        first.release()
+        again = leadership_for(book.engine)
+        assert await again.is_leader()
+        again.release()
+    finally:
+        await book.engine.dispose()
+
+
+def test_second_daemon_process_is_refused(tmp_path):
+    """S10: the lock holds across processes (a real second `statebook run`)."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "s.db"
+    lock = SqliteDaemonLock(str(db))
+    lock.acquire()
+    try:
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "statebook"), "--db", f"sqlite:///{db}", "run", "--for", "1"],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )
+    finally:
+        lock.release()
+    assert proc.returncode == 2
+    assert "another statebook daemon is already running" in proc.stderr
