@@ -26,6 +26,7 @@ from statebook.scheduler.store import create_schedule, find_schedule
 
 from .db import open_book
 from .errors import ConfigError
+from .github import GitHubPoller
 from .leader import leadership_for
 from .settings import Settings
 
@@ -171,7 +172,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                 await apply_retention(book, now=book.clock.now(), delivered_days=settings.retention.delivered_days,
                                       failed_days=settings.retention.failed_days)
 
-        engine = SchedulerEngine(book, settings, leader=leader, reapers=[retention])
+        engine = SchedulerEngine(book, settings, leader=leader, reapers=[retention],
+                                 poller=GitHubPoller.from_settings(settings.scheduler))
         if tty:
             engine.on_tick = lambda e: print("\r" + status_line(e).ljust(100), end="", flush=True)
         stop = asyncio.Event()

@@ -3,6 +3,7 @@
 from .engine import CapacityExhausted, SchedulerEngine
 from .launcher import Launch, LaunchRefused, ProcessResult, build_launch, spawn_and_wait
 from .policy import SCHEDULE, SCHEDULE_RUN
+from .polling import Poller, PollResult
 from .requests import CreateScheduleRequest
 from .runs import cancel_run, finalize_run, open_run
 from .schema import schedule_runs, schedules
@@ -13,7 +14,7 @@ from .store import (
 
 __all__ = [
     "SCHEDULE", "SCHEDULE_RUN", "CapacityExhausted", "CreateScheduleRequest", "Launch", "LaunchRefused",
-    "ProcessResult", "ScheduleError", "SchedulerEngine", "build_launch", "cancel_run", "create_schedule",
+    "PollResult", "Poller", "ProcessResult", "ScheduleError", "SchedulerEngine", "build_launch", "cancel_run", "create_schedule",
     "delete_schedule", "disable_schedule", "enable_schedule", "finalize_run", "find_schedule", "get_run",
     "get_schedule", "list_runs", "list_schedules", "open_run", "schedule_runs", "schedules", "spawn_and_wait",
 ]

@@ -24,6 +24,7 @@ from statebook.lifecycle import Book, Clock, Reason, transition
 from . import admission as gates
 from .execution import Executor, Spawner
 from .occurrence import claim, exhaust
+from .polling import GithubPolling, Poller
 from .runs import SCHEDULER, finalize_run, open_run
 from .schema import schedule_runs, schedules
 from .store import ScheduleError, get_schedule
@@ -54,7 +55,7 @@ class SchedulerEngine:
     def __init__(self, book: Book, settings: Any, *, clock: Clock | None = None, launcher: Spawner | None = None,
                  leader: Leader | None = None, daemon_id: str | None = None,
                  projects: Mapping[str, str] | None = None,
-                 reapers: list[Callable[[], Awaitable[Any]]] | None = None) -> None:
+                 reapers: list[Callable[[], Awaitable[Any]]] | None = None, poller: Poller | None = None) -> None:
         self.book = book.with_clock(clock) if clock is not None else book
         self.cfg = settings.scheduler
         lcfg = settings.launcher
@@ -67,6 +68,7 @@ class SchedulerEngine:
             stdout_log=lcfg.stdout_log, projects=projects or getattr(lcfg, "projects", None), spawner=launcher,
         )
         self.extra_reapers = list(reapers or [])
+        self.polling = GithubPolling(self, poller)
         self.fire_tasks: set[asyncio.Task[Any]] = set()
         self.deferrals: dict[str, int] = {}
         self.next_due: float | None = None
@@ -266,7 +268,7 @@ class SchedulerEngine:
         context: dict[str, Any] = {"trigger": s["trigger_type"], "occurrence_at": due, "schedule": s["name"]}
         extra: dict[str, Any] = {}
         if s["trigger_type"] == "github_poll":
-            return await self._advance(s, due, nxt, "schedule.active.poll", "github polling is done by the poller")
+            return await self.polling.poll(s, due, nxt, context)  # S13
         cfg = s.get("threshold_config")
         if cfg:
             value = await gates.metric_value(self.book, cfg, now, exclude_schedule=s["id"])
@@ -410,12 +412,14 @@ class SchedulerEngine:
         return len(due)
 
     async def _missed(self, s: dict[str, Any], now: float) -> None:
+        if s["trigger_type"] == "github_poll":
+            return  # S13: the cursor covers the downtime; the next tick polls
         due = s["next_fire_at"]
         nxt = following(s, due, now, self.cfg.timezone)
         count = missed_between(s, due, now, self.cfg.timezone)
         evidence = (f"occurrence_at:{due}", f"missed:{count}", f"detected_at:{now}")
         context = {"trigger": "missed_fire", "occurrence_at": due, "missed": count, "schedule": s["name"]}
-        if s["missed_fire_policy"] == "skip" or s["trigger_type"] == "github_poll":
+        if s["missed_fire_policy"] == "skip":
             async with writing(self.book) as tx:
                 out = await claim(tx, s, due, nxt, fired=False, reason=Reason(
                     "schedule.active.missed_fire", f"{count} occurrence(s) missed while down; skipped", evidence))

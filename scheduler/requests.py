@@ -121,6 +121,9 @@ class CreateScheduleRequest(BaseModel):
         elif t == "github_poll":
             if not self.github_repo or not _REPO.match(self.github_repo):
                 raise ValueError(f"github_poll trigger needs github_repo as 'owner/name', got {self.github_repo!r}")
+            from .polling import check_filter  # local: polling imports the engine's write helpers
+
+            check_filter(self.github_filter)
         if self.threshold_config is not None:
             if t not in ("cron", "interval"):
                 raise ValueError("threshold_config applies to cron or interval triggers only")

@@ -1,0 +1,296 @@
+"""The ``github_poll`` trigger (S13): poll a repository's events, fire once per new event, keep a cursor.
+
+The HTTP client is an edge (``adapters/github.py``) behind the :class:`Poller` protocol; the
+composition root injects it into ``SchedulerEngine``. Without one, a github_poll schedule only
+advances its cadence (and a warning is logged once).
+
+One due occurrence of a github_poll schedule:
+
+1. fetch ``GET /repos/{owner}/{repo}/events`` — outside any transaction — with the ETag of the
+   last complete poll (a 304 is a healthy poll with no events);
+2. select the new events: id above ``github_cursor`` (ids are increasing numbers), or, before the
+   first fire, created no earlier than the schedule itself; then ``github_filter``;
+3. for each, oldest first, pass the gates (overlap, budget, max_runs, global slot); only then move
+   the cursor to the event's id in the same transaction that opens its run (a compare-and-set on
+   ``github_cursor`` and ``next_fire_at``, so an event fires at most once, even with two daemons);
+   the first event that cannot fire stops the pass and stays above the cursor;
+4. one cadence transition with the health columns: ``last_healthy_poll_at`` and a reset
+   ``poller_consecutive_401`` after 200/304, an incremented counter after 401. With events
+   still waiting the poll comes back on the next tick rather than after the poll interval.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from statebook.lifecycle import Reason, transition
+
+from . import admission as gates
+from .occurrence import SCHEDULER, claim, exhaust
+from .runs import open_run
+from .writes import writing
+
+if TYPE_CHECKING:
+    from .engine import SchedulerEngine
+
+log = logging.getLogger("statebook.scheduler")
+
+FILTER_KEYS = ("types", "actions", "labels")
+TITLE_LIMIT = 200
+
+PollStatus = Literal["ok", "not_modified", "unauthorized", "failed"]
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """What one poll of the API returned: events (any order, raw API objects) or why there are none."""
+
+    status: PollStatus
+    events: tuple[Mapping[str, Any], ...] = ()
+    etag: str | None = None
+    """the first page's ETag (sent back as If-None-Match next time)"""
+    pages: int = 0
+    detail: str = ""
+    """for a failed or unauthorized poll: the HTTP status and message, for the audit trail"""
+
+
+class Poller(Protocol):
+    """Fetch a repository's events newer than ``cursor`` (an adapter may stop paging once it reaches it)."""
+
+    async def fetch(self, repo: str, *, etag: str | None, cursor: str | None) -> PollResult: ...
+
+
+# -- selecting events ---------------------------------------------------------------------------
+
+def check_filter(flt: Mapping[str, Any] | None) -> dict[str, frozenset[str]]:
+    """Validate ``github_filter``; e.g. ``{"types": ["IssuesEvent"], "actions": ["opened"], "labels": ["bug"]}``.
+
+    Every key is optional; an event must match each key given (any of its values).
+    """
+    if flt is None:
+        return {}
+    if not isinstance(flt, Mapping):
+        raise ValueError(f"github_filter must be an object with keys {', '.join(FILTER_KEYS)}, got {flt!r}")
+    unknown = sorted(set(flt) - set(FILTER_KEYS))
+    if unknown:
+        raise ValueError(f"github_filter has unknown keys {', '.join(unknown)}; use {', '.join(FILTER_KEYS)}")
+    out: dict[str, frozenset[str]] = {}
+    for key, values in flt.items():
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
+            raise ValueError(f"github_filter {key!r} must be a non-empty list of strings, got {values!r}")
+        out[key] = frozenset(values)
+    return out
+
+
+def event_number(event: Mapping[str, Any]) -> int | None:
+    """The event's id as a number (GitHub event ids are increasing decimal strings); None if it is not one."""
+    try:
+        return int(str(event.get("id")))
+    except ValueError:
+        return None
+
+
+def _labels(payload: Mapping[str, Any]) -> set[str]:
+    item = payload.get("issue") or payload.get("pull_request") or {}
+    found = {lbl.get("name") for lbl in item.get("labels") or () if isinstance(lbl, Mapping)}
+    if isinstance(payload.get("label"), Mapping):
+        found.add(payload["label"].get("name"))
+    return {name for name in found if name}
+
+
+def matches(event: Mapping[str, Any], flt: Mapping[str, frozenset[str]]) -> bool:
+    payload = event.get("payload") or {}
+    if "types" in flt and event.get("type") not in flt["types"]:
+        return False
+    if "actions" in flt and payload.get("action") not in flt["actions"]:
+        return False
+    return not ("labels" in flt and not _labels(payload) & flt["labels"])
+
+
+def created_epoch(event: Mapping[str, Any]) -> float | None:
+    try:
+        return datetime.fromisoformat(str(event.get("created_at")).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def new_events(events: Iterable[Mapping[str, Any]], *, cursor: str | None, not_before: float,
+               flt: Mapping[str, frozenset[str]]) -> list[tuple[int, Mapping[str, Any]]]:
+    """The events that may fire, oldest first, each once: above the cursor (without one: created at or
+    after ``not_before``, compared in whole seconds like the API's timestamps) and matching the filter."""
+    floor = int(cursor) if cursor is not None else None
+    chosen: dict[int, Mapping[str, Any]] = {}
+    for event in events:
+        number = event_number(event)
+        if number is None:
+            continue
+        if floor is not None:
+            if number <= floor:
+                continue
+        else:
+            at = created_epoch(event)
+            if at is None or at < int(not_before):
+                continue
+        if matches(event, flt):
+            chosen.setdefault(number, event)
+    return sorted(chosen.items(), key=lambda item: item[0])
+
+
+def compact(event: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of an event a run's trigger context keeps (payloads can be large)."""
+    payload = event.get("payload") or {}
+    out: dict[str, Any] = {
+        "id": str(event.get("id")), "type": event.get("type"), "created_at": event.get("created_at"),
+        "actor": (event.get("actor") or {}).get("login"), "repo": (event.get("repo") or {}).get("name"),
+    }
+    for key in ("action", "ref", "head"):
+        if isinstance(payload.get(key), str):
+            out[key] = payload[key]
+    item = payload.get("issue") or payload.get("pull_request")
+    if isinstance(item, Mapping):
+        out.update(number=item.get("number"), title=str(item.get("title") or "")[:TITLE_LIMIT],
+                   url=item.get("html_url"), labels=sorted(_labels(payload)))
+    return out
+
+
+def event_context(base: Mapping[str, Any], repo: str, event: Mapping[str, Any]) -> dict[str, Any]:
+    """Trigger context of an event's run; flat keys are usable as ``{event_id}`` in argument templates."""
+    ev = compact(event)
+    return {**base, "repo": repo, "event_id": ev["id"], "event_type": ev["type"], "event": ev}
+
+
+# -- one due poll -------------------------------------------------------------------------------
+
+class _Abort(Exception):
+    """Roll back an event claim: max_runs was reached once the claim held the row lock."""
+
+
+class GithubPolling:
+    """Runs the due occurrences of github_poll schedules for one engine (which owns the gates' state)."""
+
+    def __init__(self, engine: SchedulerEngine, poller: Poller | None) -> None:
+        self.engine = engine
+        self.poller = poller
+        self.etags: dict[tuple[str, str], str] = {}
+        """(schedule id, repo) -> ETag of the last poll that left no event waiting (kept in memory)."""
+        self._warned = False
+
+    async def poll(self, s: Mapping[str, Any], due: float, nxt: float | None, context: Mapping[str, Any]) -> str:
+        """Handle the occurrence ``due`` of github_poll schedule ``s``; returns what happened."""
+        eng = self.engine
+        if self.poller is None:
+            if not self._warned:
+                self._warned = True
+                log.warning("github_poll schedules only advance their cadence: no GitHub poller is configured")
+            return await eng._advance(s, due, nxt, "schedule.active.poll_unconfigured", "no GitHub poller configured")
+        repo = s["github_repo"]
+        try:
+            flt = check_filter(s.get("github_filter"))
+        except ValueError as exc:
+            return await self._finish(s, due, nxt, "schedule.active.poll_failed", str(exc), {})
+        key = (s["id"], repo)
+        try:
+            result = await self.poller.fetch(repo, etag=self.etags.get(key), cursor=s.get("github_cursor"))
+        except Exception as exc:  # noqa: BLE001 - an adapter failure is a failed poll, never a dead tick
+            result = PollResult("failed", detail=f"poller raised {exc!r}")
+        now = eng.book.clock.now()
+        if result.status == "unauthorized":
+            count = int(s.get("poller_consecutive_401") or 0) + 1
+            log.warning("GitHub answered 401 for %s (%d in a row); check scheduler.github_token", repo, count)
+            return await self._finish(s, due, nxt, "schedule.active.poll_unauthorized",
+                                      f"401 from GitHub for {repo} ({count} in a row): {result.detail}"[:500],
+                                      {"poller_consecutive_401": count})
+        if result.status != "ok" and result.status != "not_modified":
+            log.warning("polling %s failed: %s", repo, result.detail)
+            return await self._finish(s, due, nxt, "schedule.active.poll_failed",
+                                      f"poll of {repo} failed: {result.detail}"[:500], {})
+        healthy = {"last_healthy_poll_at": now, "poller_consecutive_401": 0}
+        if result.status == "not_modified":
+            return await self._finish(s, due, nxt, "schedule.active.poll", f"{repo}: not modified (304)", healthy)
+        events = new_events(result.events, cursor=s.get("github_cursor"), not_before=s["created_at"], flt=flt)
+        cursor, fired, waiting = s.get("github_cursor"), 0, None
+        for number, event in events:
+            ctx = event_context(context, repo, event)
+            outcome = await self._fire_event(s, due, cursor, str(number), ctx)
+            if outcome in ("exhausted", "conflict"):
+                return outcome  # the schedule moved on without us: no cadence write
+            if outcome != "fired":
+                waiting = outcome
+                break
+            cursor, fired = str(number), fired + 1
+        pending = len(events) - fired
+        if waiting is None:
+            if result.etag:
+                self.etags[key] = result.etag
+            summary = f"{repo}: {len(result.events)} event(s) on {result.pages} page(s), {fired} fired"
+            return await self._finish(s, due, nxt, "schedule.active.poll", summary, healthy, fired=fired)
+        # Events wait: forget the ETag (a 304 would hide them) and come back on the next tick.
+        self.etags.pop(key, None)
+        retry = now + eng.cfg.tick_seconds
+        why = "a run of this schedule is still running" if waiting == "overlap" else "no global slot is free"
+        summary = f"{repo}: {fired} fired, {pending} event(s) wait ({why})"
+        return await self._finish(s, due, retry if nxt is None else min(nxt, retry), "schedule.active.poll_deferred",
+                                  summary, healthy, fired=fired)
+
+    async def _finish(self, s: Mapping[str, Any], due: float, nxt: float | None, code: str, summary: str,
+                      patch: Mapping[str, Any], *, fired: int = 0) -> str:
+        out = await claim(self.engine.book, s, due, nxt, fired=False, extra=patch, reason=Reason(code, summary))
+        if out.conflict:
+            return "conflict"
+        return "fired" if fired else code.rsplit(".", 1)[1]
+
+    async def _fire_event(self, s: Mapping[str, Any], due: float, cursor: str | None, event_id: str,
+                          context: Mapping[str, Any]) -> str:
+        """The gates, then claim the event and open its run: "fired", "overlap", "capacity", "exhausted", "conflict"."""
+        eng = self.engine
+        if s["overlap_policy"] == "skip" and await gates.has_running(eng.book, s["id"]):
+            return "overlap"
+        over = await eng._over_budget(s)
+        if over:
+            await exhaust(eng.book, s, "schedule.exhausted.budget", over)
+            return "exhausted"
+        if s.get("max_runs") is not None and await gates.top_level_runs(eng.book, s["id"]) >= s["max_runs"]:
+            await exhaust(eng.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
+            return "exhausted"
+        handle = eng.slots.try_take()  # capacity first: the cursor only moves for an event that fires
+        if handle is None:
+            await eng._defer(s, due, context)
+            return "capacity"
+        try:
+            run_id = await self._claim_event(s, due, cursor, event_id, context)
+        except _Abort:
+            handle.release()
+            await exhaust(eng.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
+            return "exhausted"
+        except BaseException:
+            handle.release()
+            raise
+        if run_id is None:
+            handle.release()
+            return "conflict"
+        eng.deferrals.pop(s["id"], None)
+        eng._launch(s, run_id, context, handle)
+        return "fired"
+
+    async def _claim_event(self, s: Mapping[str, Any], due: float, cursor: str | None, event_id: str,
+                           context: Mapping[str, Any]) -> str | None:
+        """Move the cursor to ``event_id`` and open its run in ONE transaction (S1, S13); None on conflict."""
+        eng = self.engine
+        async with writing(eng.book) as tx:
+            out = await transition(
+                tx, "schedule", s["id"], "active", expected="active", actor=SCHEDULER,
+                guards={"next_fire_at": due, "github_cursor": cursor},
+                patch={"github_cursor": event_id, "last_fired_at": tx.clock.now()},
+                reason=Reason("schedule.active.poll_event", f"{context['event_type']} {event_id} claimed by "
+                              f"{eng.daemon_id}", (f"github_event:{event_id}",)),
+            )
+            if out.conflict:
+                return None
+            if s.get("max_runs") is not None and await gates.top_level_runs(tx, s["id"]) >= s["max_runs"]:
+                raise _Abort
+            return await open_run(tx, s, context=context, daemon_id=eng.daemon_id, occurrence_at=due,
+                                  reason=Reason("schedule_run.running.fired", f"github event {event_id}"))
