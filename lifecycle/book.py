@@ -7,6 +7,7 @@ application commits its own rows and a status change atomically.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from .clock import SYSTEM_CLOCK, Clock
 from .policy import Lifecycle, Registry
 
+
+log = logging.getLogger("statebook.lifecycle")
 
 READ_ONLY_OPTION = "statebook_read_only"
 """Execution option marking a connection that only reads (SQLite then uses a deferred BEGIN)."""
@@ -60,7 +63,10 @@ class Book:
             yield bound
         for entity_type in touched:
             for callback in self.on_commit:
-                callback(entity_type)
+                try:
+                    callback(entity_type)
+                except Exception:  # noqa: BLE001 - the commit happened; a wake-up hook must not undo that
+                    log.exception("on_commit callback %r failed for %s", callback, entity_type)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

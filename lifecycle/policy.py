@@ -89,6 +89,7 @@ class Lifecycle:
     purgeable: frozenset[str] | None = None
     description: str = ""
     _index: Mapping[tuple[str, str], Edge] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+    _fingerprint: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -101,6 +102,8 @@ class Lifecycle:
         else:
             set_(self, "purgeable", _fs(self.purgeable))
         set_(self, "_index", MappingProxyType({(e.source, e.target): e for e in self.edges}))
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        set_(self, "_fingerprint", hashlib.sha256(text.encode()).hexdigest()[:16])
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -135,8 +138,7 @@ class Lifecycle:
     @property
     def fingerprint(self) -> str:
         """A stable hash of the canonical form: equal declarations give equal fingerprints."""
-        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._fingerprint
 
     # -- deriving -----------------------------------------------------------------------------
     def extend(

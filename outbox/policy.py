@@ -41,7 +41,7 @@ DISPATCH = Lifecycle(
         ),
         *edges("expired", "pending", actors=OPERATOR, patch=("attempt", "next_attempt_at", "last_error")),
     ),
-    patch_fields={"attempt", "next_attempt_at", "last_error"},
+    patch_fields={"attempt", "next_attempt_at", "last_error", "claim_id"},
     reason_prefixes={"dispatch"},
     reasons=DISPATCH_REASONS,
     same_status="edge",

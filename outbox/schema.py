@@ -7,6 +7,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import managed_table
 
 DISPATCH_STATUSES = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
+TERMINAL_STATUSES = ("delivered", "acked", "dead_letter", "expired")
 
 dispatch_outbox = managed_table(
     "dispatch_outbox",
@@ -27,6 +28,9 @@ dispatch_outbox = managed_table(
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=True),
+    # Not in the seed: a fencing token written by each claim. The attempt counter alone repeats after
+    # an operator retry resets it, so a finalization guards on the claim id as well.
+    sa.Column("claim_id", sa.String(32), nullable=True),
     sa.Index(
         "idx_dispatch_outbox_dedup",
         "dedup_key",
@@ -41,5 +45,8 @@ dispatch_outbox = managed_table(
         sqlite_where=sa.text("status IN ('pending', 'delivering')"),
         postgresql_where=sa.text("status IN ('pending', 'delivering')"),
     ),
+    # list_dispatches (newest first) and retention / bulk purge (status, age) read these.
+    sa.Index("idx_dispatch_outbox_created", "created_at", "id"),
+    sa.Index("idx_dispatch_outbox_settled", "status", "updated_at"),
     statuses=DISPATCH_STATUSES,
 )

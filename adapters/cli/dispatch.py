@@ -1,1 +1,253 @@
-"""CLI commands (being written)."""
+"""``statebook dispatch``: inspect, acknowledge, retry, purge and deliver outbox rows.
+
+There is no enqueue command: producers use the library API (seed ADR-0059 D6). Ack tokens are
+capabilities, so ``ls`` and ``show`` mask them (in the row and in the payload) unless ``--reveal``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from statebook.lifecycle import Actor, Book
+from statebook.outbox import (
+    DISPATCH_STATUSES,
+    ArgvTransport,
+    DeliveryWorker,
+    Retention,
+    ack_dispatch,
+    deliver_due_dispatches,
+    get_dispatch,
+    list_dispatches,
+    purge_dispatch,
+    purge_dispatches,
+    retry_dispatch,
+)
+
+from .app import app, console, fail, run, with_book
+
+dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, purge, deliver.", no_args_is_help=True)
+app.add_typer(dispatch_app, name="dispatch")
+
+MASK = "********"
+
+
+def operator() -> Actor:
+    """``operator:<login name>`` from $USER (or the OS account)."""
+    name = os.environ.get("USER") or os.environ.get("USERNAME")
+    if not name:
+        try:
+            name = getpass.getuser()
+        except Exception:
+            name = "unknown"
+    return Actor("operator", name)
+
+
+def masked(row: dict[str, Any], reveal: bool) -> dict[str, Any]:
+    if reveal or not row.get("ack_token"):
+        return row
+    out = dict(row, ack_token=MASK)
+    payload = out.get("payload")
+    if isinstance(payload, dict) and payload.get("ack_token"):
+        out["payload"] = dict(payload, ack_token=MASK)
+    return out
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def parse_time(text: str) -> float:
+    """POSIX seconds or an ISO-8601 date/time (UTC unless it names a zone)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise fail(f"--before {text!r} is neither POSIX seconds nor an ISO-8601 time (e.g. 2026-01-31T00:00)") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def _echo_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+@dispatch_app.command("ls")
+def ls_cmd(
+    status: str = typer.Option(None, "--status", help=f"Only this status ({', '.join(DISPATCH_STATUSES)})."),
+    limit: int = typer.Option(50, "--limit", min=1, help="At most this many rows, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    reveal: bool = typer.Option(False, "--reveal", help="Show ack tokens instead of masking them."),
+) -> None:
+    """List dispatches, newest first."""
+
+    async def go(book: Book) -> list[dict[str, Any]]:
+        return await list_dispatches(book, status=status, limit=limit)
+
+    rows = [masked(r, reveal) for r in run(with_book(go)())]
+    if as_json:
+        _echo_json(rows)
+        return
+    from rich.table import Column, Table
+
+    table = Table(
+        Column("id", no_wrap=True, min_width=32),  # whole, so it can be copied
+        "kind", "deliver_to", Column("status", no_wrap=True), "attempt", "next attempt (UTC)", "last error",
+    )
+    for r in rows:
+        table.add_row(
+            r["id"], r["kind"], r["deliver_to"], r["status"], f"{r['attempt']}/{r['max_attempts']}",
+            _when(r["next_attempt_at"]) if r["status"] in ("pending", "delivering") else "-",
+            (r["last_error"] or "")[:60],
+        )
+    console.print(table)
+
+
+@dispatch_app.command("show")
+def show_cmd(
+    dispatch_id: str = typer.Argument(..., metavar="ID"),
+    reveal: bool = typer.Option(False, "--reveal", help="Show the ack token instead of masking it."),
+) -> None:
+    """Print one dispatch as JSON."""
+
+    async def go(book: Book) -> dict[str, Any] | None:
+        return await get_dispatch(book, dispatch_id)
+
+    row = run(with_book(go)())
+    if row is None:
+        raise fail(f"dispatch {dispatch_id} does not exist")
+    _echo_json(masked(row, reveal))
+
+
+@dispatch_app.command("ack")
+def ack_cmd(dispatch_id: str = typer.Argument(..., metavar="ID"), token: str = typer.Argument(..., metavar="TOKEN")) -> None:
+    """Acknowledge a dispatch with its token."""
+
+    async def go(book: Book) -> bool:
+        return await ack_dispatch(book, dispatch_id, token, actor=operator())
+
+    if not run(with_book(go)()):
+        raise fail(f"dispatch {dispatch_id} changed concurrently and was not acknowledged; try again", 1)
+    typer.echo(f"acked {dispatch_id}")
+
+
+@dispatch_app.command("retry")
+def retry_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Send a dead_letter or expired dispatch again (attempts reset to 0)."""
+
+    async def go(book: Book) -> tuple[bool, str | None]:
+        done = await retry_dispatch(book, dispatch_id, actor=operator())
+        row = await get_dispatch(book, dispatch_id)
+        return done, row["status"] if row else None
+
+    done, status = run(with_book(go)())
+    if not done:
+        raise fail(f"dispatch {dispatch_id} is {status}; only dead_letter or expired dispatches can be retried", 1)
+    typer.echo(f"retried {dispatch_id}")
+
+
+@dispatch_app.command("purge")
+def purge_cmd(
+    dispatch_id: str = typer.Argument(None, metavar="[ID]", help="One dispatch to purge."),
+    status: list[str] = typer.Option(None, "--status", help="Bulk: purge this status (repeatable; default terminal)."),
+    before: str = typer.Option(None, "--before", help="Bulk: rows last changed before this time (POSIX or ISO-8601)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Bulk: list what would be purged."),
+    force: bool = typer.Option(False, "--force", help="Allow purging pending/delivering rows."),
+) -> None:
+    """Delete a dispatch (or, with --before, many) leaving an audited tombstone in its history."""
+    if dispatch_id is not None:
+        if status or before is not None or dry_run:
+            raise fail("give either an ID or --status/--before/--dry-run for a bulk purge, not both")
+
+        async def one(book: Book) -> bool:
+            return await purge_dispatch(book, dispatch_id, actor=operator(), force=force)
+
+        if not run(with_book(one)()):
+            raise fail(f"dispatch {dispatch_id} does not exist")
+        typer.echo(f"purged {dispatch_id}")
+        return
+    if before is None:
+        raise fail("give a dispatch ID, or --before TIME (with optional --status) for a bulk purge")
+    cutoff = parse_time(before)
+
+    async def bulk(book: Book) -> list[str]:
+        return await purge_dispatches(
+            book, statuses=status or None, before=cutoff, dry_run=dry_run, force=force, actor=operator()
+        )
+
+    ids = run(with_book(bulk)())
+    for did in ids:
+        typer.echo(did)
+    typer.echo(f"{'would purge' if dry_run else 'purged'} {len(ids)} dispatch(es)", err=True)
+
+
+@dispatch_app.command("deliver")
+def deliver_cmd(
+    once: bool = typer.Option(False, "--once", help="Run one delivery pass, print its counters as JSON, exit."),
+    config: Path = typer.Option(None, "--config", help="Settings file (TOML) with dispatch.notify_template."),
+) -> None:
+    """Deliver due dispatches with the configured notify_template (until Ctrl-C unless --once)."""
+    from statebook.adapters.db import open_book
+    from statebook.adapters.settings import load_settings
+
+    from .app import ctx_state
+
+    settings = load_settings(config) if config is not None else load_settings()
+    cfg = settings.dispatch
+    transport = ArgvTransport(cfg.notify_template, timeout=cfg.transport_timeout_seconds)
+    if transport.problem is not None:
+        typer.echo(f"warning: {transport.problem}; every claimed dispatch will fail", err=True)
+
+    async def go() -> dict[str, int] | None:
+        book = await open_book(ctx_state.db_url or settings.db, must_exist=True, create=True)
+        try:
+            if once:
+                return await deliver_due_dispatches(
+                    book, transport=transport, batch_size=cfg.batch_size, concurrency=cfg.concurrency
+                )
+            await _serve(book, transport, settings)
+            return None
+        finally:
+            await book.engine.dispose()
+
+    counts = run(go())
+    if counts is not None:
+        typer.echo(json.dumps(counts, sort_keys=True))
+
+
+async def _serve(book: Book, transport: ArgvTransport, settings: Any) -> None:
+    import signal
+
+    wakeups = None
+    if book.dialect == "postgresql":
+        from statebook.adapters.pgnotify import listen
+
+        wakeups = listen(book)
+    retention = (
+        Retention(settings.retention.delivered_days, settings.retention.failed_days)
+        if settings.retention.enabled
+        else None
+    )
+    worker = DeliveryWorker(
+        book, transport, batch_size=settings.dispatch.batch_size, concurrency=settings.dispatch.concurrency,
+        tick_seconds=settings.scheduler.tick_seconds, retention=retention, extra_wakeups=wakeups,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, worker.stop)
+    typer.echo("delivering; Ctrl-C to stop", err=True)
+    await worker.run_until_stopped()
+    typer.echo(json.dumps(worker.totals, sort_keys=True))

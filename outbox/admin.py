@@ -1,0 +1,178 @@
+"""Operator surface (seed ADR-0059 D6): inspect, retry, purge, retention. Every write is audited."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionRejected, purge, transition
+
+from .enqueue import notify
+from .errors import DispatchInvalid
+from .schema import DISPATCH_STATUSES, TERMINAL_STATUSES, dispatch_outbox
+
+OPERATOR_ACTOR = Actor("operator", "api")
+RETENTION_ACTOR = Actor("system", "retention")
+RETRYABLE = ("dead_letter", "expired")
+DAY = 86400.0
+
+
+def _decode(row: Any) -> dict[str, Any]:
+    out = dict(row._mapping)
+    if isinstance(out.get("payload"), str | bytes):
+        out["payload"] = json.loads(out["payload"])
+    out["ack_required"] = bool(out["ack_required"])
+    return out
+
+
+def _check_status(status: str | None) -> None:
+    if status is not None and status not in DISPATCH_STATUSES:
+        raise DispatchInvalid(f"unknown dispatch status {status!r}; statuses are {', '.join(DISPATCH_STATUSES)}")
+
+
+async def get_dispatch(book: Book, dispatch_id: str) -> dict[str, Any] | None:
+    """The row as a dict (payload decoded), or None."""
+    t = dispatch_outbox
+    async with book.read() as conn:
+        row = (await conn.execute(sa.select(t).where(t.c.id == dispatch_id))).first()
+    return None if row is None else _decode(row)
+
+
+async def list_dispatches(book: Book, *, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Newest first (created_at, then id), optionally one status, at most ``limit`` rows."""
+    _check_status(status)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise DispatchInvalid(f"limit must be a positive integer, got {limit!r}")
+    t = dispatch_outbox
+    query = sa.select(t).order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
+    if status is not None:
+        query = query.where(t.c.status == status)
+    async with book.read() as conn:
+        rows = (await conn.execute(query)).fetchall()
+    return [_decode(r) for r in rows]
+
+
+async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR) -> bool:
+    """Send a dead_letter or expired dispatch again: ONE operator transition to pending with
+    attempt=0, next_attempt_at=now, last_error=None. False for another status or a lost race.
+
+    Raises ``LookupError`` when the row does not exist.
+    """
+    t = dispatch_outbox
+    async with book.read() as conn:
+        row = (await conn.execute(sa.select(t.c.status, t.c.attempt).where(t.c.id == dispatch_id))).first()
+    if row is None:
+        raise EntityNotFound(f"dispatch {dispatch_id!r} does not exist")
+    if row.status not in RETRYABLE:
+        return False
+    async with book.begin() as tx:
+        outcome = await transition(
+            tx, "dispatch", dispatch_id, "pending", expected=row.status, guards={"attempt": row.attempt},
+            patch={"attempt": 0, "next_attempt_at": tx.clock.now(), "last_error": None},
+            reason=Reason("dispatch.pending.operator_retry", f"operator retry from {row.status}"), actor=actor,
+        )
+        if outcome.applied:
+            await notify(tx, dispatch_id)
+    return outcome.applied
+
+
+async def purge_dispatch(
+    book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR, force: bool = False
+) -> bool:
+    """Delete one row and append its tombstone fact; False when the row does not exist.
+
+    Non-terminal rows are refused (:class:`TransitionRejected`) unless ``force=True``.
+    """
+    try:
+        outcome = await purge(
+            book, "dispatch", dispatch_id, reason=Reason("dispatch.purged.operator", "purged by an operator"),
+            actor=actor, force=force,
+        )
+    except EntityNotFound:
+        return False
+    return outcome.applied
+
+
+async def _purge_matching(
+    book: Book, statuses: Iterable[str], before: float, *, dry_run: bool, force: bool, reason: Reason, actor: Actor
+) -> list[tuple[str, str]]:
+    """(id, status) of each row purged, or that would be with ``dry_run``."""
+    t = dispatch_outbox
+    wanted = list(statuses)
+    query = (
+        sa.select(t.c.id, t.c.status)
+        .where(t.c.status.in_(wanted), t.c.updated_at < before)
+        .order_by(t.c.updated_at, t.c.id)
+    )
+    async with book.read() as conn:
+        rows = (await conn.execute(query)).fetchall()
+    if dry_run:
+        return [(r.id, r.status) for r in rows]
+    purged = []
+    for r in rows:
+        try:
+            outcome = await purge(book, "dispatch", r.id, reason=reason, actor=actor, expected=r.status, force=force)
+        except EntityNotFound:
+            continue  # purged concurrently
+        if outcome.applied:
+            purged.append((r.id, r.status))
+    return purged
+
+
+async def purge_dispatches(
+    book: Book,
+    *,
+    before: float,
+    statuses: Iterable[str] | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    actor: Actor = OPERATOR_ACTOR,
+) -> list[str]:
+    """Purge rows in ``statuses`` (default: the terminal ones) last changed before ``before``.
+
+    Returns the ids purged (or, with ``dry_run``, that would be). Each purge is audited by a
+    tombstone fact. Non-terminal statuses are refused unless ``force=True``: a pending or
+    delivering row is live work.
+    """
+    chosen = tuple(TERMINAL_STATUSES if statuses is None else statuses)
+    if not chosen:
+        raise DispatchInvalid("statuses must name at least one status (or be None for the terminal ones)")
+    for status in chosen:
+        _check_status(status)
+    live = sorted(set(chosen) - set(TERMINAL_STATUSES))
+    if live and not force:
+        raise TransitionRejected(
+            f"refusing to purge non-terminal status(es) {', '.join(live)}: they are live work; pass force=True "
+            "(--force) to purge them anyway",
+            rule="purge",
+        )
+    purged = await _purge_matching(
+        book, chosen, before, dry_run=dry_run, force=force,
+        reason=Reason("dispatch.purged.operator", f"bulk purge of {', '.join(chosen)} before {before}"), actor=actor,
+    )
+    return [dispatch_id for dispatch_id, _ in purged]
+
+
+async def apply_retention(
+    book: Book,
+    *,
+    now: float,
+    delivered_days: float = 7,
+    failed_days: float = 30,
+    actor: Actor = RETENTION_ACTOR,
+) -> dict[str, int]:
+    """Purge delivered/acked rows settled more than ``delivered_days`` ago and dead_letter/expired
+    rows settled more than ``failed_days`` ago. Returns the number purged per status."""
+    if delivered_days <= 0 or failed_days <= 0:
+        raise DispatchInvalid(f"retention periods must be positive, got {delivered_days} and {failed_days}")
+    counts = dict.fromkeys(TERMINAL_STATUSES, 0)
+    for statuses, days in ((("delivered", "acked"), delivered_days), (("dead_letter", "expired"), failed_days)):
+        reason = Reason("dispatch.purged.retention", f"retention: settled more than {days:g} day(s) ago")
+        for _, status in await _purge_matching(
+            book, statuses, now - days * DAY, dry_run=False, force=False, reason=reason, actor=actor
+        ):
+            counts[status] += 1
+    return counts

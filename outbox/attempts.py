@@ -1,0 +1,204 @@
+"""Attempts: the records (Candidate, Lease), backoff, the due scan, and the transition each step writes.
+
+The command builders here are shared by the single steps and the batched passes in
+:mod:`.delivery`, so a step and a pass can never disagree on what an outcome means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Actor, Book, Command, Reason
+from statebook.lifecycle.codec import new_id
+
+from .errors import DispatchInvalid
+from .schema import dispatch_outbox
+from .transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
+
+CLAIM_LEASE_SECONDS = NOTIFY_TIMEOUT_SECONDS + 5.0
+BASE_BACKOFF_SECONDS = 30
+MAX_BACKOFF_SECONDS = 1800
+DELIVERY_ACTOR = Actor("system", "delivery")
+ACTIVE = sa.text("dispatch_outbox.status IN ('pending', 'delivering')")
+"""Literal, so PostgreSQL can match the partial due index (bound parameters cannot)."""
+
+Finalized = Literal["delivered", "awaiting_ack", "retried", "dead_letter", "conflict"]
+Settled = Literal["expired", "dead_letter"]
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Delay before the next try after ``attempt`` sends: ``min(30 * 2**attempt, 1800)``.
+
+    >>> [backoff_seconds(a) for a in (1, 2, 5, 6, 40)]
+    [60.0, 120.0, 960.0, 1800.0, 1800.0]
+    """
+    if attempt >= 6:  # 30 * 2**6 > 1800; avoids huge integers for absurd attempts
+        return float(MAX_BACKOFF_SECONDS)
+    return float(min(BASE_BACKOFF_SECONDS * 2 ** max(attempt, 0), MAX_BACKOFF_SECONDS))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A due row as a scan read it. Claim and settle compare-and-set against these values."""
+
+    dispatch_id: str
+    status: str
+    attempt: int
+    next_attempt_at: float
+    expires_at: float | None
+    max_attempts: int
+    ack_required: bool
+    kind: str
+    deliver_to: str
+    payload: str
+
+    @property
+    def id(self) -> str:
+        return self.dispatch_id
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+    @property
+    def exhausted(self) -> bool:
+        """A lapsed lease on the last allowed attempt: another send would exceed the bound."""
+        return self.status == "delivering" and self.attempt >= self.max_attempts
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One won claim: the right to run attempt ``attempt`` until ``lease_until``.
+
+    ``claim_id`` fences the finalization: only the claim that wrote it can settle the attempt.
+    """
+
+    dispatch_id: str
+    attempt: int
+    lease_until: float
+    kind: str
+    deliver_to: str
+    payload: str
+    ack_required: bool
+    max_attempts: int
+    claim_id: str
+
+
+# -- reading ------------------------------------------------------------------------------------
+def _columns() -> list[Any]:
+    t = dispatch_outbox
+    return [
+        t.c.id, t.c.status, t.c.attempt, t.c.next_attempt_at, t.c.expires_at, t.c.max_attempts, t.c.ack_required,
+        t.c.kind, t.c.deliver_to, sa.cast(t.c.payload, sa.Text).label("payload"),
+    ]
+
+
+def _candidate(row: Any) -> Candidate:
+    return Candidate(
+        dispatch_id=row.id, status=row.status, attempt=row.attempt, next_attempt_at=row.next_attempt_at,
+        expires_at=row.expires_at, max_attempts=row.max_attempts, ack_required=bool(row.ack_required),
+        kind=row.kind, deliver_to=row.deliver_to, payload=row.payload,
+    )
+
+
+async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = False) -> list[Candidate]:
+    """Due rows: pending or lease-lapsed delivering with ``next_attempt_at <= now``.
+
+    Ordered by (next_attempt_at, id), at most ``limit``. With ``skip_locked`` on PostgreSQL the rows
+    are locked ``FOR UPDATE SKIP LOCKED`` until the bound transaction ends, so concurrent workers
+    pick disjoint rows (see :func:`statebook.outbox.delivery.claim_due`).
+    """
+    if limit < 1:
+        raise DispatchInvalid(f"limit must be >= 1, got {limit}")
+    t = dispatch_outbox
+    query = sa.select(*_columns()).where(ACTIVE, t.c.next_attempt_at <= now).order_by(t.c.next_attempt_at, t.c.id)
+    query = query.limit(limit)
+    if skip_locked and book.dialect == "postgresql":
+        query = query.with_for_update(skip_locked=True, of=t)
+    async with book.read() as conn:
+        rows = (await conn.execute(query)).fetchall()
+    return [_candidate(r) for r in rows]
+
+
+async def next_due(book: Book) -> float | None:
+    """The earliest ``next_attempt_at`` of any pending or delivering row (None when idle)."""
+    t = dispatch_outbox
+    async with book.read() as conn:
+        return (await conn.execute(sa.select(sa.func.min(t.c.next_attempt_at)).where(ACTIVE))).scalar()
+
+
+# -- commands (shared by the single steps and the batched passes) ---------------------------------
+def _command(dispatch_id: str, target: str, reason: Reason, actor: Actor, expected: str, guards: dict[str, Any],
+             patch: dict[str, Any] | None = None, metadata: dict[str, Any] | None = None) -> Command:
+    return Command("dispatch", dispatch_id, target, reason, actor, (expected,), guards, patch or {}, None, metadata or {})
+
+
+def _as_scanned(candidate: Candidate) -> dict[str, Any]:
+    return {"attempt": candidate.attempt, "next_attempt_at": candidate.next_attempt_at}
+
+
+def settle_command(candidate: Candidate, now: float, actor: Actor) -> tuple[Command, Settled] | None:
+    """The transition finishing a candidate that must not be sent again, or None."""
+    c = candidate
+    if c.expired(now):
+        reason = Reason("dispatch.expired.deadline", f"expired at {c.expires_at} (attempt {c.attempt})")
+        return _command(c.dispatch_id, "expired", reason, actor, c.status, _as_scanned(c)), "expired"
+    if c.exhausted:
+        reason = Reason("dispatch.dead_letter.max_attempts", f"lease lapsed on attempt {c.attempt}")
+        error = f"the lease of attempt {c.attempt} (the last allowed) lapsed without an outcome"
+        return _command(c.dispatch_id, "dead_letter", reason, actor, "delivering", _as_scanned(c),
+                        {"last_error": error}), "dead_letter"
+    return None
+
+
+def claim_command(candidate: Candidate, now: float, actor: Actor) -> tuple[Command, Lease] | None:
+    """The claim of the candidate's next attempt and the lease it grants, or None if not claimable."""
+    c = candidate
+    if c.status not in ("pending", "delivering") or c.next_attempt_at > now or settle_command(c, now, actor):
+        return None
+    attempt = c.attempt + 1
+    lease = Lease(
+        dispatch_id=c.dispatch_id, attempt=attempt, lease_until=now + CLAIM_LEASE_SECONDS, kind=c.kind,
+        deliver_to=c.deliver_to, payload=c.payload, ack_required=c.ack_required, max_attempts=c.max_attempts,
+        claim_id=new_id(),
+    )
+    if c.status == "delivering":
+        reason = Reason("dispatch.delivering.reclaimed", f"lease of attempt {c.attempt} lapsed; attempt {attempt}")
+    else:
+        reason = Reason("dispatch.delivering.attempt", f"attempt {attempt} of {c.max_attempts}")
+    patch = {"attempt": attempt, "next_attempt_at": lease.lease_until, "claim_id": lease.claim_id}
+    return _command(c.dispatch_id, "delivering", reason, actor, c.status, _as_scanned(c), patch), lease
+
+
+def finalize_command(lease: Lease, result: TransportResult, now: float, actor: Actor) -> tuple[Command, Finalized]:
+    """The ONE transition recording an attempt's outcome, guarded on the lease's attempt and claim id."""
+    a = lease.attempt
+    at_bound = a >= lease.max_attempts
+    patch: dict[str, Any]
+    if result.ok and not lease.ack_required:
+        target, ret, patch = "delivered", "delivered", {}
+        reason = Reason("dispatch.delivered.transport_ok", f"attempt {a} succeeded")
+    elif result.ok and at_bound:
+        target, ret = "dead_letter", "dead_letter"
+        patch = {"last_error": f"no acknowledgement after {a} successful send(s) (max_attempts={lease.max_attempts})"}
+        reason = Reason("dispatch.dead_letter.ack_timeout", f"attempt {a} sent; no acknowledgement within the bound")
+    elif result.ok:
+        target, ret = "pending", "awaiting_ack"
+        patch = {"next_attempt_at": now + backoff_seconds(a)}
+        reason = Reason("dispatch.pending.awaiting_ack", f"attempt {a} sent; resend unless acknowledged")
+    else:
+        error = cap_error(result.error or "the transport reported failure")
+        if at_bound:
+            target, ret, patch = "dead_letter", "dead_letter", {"last_error": error}
+            reason = Reason("dispatch.dead_letter.max_attempts", f"attempt {a} of {lease.max_attempts} failed")
+        else:
+            target, ret = "pending", "retried"
+            patch = {"last_error": error, "next_attempt_at": now + backoff_seconds(a)}
+            reason = Reason("dispatch.pending.transport_failed", f"attempt {a} failed; retry after backoff")
+    # The attempt is unchanged, but recording it makes each outcome fact name the attempt it settles.
+    patch = {"attempt": a, **patch}
+    metadata = {"transport": dict(result.evidence)} if result.evidence else None
+    guards = {"attempt": a, "claim_id": lease.claim_id}
+    return _command(lease.dispatch_id, target, reason, actor, "delivering", guards, patch, metadata), ret

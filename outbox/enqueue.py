@@ -1,0 +1,298 @@
+"""Enqueue: validate, serialise the envelope once, insert row + creation fact (seed ADR-0059 D2).
+
+Every function takes a :class:`~statebook.lifecycle.Book`; give it a bound book (``async with
+book.begin() as tx``) to enqueue atomically with your own writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_many
+from statebook.lifecycle.codec import new_id
+
+from .errors import DispatchInvalid
+from .schema import dispatch_outbox
+from .signal import DispatchSignal
+
+DEFAULT_MAX_ATTEMPTS = 8
+REVIVAL_TTL_SECONDS = 3600.0
+NOTIFY_CHANNEL = "statebook_dispatch"
+"""PostgreSQL channel an enqueue notifies in its transaction (see adapters/pgnotify.py)."""
+
+ENQUEUE_ACTOR = Actor("system", "enqueue_dispatch")
+_DEDUP_RETRIES = 3
+_CHUNK = 500
+
+_ENQUEUE_ARGS = frozenset(
+    {"kind", "deliver_to", "body", "dedup_key", "ack_required", "max_attempts", "expires_at", "session_id",
+     "schedule_run_id"}
+)
+
+
+def _text(name: str, value: Any, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise DispatchInvalid(f"{name} must be a non-empty string, got {value!r}")
+    if "\x00" in value:
+        raise DispatchInvalid(f"{name} must not contain a NUL character (\\x00); got {value!r}")
+
+
+def _validate(
+    *, kind: Any, deliver_to: Any, body: Any, dedup_key: Any, ack_required: Any, max_attempts: Any,
+    expires_at: Any, session_id: Any, schedule_run_id: Any,
+) -> dict[str, Any]:
+    """Check every argument that does not need the database; returns the body to store."""
+    _text("kind", kind)
+    _text("deliver_to", deliver_to)
+    _text("dedup_key", dedup_key, optional=True)
+    _text("session_id", session_id, optional=True)
+    _text("schedule_run_id", schedule_run_id, optional=True)
+    if not isinstance(ack_required, bool):
+        raise DispatchInvalid(f"ack_required must be True or False, got {ack_required!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise DispatchInvalid(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+    if expires_at is not None and (
+        isinstance(expires_at, bool) or not isinstance(expires_at, int | float) or not math.isfinite(expires_at)
+    ):
+        raise DispatchInvalid(f"expires_at must be a finite POSIX timestamp or None, got {expires_at!r}")
+    if body is None:
+        return {}
+    if not isinstance(body, Mapping):
+        raise DispatchInvalid(f"body must be a JSON object (a dict) or None, got {type(body).__name__}")
+    try:
+        # Round-trip: refuses values JSON cannot carry (sets, NaN, objects) and non-string keys.
+        text = json.dumps(dict(body), allow_nan=False)
+        decoded = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise DispatchInvalid(f"body must be JSON-serialisable: {exc}") from None
+    if decoded != dict(body):
+        raise DispatchInvalid("body must be a JSON object with string keys and JSON values (it changed on a JSON round-trip)")
+    return decoded
+
+
+async def _existing_ids(tx: Book, keys: Iterable[str]) -> dict[str, str]:
+    """dedup key -> id of the rows holding them (visible to this transaction)."""
+    assert tx.conn is not None
+    t = dispatch_outbox
+    wanted, found = sorted(set(keys)), {}
+    for start in range(0, len(wanted), _CHUNK):
+        rows = await tx.conn.execute(sa.select(t.c.dedup_key, t.c.id).where(t.c.dedup_key.in_(wanted[start : start + _CHUNK])))
+        found.update({r.dedup_key: r.id for r in rows})
+    return found
+
+
+async def notify(tx: Book, payload: str = "") -> None:
+    """On PostgreSQL, ``NOTIFY statebook_dispatch`` when ``tx`` commits (a wake-up for workers)."""
+    if tx.dialect == "postgresql" and tx.conn is not None:
+        await tx.conn.execute(sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload})
+
+
+def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
+    """Column values of a new pending dispatch; the envelope is serialised here, once."""
+    expires_at = args["expires_at"]
+    if expires_at is not None and expires_at <= now:
+        raise DispatchInvalid(f"expires_at {expires_at} is not in the future (now is {now}); pass a later time or None")
+    dispatch_id = new_id()
+    token = secrets.token_hex(16) if args["ack_required"] else None
+    signal = DispatchSignal(
+        created_at=now, dispatch_id=dispatch_id, kind=args["kind"], deliver_to=args["deliver_to"], ack_token=token,
+        body=_validate(**args),
+    )
+    return {
+        "id": dispatch_id,
+        "kind": args["kind"],
+        "deliver_to": args["deliver_to"],
+        "payload": signal.to_json(),
+        "dedup_key": args["dedup_key"],
+        "attempt": 0,
+        "max_attempts": args["max_attempts"],
+        "next_attempt_at": now,
+        "ack_required": 1 if args["ack_required"] else 0,
+        "ack_token": token,
+        "session_id": args["session_id"],
+        "schedule_run_id": args["schedule_run_id"],
+        "last_error": None,
+        "created_at": now,
+        "expires_at": None if expires_at is None else float(expires_at),
+    }
+
+
+def _reason(kind: str) -> Reason:
+    return Reason("dispatch.pending.enqueued", f"enqueued kind={kind}")
+
+
+async def _enqueue_one(tx: Book, args: dict[str, Any]) -> tuple[str, bool]:
+    """Insert one dispatch in ``tx``; returns (id, created)."""
+    dedup_key = args["dedup_key"]
+    for _ in range(_DEDUP_RETRIES):
+        if dedup_key is not None:
+            found = (await _existing_ids(tx, [dedup_key])).get(dedup_key)
+            if found is not None:
+                return found, False
+        values = _new_row(args, tx.clock.now())
+        outcome = await create(
+            tx, "dispatch", values=values, status="pending", reason=_reason(args["kind"]), actor=ENQUEUE_ACTOR,
+            if_absent=True,
+        )
+        if outcome.applied:
+            return values["id"], True
+        # With a key: another producer committed it after our first look (on PostgreSQL our insert
+        # waited for that commit), and a fresh statement now sees its id. Without one: an id
+        # collision; draw another.
+    raise DispatchInvalid(
+        f"could not enqueue: dedup_key {dedup_key!r} conflicted but no row holds it (purged concurrently?); retry"
+    )
+
+
+async def _enqueue_many(tx: Book, prepared: list[dict[str, Any]]) -> tuple[list[str], bool]:
+    """Insert many dispatches in ``tx`` with one multi-row insert; (ids in input order, any created)."""
+    existing = await _existing_ids(tx, (a["dedup_key"] for a in prepared if a["dedup_key"] is not None))
+    now = tx.clock.now()
+    ids: list[str | None] = [None] * len(prepared)
+    first_with_key: dict[str, int] = {}
+    fresh: list[tuple[int, NewEntity]] = []
+    for index, args in enumerate(prepared):
+        key = args["dedup_key"]
+        if key is not None and (key in existing or key in first_with_key):
+            continue  # resolved below
+        try:
+            values = _new_row(args, now)
+        except DispatchInvalid as exc:
+            raise DispatchInvalid(f"item {index}: {exc}") from None
+        if key is not None:
+            first_with_key[key] = index
+        fresh.append((index, NewEntity(values, "pending", _reason(args["kind"]), ENQUEUE_ACTOR)))
+    outcomes = await create_many(tx, "dispatch", [entity for _, entity in fresh], if_absent=True)
+    created = False
+    for (index, entity), outcome in zip(fresh, outcomes, strict=True):
+        if outcome.applied:
+            ids[index] = entity.values["id"]
+            created = True
+        elif prepared[index]["dedup_key"] is not None:
+            del first_with_key[prepared[index]["dedup_key"]]  # lost a race: re-read below
+        else:
+            ids[index], made = await _enqueue_one(tx, prepared[index])  # an id collision
+            created = created or made
+    # Keys another producer committed while we inserted: their ids are visible to a new statement.
+    unresolved = {
+        a["dedup_key"] for i, a in enumerate(prepared)
+        if ids[i] is None and a["dedup_key"] not in first_with_key and a["dedup_key"] not in existing
+    }
+    if unresolved:
+        existing.update(await _existing_ids(tx, unresolved))
+    for index, args in enumerate(prepared):
+        key = args["dedup_key"]
+        if ids[index] is not None:
+            continue
+        if key in first_with_key:
+            ids[index] = ids[first_with_key[key]]
+        elif key in existing:
+            ids[index] = existing[key]
+        else:  # the key's row vanished again (purged): insert it one by one
+            ids[index], made = await _enqueue_one(tx, args)
+            created = created or made
+            first_with_key[key] = index
+    return [i for i in ids if i is not None], created
+
+
+async def enqueue_dispatch(
+    book: Book,
+    *,
+    kind: str,
+    deliver_to: str,
+    body: Mapping[str, Any] | None = None,
+    dedup_key: str | None = None,
+    ack_required: bool = False,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    expires_at: float | None = None,
+    session_id: str | None = None,
+    schedule_run_id: str | None = None,
+) -> str:
+    """Store a pending dispatch and its creation fact; return its 32-hex id.
+
+    With ``dedup_key`` the first committed row wins: a later call (even a racing one on another
+    connection) returns that row's id and writes nothing. Invalid arguments raise
+    :class:`DispatchInvalid` (a ``ValueError``) and write nothing.
+
+    >>> did = await enqueue_dispatch(book, kind="terminal_notify", deliver_to="seat-1")  # doctest: +SKIP
+    """
+    args = {
+        "kind": kind, "deliver_to": deliver_to, "body": body, "dedup_key": dedup_key, "ack_required": ack_required,
+        "max_attempts": max_attempts, "expires_at": expires_at, "session_id": session_id,
+        "schedule_run_id": schedule_run_id,
+    }
+    _validate(**args)
+    async with book.begin() as tx:
+        dispatch_id, created = await _enqueue_one(tx, args)
+        if created:
+            await notify(tx, dispatch_id)
+    return dispatch_id
+
+
+async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Enqueue many dispatches in ONE transaction; ids in input order (dedup hits give the first id).
+
+    Each item holds :func:`enqueue_dispatch`'s keyword arguments. Every item is checked before
+    anything is written; one invalid item refuses the whole batch.
+    """
+    prepared: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        unknown = sorted(set(item) - _ENQUEUE_ARGS)
+        if unknown:
+            raise DispatchInvalid(f"item {index}: unknown argument(s) {', '.join(unknown)}; known: {', '.join(sorted(_ENQUEUE_ARGS))}")
+        missing = sorted({"kind", "deliver_to"} - set(item))
+        if missing:
+            raise DispatchInvalid(f"item {index}: missing required argument(s) {', '.join(missing)}")
+        args = {
+            "body": None, "dedup_key": None, "ack_required": False, "max_attempts": DEFAULT_MAX_ATTEMPTS,
+            "expires_at": None, "session_id": None, "schedule_run_id": None, **item,
+        }
+        try:
+            _validate(**args)
+        except DispatchInvalid as exc:
+            raise DispatchInvalid(f"item {index}: {exc}") from None
+        prepared.append(args)
+    if not prepared:
+        return []
+    async with book.begin() as tx:
+        ids, created = await _enqueue_many(tx, prepared)
+        if created:
+            await notify(tx)
+    return ids
+
+
+async def enqueue_revival_heartbeat(
+    book: Book,
+    seats: Sequence[str],
+    *,
+    reset_epoch: float,
+    ttl_seconds: float = REVIVAL_TTL_SECONDS,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> list[str]:
+    """One ``revival_ping`` per seat, deduplicated per (seat, reset epoch) (seed ADR-0059 D6).
+
+    A truthy ``reset_epoch`` sets ``expires_at = reset_epoch + ttl_seconds``; zero means no expiry.
+    """
+    if isinstance(seats, str):
+        raise DispatchInvalid("seats must be a list of seat names, not one string")
+    expires_at = reset_epoch + ttl_seconds if reset_epoch else None
+    items = [
+        {
+            "kind": "revival_ping",
+            "deliver_to": seat,
+            "dedup_key": f"revival:{seat}:{reset_epoch}",
+            "ack_required": False,
+            "max_attempts": max_attempts,
+            "expires_at": expires_at,
+        }
+        for seat in seats
+    ]
+    return await enqueue_dispatches(book, items)

@@ -1,0 +1,56 @@
+"""The payload envelope: a versioned signal, serialised once at enqueue (seed ADR-0059 D1).
+
+A stored payload is ``DispatchSignal(...).to_json()``: JSON-mode values, an id, the book clock's
+``created_at`` and a ``metadata["class"]`` marker naming the concrete model.
+
+>>> s = DispatchSignal(created_at=0.0, dispatch_id="ab" * 16, kind="ping", deliver_to="seat-1")
+>>> s.to_json()["metadata"]
+{'class': 'statebook.outbox.DispatchSignal'}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from statebook.lifecycle.codec import new_id
+
+SIGNAL_SCHEMA_VERSION: int = 1
+"""Changes only when a field is removed or renamed; adding a nullable field is not breaking."""
+
+
+class Signal(BaseModel):
+    """A message with identity and provenance. ``created_at`` comes from the caller's clock."""
+
+    # Unknown fields are ignored so an older reader accepts a newer envelope (additions are not breaking).
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str = Field(default_factory=new_id)
+    created_at: float
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    data: Any = None
+    emitter_role: str | None = None
+    schema_version: int = SIGNAL_SCHEMA_VERSION
+
+    @model_validator(mode="after")
+    def _mark_class(self) -> Signal:
+        marker = f"statebook.outbox.{type(self).__name__}"
+        if self.metadata.get("class") != marker:
+            object.__setattr__(self, "metadata", {**self.metadata, "class": marker})
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        """The envelope as JSON-mode values (what is stored and sent)."""
+        return self.model_dump(mode="json")
+
+
+class DispatchSignal(Signal):
+    """The envelope of one dispatch. ``attempt`` stays 0: the row's column is the live count."""
+
+    dispatch_id: str = ""
+    kind: str = ""
+    deliver_to: str = ""
+    attempt: int = 0
+    ack_token: str | None = None
+    body: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,168 @@
+"""Transports: how one claimed dispatch is sent. A small protocol with two implementations.
+
+A transport never raises for a delivery problem: it returns a failed :class:`TransportResult`,
+which the delivery step records as that row's failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+NOTIFY_TIMEOUT_SECONDS = 10.0
+ERROR_CAP = 2000
+"""Stored error text is cut to this many characters (seed ADR-0059 D3)."""
+
+DELIVER_TO = "{deliver_to}"
+PAYLOAD = "{payload}"
+
+
+@dataclass(frozen=True)
+class TransportResult:
+    """What one send observed. ``ok`` is the only field the lifecycle needs.
+
+    ``evidence`` is recorded in the finalizing fact's metadata (exit code, timeout, channel...), so a
+    later transport can report per-channel observations without changing the delivery step.
+    """
+
+    ok: bool
+    error: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, error: str, **evidence: Any) -> TransportResult:
+        return cls(False, cap_error(error), evidence)
+
+
+def cap_error(text: str) -> str:
+    return text if len(text) <= ERROR_CAP else text[: ERROR_CAP - 1] + "…"
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Sends one payload (JSON text) to one route."""
+
+    async def send(self, deliver_to: str, payload: str) -> TransportResult: ...
+
+
+def check_template(template: object) -> str | None:
+    """None when ``template`` is a usable argv template, else what is wrong with it."""
+    if template is None:
+        return "no notify_template is configured (set dispatch.notify_template to an argv list)"
+    if isinstance(template, str | bytes) or not isinstance(template, Sequence) or not template:
+        return f"notify_template must be a non-empty list of strings, got {template!r}"
+    if not all(isinstance(part, str) for part in template):
+        return f"notify_template must contain only strings, got {list(template)!r}"
+    if DELIVER_TO not in template:
+        return f"notify_template must contain an element exactly equal to {DELIVER_TO!r}, got {list(template)!r}"
+    if template[0] in (DELIVER_TO, PAYLOAD) or not template[0]:
+        return f"notify_template must start with a command, got {template[0]!r}"
+    return None
+
+
+class ArgvTransport:
+    """Run a command built from an argv template; exit code 0 is success (seed ADR-0059 D3).
+
+    An element exactly equal to ``{deliver_to}`` or ``{payload}`` is replaced by the value; no
+    partial interpolation and no shell. Without a ``{payload}`` element the payload goes to stdin.
+    A run longer than ``timeout`` seconds is killed (its whole process group).
+
+    >>> ArgvTransport(["notify-send", "{deliver_to}", "{payload}"])  # doctest: +ELLIPSIS
+    ArgvTransport([...], timeout=10.0)
+    """
+
+    def __init__(self, template: Sequence[str] | None, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> None:
+        self.template = None if template is None else list(template) if isinstance(template, list | tuple) else template
+        self.timeout = timeout
+        self.problem = check_template(self.template)
+
+    def __repr__(self) -> str:
+        return f"ArgvTransport({self.template!r}, timeout={self.timeout})"
+
+    def argv(self, deliver_to: str, payload: str) -> list[str]:
+        assert self.problem is None and self.template is not None
+        values = {DELIVER_TO: deliver_to, PAYLOAD: payload}
+        return [values.get(part, part) for part in self.template]
+
+    async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        if self.problem is not None:
+            return TransportResult.failed(self.problem, reason="template")
+        argv = self.argv(deliver_to, payload)
+        stdin = None if PAYLOAD in self.template else payload.encode()  # type: ignore[operator]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return TransportResult.failed(f"could not start {argv[0]!r}: {exc.strerror or exc}", reason="spawn")
+        try:
+            _out, err = await asyncio.wait_for(proc.communicate(stdin), self.timeout)
+        except TimeoutError:
+            _kill(proc)
+            with contextlib.suppress(Exception):
+                await proc.communicate()
+            return TransportResult.failed(
+                f"timeout: {argv[0]} ran longer than {self.timeout:g}s and was killed", timed_out=True
+            )
+        except BaseException:
+            _kill(proc)
+            raise
+        if proc.returncode == 0:
+            return TransportResult(True, None, {"exit_code": 0})
+        message = err.decode(errors="replace").strip() or f"exit {proc.returncode}"
+        return TransportResult.failed(message, exit_code=proc.returncode)
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
+
+SendFn = Callable[[str, str], Awaitable[Any]]
+
+
+class CallableTransport:
+    """An in-process transport: ``await fn(deliver_to, payload)``.
+
+    The function may return a :class:`TransportResult`, or ``True``/``None`` for success and
+    ``False`` for failure; an exception is a failure carrying its message. With ``timeout`` a call
+    running longer is cancelled and counted as a timeout.
+    """
+
+    def __init__(self, fn: SendFn, timeout: float | None = None) -> None:
+        self.fn = fn
+        self.timeout = timeout
+
+    async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        try:
+            if self.timeout is None:
+                value = await self.fn(deliver_to, payload)
+            else:
+                value = await asyncio.wait_for(self.fn(deliver_to, payload), self.timeout)
+        except TimeoutError:
+            return TransportResult.failed(f"timeout: the transport ran longer than {self.timeout:g}s", timed_out=True)
+        except Exception as exc:  # the transport's failure, recorded on the row
+            return TransportResult.failed(f"{type(exc).__name__}: {exc}")
+        if isinstance(value, TransportResult):
+            if not value.ok and value.error:
+                return TransportResult(False, cap_error(value.error), value.evidence)
+            return value
+        if value is None or value is True:
+            return TransportResult(True)
+        if value is False:
+            return TransportResult.failed("the transport reported failure")
+        return TransportResult.failed(f"the transport returned {value!r}; expected a TransportResult or a bool")

@@ -1,0 +1,194 @@
+"""``DeliveryWorker``: runs delivery passes, sleeping until the next due row or a wake-up.
+
+An idle worker sleeps until the earliest ``next_attempt_at`` (or the tick, a safety net) and wakes
+at once when a transaction that wrote a dispatch commits through the same :class:`Book` (its
+``on_commit`` hook), or when ``extra_wakeups`` yields (e.g. PostgreSQL LISTEN/NOTIFY from
+``statebook.adapters.pgnotify``, which sees enqueues by other processes).
+
+>>> worker = DeliveryWorker(book, CallableTransport(send), tick_seconds=30)  # doctest: +SKIP
+>>> task = asyncio.create_task(worker.run_until_stopped()); ...; worker.stop(); await task  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterable
+from dataclasses import dataclass
+from typing import Any
+
+from statebook.lifecycle import Actor, Book
+
+from .admin import apply_retention
+from .delivery import COUNTERS, DELIVERY_ACTOR, deliver_due_dispatches, next_due
+from .errors import DispatchInvalid
+from .transport import Transport
+
+log = logging.getLogger("statebook.outbox.worker")
+
+MIN_PAUSE_SECONDS = 0.05
+"""Pause after a pass that changed nothing while rows look due (e.g. held by another worker)."""
+ERROR_PAUSE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Purge settled dispatches: delivered/acked after ``delivered_days``, dead_letter/expired after
+    ``failed_days``; checked every ``every_seconds``."""
+
+    delivered_days: float = 7
+    failed_days: float = 30
+    every_seconds: float = 3600
+
+
+class DeliveryWorker:
+    """Delivers due dispatches until :meth:`stop` is called."""
+
+    def __init__(
+        self,
+        book: Book,
+        transport: Transport,
+        *,
+        batch_size: int = 100,
+        concurrency: int = 8,
+        tick_seconds: float = 30.0,
+        retention: Retention | None = None,
+        extra_wakeups: AsyncIterable[Any] | None = None,
+        actor: Actor = DELIVERY_ACTOR,
+    ) -> None:
+        if book.conn is not None:
+            raise DispatchInvalid("a DeliveryWorker needs an unbound book (it runs transports outside transactions)")
+        if tick_seconds <= 0 or batch_size < 1 or concurrency < 1:
+            raise DispatchInvalid("tick_seconds must be > 0, batch_size and concurrency >= 1")
+        self.book = book
+        # Our own claims and finalizations must not wake us: write through a book without hooks.
+        self._own = dataclasses.replace(book, on_commit=[])
+        self.transport = transport
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.tick_seconds = tick_seconds
+        self.retention = retention
+        self.extra_wakeups = extra_wakeups
+        self.actor = actor
+        self.passes = 0
+        self.wakeups = 0
+        self.totals = dict.fromkeys(COUNTERS, 0)
+        self.idle = asyncio.Event()
+        """Set while the worker sleeps between passes (tests wait on it)."""
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._next_retention: float | None = None
+
+    # -- control ---------------------------------------------------------------------------------
+    def wake(self) -> None:
+        """Run a pass now. Safe to call from any thread and from commit hooks."""
+        loop = self._loop
+        if loop is None:
+            self._wake.set()
+            return
+        # Called from commit hooks: must never raise into the committing caller.
+        with contextlib.suppress(RuntimeError):  # the worker's loop is already closed
+            loop.call_soon_threadsafe(self._wake.set)
+
+    def stop(self) -> None:
+        """Finish the current pass, then return from :meth:`run_until_stopped`."""
+        self._stopping = True
+        self.wake()
+
+    def _on_commit(self, entity_type: str) -> None:
+        if entity_type == "dispatch":
+            self.wakeups += 1
+            self.wake()
+
+    # -- running ---------------------------------------------------------------------------------
+    async def run_once(self) -> dict[str, int]:
+        """One delivery pass (and retention when it is due); the pass's counters."""
+        counts = await deliver_due_dispatches(
+            self._own, transport=self.transport, batch_size=self.batch_size, concurrency=self.concurrency,
+            actor=self.actor,
+        )
+        for key, value in counts.items():
+            self.totals[key] += value
+        await self._retention_if_due()
+        self.passes += 1
+        return counts
+
+    async def _retention_if_due(self) -> None:
+        if self.retention is None:
+            return
+        now = self.book.clock.now()
+        if self._next_retention is not None and now < self._next_retention:
+            return
+        self._next_retention = now + self.retention.every_seconds
+        purged = await apply_retention(
+            self._own, now=now, delivered_days=self.retention.delivered_days, failed_days=self.retention.failed_days
+        )
+        if any(purged.values()):
+            log.info("retention purged %s", purged)
+
+    async def next_delay(self, counts: dict[str, int] | None) -> float:
+        """Seconds to sleep after a pass with ``counts`` (None: the pass failed).
+
+        0 after a full batch; otherwise until the earliest due row, at most the tick.
+        """
+        if counts is None:
+            return min(self.tick_seconds, ERROR_PAUSE_SECONDS)
+        if counts["attempted"] >= self.batch_size:
+            return 0.0  # a full batch: more rows are probably due
+        earliest = await next_due(self._own)
+        if earliest is None:
+            return self.tick_seconds
+        delay = earliest - self.book.clock.now()
+        if delay <= 0:
+            progressed = any(counts[k] for k in ("attempted", "expired", "dead_letter"))
+            return 0.0 if progressed else MIN_PAUSE_SECONDS
+        return min(delay, self.tick_seconds)
+
+    async def _listen(self, source: AsyncIterable[Any]) -> None:
+        try:
+            async for _ in source:
+                self.wakeups += 1
+                self.wake()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("extra wake-up source failed; falling back to the tick", exc_info=True)
+
+    async def run_until_stopped(self) -> None:
+        """Deliver until :meth:`stop`; a failing pass is logged and retried after a pause."""
+        self._loop = asyncio.get_running_loop()
+        self.book.on_commit.append(self._on_commit)
+        listener = asyncio.ensure_future(self._listen(self.extra_wakeups)) if self.extra_wakeups else None
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self.idle.clear()
+                counts: dict[str, int] | None
+                try:
+                    counts = await self.run_once()
+                except Exception:
+                    log.exception("delivery pass failed")
+                    counts = None
+                if self._stopping:
+                    break
+                try:
+                    delay = await self.next_delay(counts)
+                except Exception:
+                    log.exception("could not read the next due time")
+                    delay = min(self.tick_seconds, ERROR_PAUSE_SECONDS)
+                if delay <= 0:
+                    continue
+                self.idle.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+        finally:
+            self.idle.clear()
+            with contextlib.suppress(ValueError):
+                self.book.on_commit.remove(self._on_commit)
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listener
