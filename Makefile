@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 PYTEST_ARGS ?=
+RUN_SECONDS ?= 12
 # Usage: $(PY_OK) <python>  -- fails unless <python> is 3.11 or newer.
 PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then exit 0; fi; \
 	echo "statebook needs Python >= 3.11; $$0 is $$("$$0" -V 2>&1). Use make PYTHON=python3.11 (and remove $(VENV) if it is stale)." >&2; exit 1'
@@ -19,7 +20,7 @@ $(VENV)/.stamp: pyproject.toml
 	@touch $@
 
 run: venv
-	$(VENV)/bin/statebook demo
+	$(VENV)/bin/statebook run --config examples/statebook.toml --for $(RUN_SECONDS)
 
 test: venv
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)

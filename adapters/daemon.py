@@ -12,14 +12,14 @@ import contextlib
 import logging
 import signal
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from statebook.lifecycle import Book, verify
+from statebook.lifecycle import Book, history, verify
+from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.schema import schedule_runs, schedules
 from statebook.scheduler.store import create_schedule, find_schedule
@@ -28,6 +28,7 @@ from .db import open_book
 from .errors import ConfigError
 from .github import GitHubPoller
 from .leader import leadership_for
+from .pgnotify import listen
 from .settings import Settings
 
 log = logging.getLogger("statebook.daemon")
@@ -72,65 +73,29 @@ async def seed_schedules(book: Book, settings: Settings) -> list[str]:
     return created
 
 
-class DeliveryLoop:
-    """Deliver due dispatches in a loop of its own; wakes on committed dispatches in this process."""
+class Delivery:
+    """The outbox's :class:`DeliveryWorker` in a task of its own, with PostgreSQL NOTIFY wake-ups."""
 
     def __init__(self, book: Book, settings: Settings) -> None:
-        from statebook.outbox.transport import ArgvTransport
-
-        self.book = book
-        self.settings = settings
-        self.transport = ArgvTransport(settings.dispatch.notify_template, settings.dispatch.transport_timeout_seconds)
-        self.totals: Counter[str] = Counter()
-        self._wake = asyncio.Event()
+        d, r = settings.dispatch, settings.retention
+        wakeups = listen(book) if book.dialect == "postgresql" else None
+        retention = Retention(r.delivered_days, r.failed_days) if r.enabled else None
+        self.worker = DeliveryWorker(
+            book, ArgvTransport(d.notify_template, d.transport_timeout_seconds), batch_size=d.batch_size,
+            concurrency=d.concurrency, tick_seconds=settings.scheduler.tick_seconds, retention=retention,
+            extra_wakeups=wakeups,
+        )
         self._task: asyncio.Task[Any] | None = None
 
-    def _on_commit(self, entity_type: str) -> None:
-        if entity_type == "dispatch":
-            self._wake.set()
-
     def start(self) -> None:
-        self.book.on_commit.append(self._on_commit)
-        self._task = asyncio.create_task(self._loop(), name="statebook-delivery")
-
-    async def once(self) -> dict[str, int]:
-        from statebook.outbox.delivery import deliver_due_dispatches
-
-        d = self.settings.dispatch
-        counts = await deliver_due_dispatches(self.book, transport=self.transport, batch_size=d.batch_size,
-                                              concurrency=d.concurrency)
-        self.totals.update(counts)
-        for key in ("delivered", "retried", "dead_letter", "expired"):
-            if counts.get(key):
-                log.info("dispatch %s: %d", key, counts[key])
-        return counts
-
-    async def _loop(self) -> None:
-        from statebook.outbox.delivery import next_due
-
-        while True:
-            self._wake.clear()
-            counts: dict[str, int] = {}
-            try:
-                counts = await self.once()
-            except Exception:  # noqa: BLE001 - delivery failures never stop the daemon
-                log.exception("delivery pass failed")
-            if counts.get("attempted", 0) >= self.settings.dispatch.batch_size:
-                continue
-            timeout = self.settings.scheduler.tick_seconds
-            with contextlib.suppress(Exception):
-                due = await next_due(self.book)
-                if due is not None:
-                    timeout = min(timeout, max(0.05, due - self.book.clock.now()))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+        self._task = asyncio.create_task(self.worker.run_until_stopped(), name="statebook-delivery")
 
     async def stop(self) -> None:
+        self.worker.stop()
         if self._task is not None:
-            self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._on_commit in self.book.on_commit:
-            self.book.on_commit.remove(self._on_commit)
+        with contextlib.suppress(Exception):
+            await self.worker.run_once()  # notifications of runs that ended during shutdown
 
 
 def status_line(engine: SchedulerEngine) -> str:
@@ -142,13 +107,21 @@ def status_line(engine: SchedulerEngine) -> str:
 
 
 async def summary(book: Book) -> dict[str, Any]:
-    from statebook.outbox.schema import dispatch_outbox
-
     out: dict[str, Any] = {}
     async with book.read() as conn:
         for name, table in (("schedules", schedules), ("runs", schedule_runs), ("dispatches", dispatch_outbox)):
             rows = await conn.execute(sa.select(table.c.status, sa.func.count()).group_by(table.c.status))
             out[name] = {status: count for status, count in rows}
+        latest = (
+            await conn.execute(
+                sa.select(dispatch_outbox.c.id).order_by(dispatch_outbox.c.created_at.desc(), dispatch_outbox.c.id).limit(1)
+            )
+        ).scalar()
+    out["latest_dispatch"] = latest
+    out["latest_history"] = [
+        {"at": f.at, "from": f.previous_status, "to": f.status, "reason": f.reason_code, "actor": f"{f.actor_type}:{f.actor_id}"}
+        for f in (await history(book, "dispatch", latest) if latest else [])
+    ]
     report = await verify(book)
     out["verify"] = {"ok": report.ok, "findings": len(report.findings)}
     return out
@@ -163,17 +136,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     try:
         leader = leadership_for(book.engine)
         await seed_schedules(book, settings)
-        delivery = DeliveryLoop(book, settings)
-
-        async def retention() -> None:
-            if settings.retention.enabled:
-                from statebook.outbox.admin import apply_retention
-
-                await apply_retention(book, now=book.clock.now(), delivered_days=settings.retention.delivered_days,
-                                      failed_days=settings.retention.failed_days)
-
-        engine = SchedulerEngine(book, settings, leader=leader, reapers=[retention],
-                                 poller=GitHubPoller.from_settings(settings.scheduler))
+        delivery = Delivery(book, settings)
+        engine = SchedulerEngine(book, settings, leader=leader, poller=GitHubPoller.from_settings(settings.scheduler))
         if tty:
             engine.on_tick = lambda e: print("\r" + status_line(e).ljust(100), end="", flush=True)
         stop = asyncio.Event()
@@ -191,8 +155,6 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             log.info("stopping: cancelling in-flight runs and delivery")
             await engine.stop()
             await delivery.stop()
-            with contextlib.suppress(Exception):
-                await delivery.once()  # notifications of runs that just ended
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             if tty:

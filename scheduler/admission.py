@@ -72,7 +72,7 @@ async def metric_value(book: Book, cfg: Mapping[str, Any], now: float, *, exclud
                 return 0.0
             return values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
         if metric == "dead_letters":
-            from statebook.outbox.schema import dispatch_outbox as d
+            from statebook.outbox import dispatch_outbox as d
 
             q = sa.select(sa.func.count()).where(d.c.status == "dead_letter", d.c.updated_at >= since)
             return float((await conn.execute(q)).scalar() or 0)

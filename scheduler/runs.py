@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from statebook.lifecycle import Actor, Book, EntityNotFound, Outcome, Reason, create, transition
+from statebook.outbox import enqueue_dispatch
 
 from .writes import writing
 from .store import RUN_TERMINAL, ScheduleError, get_run, get_schedule
@@ -65,10 +66,6 @@ async def _notify(tx: Book, schedule: Mapping[str, Any], run_id: str, status: st
     notify = schedule.get("notify")
     if not notify or status not in (notify.get("on") or NOTIFIED):
         return None
-    try:
-        from statebook.outbox import enqueue_dispatch
-    except ImportError:  # the outbox's public surface before its __init__ re-exports it
-        from statebook.outbox.enqueue import enqueue_dispatch
 
     body = {
         "event": "schedule_run.ended",

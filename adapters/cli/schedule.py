@@ -76,6 +76,11 @@ def run_cmd(
         f"verify {'ok' if result['verify']['ok'] else 'FAILED: ' + str(result['verify']['findings']) + ' finding(s)'}",
         highlight=False,
     )
+    if result.get("latest_dispatch"):
+        console.print(f"history of dispatch {result['latest_dispatch']}:", highlight=False)
+        for h in result["latest_history"]:
+            console.print(f"  {_when(h['at'])} {h['from'] or '-'} -> {h['to']}  {h['reason']}  ({h['actor']})",
+                          highlight=False, soft_wrap=True)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)
 

@@ -88,7 +88,7 @@ async def test_crash_between_end_and_enqueue_is_impossible(book, clock, monkeypa
         raise RuntimeError("crash inside the enqueue")
 
     monkeypatch.setattr(outbox, "enqueue_dispatch", broken, raising=False)
-    monkeypatch.setattr("statebook.outbox.enqueue.enqueue_dispatch", broken)
+    monkeypatch.setattr("statebook.scheduler.runs.enqueue_dispatch", broken)
     with pytest.raises(RuntimeError):
         await finalize_run(book, run_id, "completed", reason=Reason("schedule_run.completed.exit_zero"),
                            patch={"exit_code": 0})
