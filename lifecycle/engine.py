@@ -191,17 +191,38 @@ async def create(
         stmt = _insert(book.dialect, lc.table).values(row)
         if if_absent:
             stmt = stmt.on_conflict_do_nothing()
-            result = await conn.execute(stmt)
-            if result.rowcount == 0:
-                return Outcome("conflict", entity_type, entity_id, None, None)
-        else:
-            try:
-                await conn.execute(stmt)
-            except sa.exc.IntegrityError as exc:
-                raise DuplicateEntity(f"{entity_type} {entity_id!r} could not be inserted: {exc.orig}") from exc
-        await conn.execute(sa.insert(facts_table).values(fact))
+        try:
+            if book.dialect == "postgresql":
+                # One round trip: the fact is inserted from the row insert's RETURNING, so a skipped
+                # row (if_absent) inserts no fact.
+                inserted = await conn.execute(_row_then_fact(stmt, lc.table, fact, lc.notify_channel))
+            else:
+                inserted = await conn.execute(stmt)
+                if inserted.rowcount == 1:
+                    await conn.execute(sa.insert(facts_table).values(fact))
+        except sa.exc.IntegrityError as exc:
+            if if_absent:
+                raise
+            raise DuplicateEntity(f"{entity_type} {entity_id!r} could not be inserted: {exc.orig}") from exc
+        if inserted.rowcount == 0:
+            return Outcome("conflict", entity_type, entity_id, None, None)
         mark_touched(conn, entity_type)
     return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
+
+
+def _row_then_fact(row_insert: Any, table: sa.Table, fact: Mapping[str, Any], channel: str | None) -> Any:
+    """``WITH r AS (INSERT row RETURNING id) INSERT INTO status_transitions SELECT <fact> FROM r``.
+
+    With a ``channel`` the same statement also calls ``pg_notify`` — only when the row was inserted.
+    """
+    inserted = row_insert.returning(table.c.id).cte("new_row")
+    columns = list(fact)
+    values = [sa.literal(fact[c], type_=facts_table.c[c].type).label(c) for c in columns]
+    source: Any = inserted
+    if channel is not None:
+        wake = sa.select(sa.func.pg_notify(channel, inserted.c.id).label("woken")).select_from(inserted).cte("wake")
+        source = inserted.join(wake, sa.true())
+    return sa.insert(facts_table).from_select(columns, sa.select(*values).select_from(source)).add_cte(inserted)
 
 
 async def _replayed(conn: Any, cmd: Command) -> Outcome | None:

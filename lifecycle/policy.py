@@ -88,6 +88,9 @@ class Lifecycle:
     same_status: SameStatus = "edge"
     purgeable: frozenset[str] | None = None
     description: str = ""
+    notify_channel: str | None = field(default=None, compare=False)
+    """PostgreSQL only: a channel the engine NOTIFYs (payload: the entity id) in the statement that
+    creates an entity, so listeners wake when it commits. Operational, not part of the fingerprint."""
     _index: Mapping[tuple[str, str], Edge] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
     _fingerprint: str = field(default="", init=False, repr=False, compare=False)
 

@@ -18,13 +18,12 @@ from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_m
 from statebook.lifecycle.codec import new_id
 
 from .errors import DispatchInvalid
+from .policy import NOTIFY_CHANNEL
 from .schema import dispatch_outbox
 from .signal import DispatchSignal
 
 DEFAULT_MAX_ATTEMPTS = 8
 REVIVAL_TTL_SECONDS = 3600.0
-NOTIFY_CHANNEL = "statebook_dispatch"
-"""PostgreSQL channel an enqueue notifies in its transaction (see adapters/pgnotify.py)."""
 
 ENQUEUE_ACTOR = Actor("system", "enqueue_dispatch")
 _DEDUP_RETRIES = 3
@@ -231,9 +230,7 @@ async def enqueue_dispatch(
     }
     _validate(**args)
     async with book.begin() as tx:
-        dispatch_id, created = await _enqueue_one(tx, args)
-        if created:
-            await notify(tx, dispatch_id)
+        dispatch_id, _ = await _enqueue_one(tx, args)  # the creation statement NOTIFYs on PostgreSQL
     return dispatch_id
 
 

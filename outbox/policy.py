@@ -6,6 +6,9 @@ from statebook.lifecycle import Lifecycle, edges
 
 from .schema import DISPATCH_STATUSES, dispatch_outbox
 
+NOTIFY_CHANNEL = "statebook_dispatch"
+"""PostgreSQL channel NOTIFYed when a dispatch is created or retried (worker wake-ups)."""
+
 OPERATOR = "operator"
 
 DISPATCH_REASONS = frozenset(
@@ -46,4 +49,5 @@ DISPATCH = Lifecycle(
     reasons=DISPATCH_REASONS,
     same_status="edge",
     description="A durable outbound notification: claimed, sent by a transport, retried, acknowledged.",
+    notify_channel=NOTIFY_CHANNEL,
 )
