@@ -21,6 +21,7 @@ from .facts import GENESIS, facts_table, insert_values
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .schema import LIFECYCLE_COLUMNS
+from . import statements
 
 _CAS_RETRIES = 8
 
@@ -182,24 +183,25 @@ async def create(
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None
-        purged = chosen is not None and (await conn.execute(sa.select(facts_table.c.id).where(
-            facts_table.c.entity_type == entity_type, facts_table.c.entity_id == entity_id).limit(1))).first()
+        purged = chosen is not None and (
+            await conn.execute(statements.first_fact_of(), {"b_type": entity_type, "b_id": entity_id})
+        ).first()
         if purged:
             if if_absent:
                 return Outcome("conflict", entity_type, entity_id, None, None)
             raise DuplicateEntity(f"{entity_type} {entity_id!r} has a history (it was purged); ids are not reused")
-        stmt = _insert(book.dialect, lc.table).values(row)
-        if if_absent:
-            stmt = stmt.on_conflict_do_nothing()
         try:
             if book.dialect == "postgresql":
                 # One round trip: the fact is inserted from the row insert's RETURNING, so a skipped
                 # row (if_absent) inserts no fact.
-                inserted = await conn.execute(_row_then_fact(stmt, lc.table, fact, lc.notify_channel))
+                stmt = statements.insert_row_then_fact(lc.table, tuple(row), if_absent, lc.notify_channel)
+                params = {f"r_{k}": v for k, v in row.items()}
+                params.update({f"f_{k}": fact[k] for k in statements.FACT_COLUMNS})
+                inserted = await conn.execute(stmt, params)
             else:
-                inserted = await conn.execute(stmt)
+                inserted = await conn.execute(statements.insert_row(book.dialect, lc.table, if_absent), row)
                 if inserted.rowcount == 1:
-                    await conn.execute(sa.insert(facts_table).values(fact))
+                    await conn.execute(statements.insert_fact(), fact)
         except sa.exc.IntegrityError as exc:
             if if_absent:
                 raise
@@ -210,30 +212,10 @@ async def create(
     return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
 
 
-def _row_then_fact(row_insert: Any, table: sa.Table, fact: Mapping[str, Any], channel: str | None) -> Any:
-    """``WITH r AS (INSERT row RETURNING id) INSERT INTO status_transitions SELECT <fact> FROM r``.
-
-    With a ``channel`` the same statement also calls ``pg_notify`` — only when the row was inserted.
-    """
-    inserted = row_insert.returning(table.c.id).cte("new_row")
-    columns = list(fact)
-    values = [sa.literal(fact[c], type_=facts_table.c[c].type).label(c) for c in columns]
-    source: Any = inserted
-    if channel is not None:
-        wake = sa.select(sa.func.pg_notify(channel, inserted.c.id).label("woken")).select_from(inserted).cte("wake")
-        source = inserted.join(wake, sa.true())
-    return sa.insert(facts_table).from_select(columns, sa.select(*values).select_from(source)).add_cte(inserted)
-
-
 async def _replayed(conn: Any, cmd: Command) -> Outcome | None:
-    t = facts_table
     found = (
         await conn.execute(
-            sa.select(t.c.id, t.c.status, t.c.version, t.c.command_digest).where(
-                t.c.entity_type == cmd.entity_type,
-                t.c.entity_id == cmd.entity_id,
-                t.c.idempotency_key == cmd.idempotency_key,
-            )
+            statements.fact_by_key(), {"b_type": cmd.entity_type, "b_id": cmd.entity_id, "b_key": cmd.idempotency_key}
         )
     ).first()
     if found is None:
@@ -281,8 +263,8 @@ async def apply(book: Book, cmd: Command) -> Outcome:
         reason_code=cmd.reason.code,
     )
     table = lc.table
-    read_cols = [table.c[c] for c in ("status", "version", "last_fact_id", "chain_hash")]
-    read_cols += [table.c[g] for g in cmd.guards]
+    guard_names = tuple(cmd.guards)
+    read = statements.read_for_transition(table, guard_names)
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None
@@ -291,7 +273,7 @@ async def apply(book: Book, cmd: Command) -> Outcome:
             if earlier is not None:
                 return earlier
         for _ in range(_CAS_RETRIES):
-            current = (await conn.execute(sa.select(*read_cols).where(table.c.id == cmd.entity_id))).first()
+            current = (await conn.execute(read, {"b_id": cmd.entity_id})).first()
             if current is None:
                 raise EntityNotFound(f"{cmd.entity_type} {cmd.entity_id!r} does not exist")
             if current.status not in cmd.expected or any(
@@ -310,17 +292,13 @@ async def apply(book: Book, cmd: Command) -> Outcome:
                 command_digest=cmd.digest() if cmd.idempotency_key is not None else None,
             )
             fact = insert_values(content, current.chain_hash)
-            where = [
-                table.c.id == cmd.entity_id,
-                table.c.version == current.version,
-                table.c.status.in_(cmd.expected),
-                *(table.c[g] == v for g, v in cmd.guards.items()),
-            ]
-            result = await conn.execute(
-                sa.update(table).where(*where).values({**cmd.patch, **_projection(content, fact)})
-            )
+            values = {**cmd.patch, **_projection(content, fact)}
+            params = {f"n_{c}": v for c, v in values.items()}
+            params.update({f"b_{g}": v for g, v in cmd.guards.items()})
+            params.update(b_id=cmd.entity_id, b_version=current.version, b_expected=list(cmd.expected))
+            result = await conn.execute(statements.update_if_unchanged(table, guard_names, tuple(values)), params)
             if result.rowcount == 1:
-                await conn.execute(sa.insert(facts_table).values(fact))
+                await conn.execute(statements.insert_fact(), fact)
                 mark_touched(conn, cmd.entity_type)
                 return Outcome("applied", cmd.entity_type, cmd.entity_id, cmd.target, version, fact["id"])
             # Lost the compare-and-set to a concurrent writer: re-read and decide again.
