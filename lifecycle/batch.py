@@ -16,7 +16,8 @@ import sqlalchemy as sa
 
 from .book import Book, mark_touched
 from .codec import new_id
-from .engine import Command, Outcome, _fact_content, _insert, _projection, apply
+from . import statements
+from .engine import Command, Outcome, _fact_content, _projection, apply
 from .errors import DuplicateEntity, TransitionRejected
 from .facts import GENESIS, facts_table, insert_values
 from .reasons import Actor, Reason
@@ -91,14 +92,12 @@ async def create_many(
         for rows in groups.values():
             for start in range(0, len(rows), _CHUNK):
                 chunk = rows[start : start + _CHUNK]
-                stmt = _insert(book.dialect, lc.table)
-                if if_absent:
-                    stmt = stmt.on_conflict_do_nothing()
-                result = await conn.execute(stmt.values(chunk).returning(lc.table.c.id))
+                stmt = statements.insert_row(book.dialect, lc.table, if_absent).returning(lc.table.c.id)
+                result = await conn.execute(stmt, chunk)  # executemany: compiled once, batched VALUES
                 inserted.update(r[0] for r in result)
         facts = [fact for n, (row, fact) in enumerate(prepared) if n in firsts and row["id"] in inserted]
         for start in range(0, len(facts), _CHUNK):
-            await conn.execute(sa.insert(facts_table), facts[start : start + _CHUNK])
+            await conn.execute(statements.insert_fact(), facts[start : start + _CHUNK])
         if facts:
             mark_touched(conn, entity_type)
     return [

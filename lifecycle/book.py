@@ -62,11 +62,21 @@ class Book:
             conn.info["statebook.touched"] = touched
             yield bound
         for entity_type in touched:
-            for callback in self.on_commit:
-                try:
-                    callback(entity_type)
-                except Exception:  # noqa: BLE001 - the commit happened; a wake-up hook must not undo that
-                    log.exception("on_commit callback %r failed for %s", callback, entity_type)
+            self.committed(entity_type)
+
+    def committed(self, entity_type: str) -> None:
+        """Run the ``on_commit`` callbacks for a committed write of ``entity_type``."""
+        for callback in self.on_commit:
+            try:
+                callback(entity_type)
+            except Exception:  # noqa: BLE001 - the commit happened; a wake-up hook must not undo that
+                log.exception("on_commit callback %r failed for %s", callback, entity_type)
+
+    @asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in autocommit mode, for a write that is ONE statement (atomic by itself)."""
+        async with self.engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

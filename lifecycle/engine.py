@@ -149,8 +149,12 @@ async def create(
     metadata: Mapping[str, Any] | None = None,
     entity_id: str | None = None,
     if_absent: bool = False,
+    fresh_id: bool = False,
 ) -> Outcome:
     """Insert an entity and its first fact (previous status NULL) in one transaction.
+
+    ``fresh_id=True`` says the caller drew the id with :func:`codec.new_id` just now, so it cannot
+    belong to a purged history and the probe for one is skipped.
 
     ``values`` are the data columns (``id`` may be among them or given as ``entity_id``). With
     ``if_absent=True`` a row that would violate a unique constraint (its id or e.g. a dedup key) is
@@ -165,8 +169,8 @@ async def create(
         )
     data = dict(values)
     # A freshly generated id cannot collide with a purged history; a caller's id might.
-    chosen = entity_id or data.get("id")
-    entity_id = chosen or new_id()
+    chosen = None if fresh_id else entity_id or data.get("id")
+    entity_id = entity_id or data.get("id") or new_id()
     data["id"] = entity_id
     unknown = sorted(k for k in data if k not in lc.table.c or k in LIFECYCLE_COLUMNS)
     if unknown:
@@ -180,6 +184,23 @@ async def create(
     )
     fact = insert_values(content, GENESIS)
     row = {**data, **_projection(content, fact)}
+    if book.conn is None and book.dialect == "postgresql" and chosen is None:
+        # A generated id needs no history probe, so the whole create is one statement: run it in
+        # autocommit (one round trip, no BEGIN/COMMIT); a single statement is atomic by itself.
+        stmt = statements.insert_row_then_fact(lc.table, tuple(row), if_absent, lc.notify_channel)
+        params = {f"r_{k}": v for k, v in row.items()}
+        params.update({f"f_{k}": fact[k] for k in statements.FACT_COLUMNS})
+        async with book.autocommit() as conn:
+            try:
+                inserted = await conn.execute(stmt, params)
+            except sa.exc.IntegrityError as exc:
+                if if_absent:
+                    raise
+                raise DuplicateEntity(f"{entity_type} {entity_id!r} could not be inserted: {exc.orig}") from exc
+        if inserted.rowcount == 0:
+            return Outcome("conflict", entity_type, entity_id, None, None)
+        book.committed(entity_type)
+        return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None

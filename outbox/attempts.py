@@ -103,6 +103,17 @@ def _candidate(row: Any) -> Candidate:
     )
 
 
+def scan_query(*, now: float, limit: int) -> sa.Select[Any]:
+    """The due-row query: served by ``idx_dispatch_outbox_due`` in (next_attempt_at, id) order."""
+    t = dispatch_outbox
+    return (
+        sa.select(*_columns())
+        .where(ACTIVE, t.c.next_attempt_at <= now)
+        .order_by(t.c.next_attempt_at, t.c.id)
+        .limit(limit)
+    )
+
+
 async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = False) -> list[Candidate]:
     """Due rows: pending or lease-lapsed delivering with ``next_attempt_at <= now``.
 
@@ -113,8 +124,7 @@ async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = 
     if limit < 1:
         raise DispatchInvalid(f"limit must be >= 1, got {limit}")
     t = dispatch_outbox
-    query = sa.select(*_columns()).where(ACTIVE, t.c.next_attempt_at <= now).order_by(t.c.next_attempt_at, t.c.id)
-    query = query.limit(limit)
+    query = scan_query(now=now, limit=limit)
     if skip_locked and book.dialect == "postgresql":
         query = query.with_for_update(skip_locked=True, of=t)
     async with book.read() as conn:

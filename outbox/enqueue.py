@@ -139,7 +139,7 @@ async def _enqueue_one(tx: Book, args: dict[str, Any]) -> tuple[str, bool]:
         values = _new_row(args, tx.clock.now())
         outcome = await create(
             tx, "dispatch", values=values, status="pending", reason=_reason(args["kind"]), actor=ENQUEUE_ACTOR,
-            if_absent=True,
+            if_absent=True, fresh_id=True,
         )
         if outcome.applied:
             return values["id"], True
@@ -229,6 +229,10 @@ async def enqueue_dispatch(
         "schedule_run_id": schedule_run_id,
     }
     _validate(**args)
+    if dedup_key is None and book.conn is None:
+        # No dedup lookup: the create is the only statement (on PostgreSQL one autocommit round trip).
+        dispatch_id, _ = await _enqueue_one(book, args)
+        return dispatch_id
     async with book.begin() as tx:
         dispatch_id, _ = await _enqueue_one(tx, args)  # the creation statement NOTIFYs on PostgreSQL
     return dispatch_id

@@ -38,15 +38,24 @@ dispatch_outbox = managed_table(
         sqlite_where=sa.text("dedup_key IS NOT NULL"),
         postgresql_where=sa.text("dedup_key IS NOT NULL"),
     ),
+    # The seed indexes (status, next_attempt_at); scans here order by (next_attempt_at, id), which that
+    # column order cannot serve (every scan would read and sort all due rows). Same name and predicate.
     sa.Index(
         "idx_dispatch_outbox_due",
-        "status",
         "next_attempt_at",
+        "id",
         sqlite_where=sa.text("status IN ('pending', 'delivering')"),
         postgresql_where=sa.text("status IN ('pending', 'delivering')"),
     ),
     # list_dispatches (newest first) and retention / bulk purge (status, age) read these.
     sa.Index("idx_dispatch_outbox_created", "created_at", "id"),
-    sa.Index("idx_dispatch_outbox_settled", "status", "updated_at"),
+    # Partial on settled statuses, so a planner never prefers it for the due scan.
+    sa.Index(
+        "idx_dispatch_outbox_settled",
+        "status",
+        "updated_at",
+        sqlite_where=sa.text("status IN ('delivered', 'acked', 'dead_letter', 'expired')"),
+        postgresql_where=sa.text("status IN ('delivered', 'acked', 'dead_letter', 'expired')"),
+    ),
     statuses=DISPATCH_STATUSES,
 )

@@ -22,6 +22,7 @@ import pgcluster  # noqa: E402
 
 # Database round-trips make the 200 ms default deadline flaky; "ci" is built in.
 settings.register_profile("dev", deadline=None)
+settings.register_profile("deep", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 REQUIRE_PG = os.environ.get("STATEBOOK_REQUIRE_PG") == "1"

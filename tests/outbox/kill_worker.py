@@ -9,7 +9,10 @@ explicit time ``NOW`` with an in-process transport that always succeeds and appe
 no exception handler, no finally block, no rollback message to the server.
 
 Fault points: ``after_scan``, ``after_claim``, ``after_transport`` (the transport ran, finalize
-did not), ``after_finalize``. It prints one JSON line with what it did when it survives.
+did not), ``after_finalize``. ``in_pass`` runs one ``deliver_due_dispatches`` pass instead (one
+transport at a time) and dies inside its third send, after logging it: the batch was claimed in one
+transaction, some outcomes may be recorded, the rest are not. It prints one JSON line with what it
+did when it survives.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ import sys
 
 from statebook.adapters.db import open_book
 from statebook.lifecycle import FakeClock
-from statebook.outbox import CallableTransport, TransportResult, claim, execute, finalize, scan, settle
+from statebook.outbox import (
+    CallableTransport, TransportResult, claim, deliver_due_dispatches, execute, finalize, scan, settle,
+)
 
 FAULT = os.environ.get("STATEBOOK_FAULT", "")
-FAULT_POINTS = {"", "after_scan", "after_claim", "after_transport", "after_finalize"}
+FAULT_POINTS = {"", "after_scan", "after_claim", "after_transport", "after_finalize", "in_pass"}
+KILL_ON_SEND = 3
 
 
 def fault_point(name: str) -> None:
@@ -39,15 +45,27 @@ async def main(url: str, now: float, log_path: str | None) -> dict[str, list]:
         raise SystemExit(f"unknown STATEBOOK_FAULT {FAULT!r}; use one of {sorted(FAULT_POINTS - {''})}")
     book = await open_book(url, clock=FakeClock(now), create=False)
 
+    sends = 0
+
     async def send(deliver_to: str, payload: str) -> TransportResult:
+        nonlocal sends
+        sends += 1
         if log_path:
+            dispatch_id = json.loads(payload)["dispatch_id"]
             with open(log_path, "a", encoding="utf-8") as log:
-                log.write(f"{current[0]} {current[1]}\n")
+                log.write(f"{dispatch_id} {current[1] if FAULT != 'in_pass' else '?'}\n")
+        if FAULT == "in_pass" and sends == KILL_ON_SEND:
+            fault_point("in_pass")
         return TransportResult(ok=True, error=None)
 
     transport = CallableTransport(send)
     current: list = [None, None]
     done: dict[str, list] = {"claimed": [], "settled": [], "outcomes": []}
+    if FAULT == "in_pass":
+        try:
+            return {"pass": [await deliver_due_dispatches(book, now=now, transport=transport, concurrency=1)]}
+        finally:
+            await book.engine.dispose()
     try:
         candidates = await scan(book, now=now)
         fault_point("after_scan")

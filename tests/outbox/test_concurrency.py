@@ -16,11 +16,18 @@ import sqlalchemy as sa
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Book, FakeClock, facts_table, history, verify
 from statebook.outbox import (
+    CLAIM_LEASE_SECONDS,
     CallableTransport,
     TransportResult,
+    claim,
+    claim_due,
     deliver_due_dispatches,
     dispatch_outbox,
     enqueue_dispatch,
+    execute,
+    finalize,
+    scan,
+    settle,
 )
 
 pytestmark = pytest.mark.postgres
@@ -45,13 +52,54 @@ async def _books(pg_book: Book, n: int) -> list[Book]:
             for _ in range(n)]
 
 
-async def test_concurrent_workers_execute_each_attempt_once(pg_book):
-    """O-single-claim, O-counters: six workers on separate connections run deliver_due_dispatches on
-    the same 200 due rows at the same instant: every row is delivered, the transport runs exactly
-    once per won claim (each (dispatch, attempt) once, and every attempt here is the first), the
-    facts hold one claim per row, and the workers' counters add up to exactly the claims won."""
+async def step_worker(book: Book, now: float, transport: CallableTransport) -> Counter:
+    """scan + settle + claim + execute + finalize, one row at a time, without SKIP LOCKED at the
+    scan: concurrent step workers see the same candidates and collide on the claim itself."""
+    total: Counter = Counter()
+    for _ in range(200):
+        candidates = await scan(book, now=now, limit=20)
+        if not candidates:
+            break
+        for candidate in candidates:
+            if await settle(book, candidate, now=now) is not None:
+                continue
+            lease = await claim(book, candidate, now=now)
+            if lease is None:
+                total["lost"] += 1
+                continue
+            total["attempted"] += 1
+            outcome = await finalize(book, lease, await execute(lease, transport), now=now)
+            total[outcome] += 1
+    return total
+
+
+async def pass_worker(book: Book, now: float, transport: CallableTransport) -> Counter:
+    total: Counter = Counter()
+    for _ in range(50):
+        counts = await deliver_due_dispatches(book, now=now, transport=transport, batch_size=25, concurrency=4)
+        total.update(counts)
+        if counts["attempted"] == 0 and await _due_left(book, now) == 0:
+            break
+    return total
+
+
+@pytest.mark.parametrize("reclaim", [False, True], ids=["fresh", "lapsed_leases"])
+@pytest.mark.parametrize("worker", [pass_worker, step_worker], ids=["passes", "steps"])
+async def test_concurrent_workers_execute_each_attempt_once(pg_book, worker, reclaim):
+    """O5 (O-single-claim), O11 (O-counters), O12: six workers on separate connections deliver the
+    same 200 due rows at the same instant — whole passes (SKIP LOCKED) or single steps (colliding
+    on the claim's compare-and-set). Every row is delivered, the transport runs exactly once per
+    won claim, the facts hold exactly one claim per (dispatch, attempt), and the counters add up
+    to the claims won. With ``lapsed_leases`` every row was first claimed by a worker that died
+    (attempt 1, lease lapsed), so the six race to reclaim attempt 2."""
     now = pg_book.clock.now()
     ids = [await enqueue_dispatch(pg_book, kind="load", deliver_to=f"seat-{n % 7}", body={"n": n}) for n in range(ROWS)]
+    attempt = 1
+    if reclaim:
+        leases, _ = await claim_due(pg_book, now=now, limit=ROWS)  # claimed, then the worker "died"
+        assert len(leases) == ROWS
+        now += CLAIM_LEASE_SECONDS + 1
+        attempt = 2
     executed: list[str] = []
 
     async def send(deliver_to: str, payload: str) -> TransportResult:
@@ -61,18 +109,7 @@ async def test_concurrent_workers_execute_each_attempt_once(pg_book):
 
     books = await _books(pg_book, WORKERS)
     try:
-        async def worker(book: Book) -> Counter:
-            total: Counter = Counter()
-            for _ in range(50):
-                counts = await deliver_due_dispatches(
-                    book, now=now, transport=CallableTransport(send), batch_size=25, concurrency=4
-                )
-                total.update(counts)
-                if counts["attempted"] == 0 and await _due_left(book, now) == 0:
-                    break
-            return total
-
-        totals = await asyncio.gather(*(worker(b) for b in books))
+        totals = await asyncio.gather(*(worker(b, now, CallableTransport(send)) for b in books))
     finally:
         for b in books:
             await b.engine.dispose()
@@ -81,7 +118,7 @@ async def test_concurrent_workers_execute_each_attempt_once(pg_book):
     assert Counter(executed) == Counter({d: 1 for d in ids}), [d for d, n in Counter(executed).items() if n > 1]
     assert sum(t["attempted"] for t in totals) == ROWS
     assert sum(t["delivered"] for t in totals) == ROWS
-    assert sum(t["retried"] + t["dead_letter"] + t["expired"] for t in totals) == 0
+    assert sum(t["retried"] + t["dead_letter"] + t["expired"] + t["conflict"] for t in totals) == 0
 
     async with pg_book.read() as conn:
         statuses = Counter(r.status for r in (await conn.execute(sa.select(dispatch_outbox.c.status))).fetchall())
@@ -96,10 +133,9 @@ async def test_concurrent_workers_execute_each_attempt_once(pg_book):
             ).fetchall()
         )
     assert statuses == Counter({"delivered": ROWS})
-    assert claim_facts == Counter({(d, 1): 1 for d in ids})
+    assert claim_facts == Counter({(d, a): 1 for d in ids for a in range(1, attempt + 1)})
     assert (await verify(pg_book, "dispatch")).ok
-    busy = sum(1 for t in totals if t["attempted"])
-    print(f"{busy} of {WORKERS} workers won claims: {[t['attempted'] for t in totals]}")
+    print(f"claims won per worker: {[t['attempted'] for t in totals]}, lost: {[t['lost'] for t in totals]}")
 
 
 async def _due_left(book: Book, now: float) -> int:
@@ -114,7 +150,7 @@ async def _due_left(book: Book, now: float) -> int:
 
 @pytest.mark.parametrize("in_caller_tx", [False, True], ids=["plain", "caller_tx"])
 async def test_producers_racing_one_new_dedup_key_share_one_row(pg_book, in_caller_tx):
-    """O-dedup: ten producers on separate connections enqueue the same new dedup key at once; all
+    """O3 (O-dedup): ten producers on separate connections enqueue the same new dedup key at once; all
     get the one committed id, the table holds one row for the key and its history one creation
     fact. With ``caller_tx`` every producer has its own transaction open before the barrier, so the
     inserts truly overlap and the losers wait on the unique index for the winner's commit."""

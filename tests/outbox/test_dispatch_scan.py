@@ -124,3 +124,22 @@ async def test_the_payload_sent_is_the_stored_envelope(book):
     await deliver_due_dispatches(book, transport=rec.transport)
     [(to, payload)] = rec.calls
     assert to == "seat-9" and json.loads(payload) == (await row(book, did))["payload"]
+
+
+async def test_the_scan_reads_the_due_index_in_order(tmp_path):
+    """O11: the scan is served by the due index in (next_attempt_at, id) order — no sort of all due rows."""
+    import sqlalchemy as sa
+
+    from statebook.adapters.db import open_book
+    from statebook.outbox.attempts import scan_query
+
+    book = await open_book(f"sqlite:///{tmp_path / 'plan.db'}")
+    try:
+        query = scan_query(now=0.0, limit=10)
+        sql = str(query.compile(book.engine, compile_kwargs={"literal_binds": True}))
+        async with book.read() as conn:
+            plan = " | ".join(str(r[-1]) for r in await conn.execute(sa.text(f"EXPLAIN QUERY PLAN {sql}")))
+    finally:
+        await book.engine.dispose()
+    assert "idx_dispatch_outbox_due" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan

@@ -58,7 +58,7 @@ class Blocker(threading.Thread):
 
 
 async def test_writer_waits_for_a_held_write_lock_and_loses_nothing(sqlite_book):
-    """O-atomic, L5: while another connection holds BEGIN IMMEDIATE for about a second, an enqueue
+    """O2, O7 (O-atomic), L5: while another connection holds BEGIN IMMEDIATE for about a second, an enqueue
     and a claim wait for it (busy timeout, not an immediate "database is locked"), then both
     commit; the other connection's write and both of ours are all there, and the history verifies."""
     book, path = sqlite_book
@@ -96,7 +96,7 @@ async def test_writer_waits_for_a_held_write_lock_and_loses_nothing(sqlite_book)
 
 
 async def test_full_database_refuses_the_enqueue_and_leaves_no_partial_row(sqlite_book):
-    """O-atomic, L5: when SQLite cannot allocate another page, enqueue raises (the driver's
+    """O2, O7 (O-atomic), L5: when SQLite cannot allocate another page, enqueue raises (the driver's
     "database or disk is full", wrapped or not) and writes nothing: every dispatch row has its
     creation fact, no fact lacks its row, and verify is clean afterwards."""
     book, path = sqlite_book
@@ -116,9 +116,8 @@ async def test_full_database_refuses_the_enqueue_and_leaves_no_partial_row(sqlit
     try:
         with pytest.raises(Exception) as caught:
             for n in range(200):
-                enqueued.append(
-                    await enqueue_dispatch(limited, kind="bulky", deliver_to="seat-1", body={"n": n, "blob": "x" * 6000})
-                )
+                body = {"n": n, "blob": "x" * 6000}
+                enqueued.append(await enqueue_dispatch(limited, kind="bulky", deliver_to="seat-1", body=body))
         text = str(caught.value).lower() + " ".join(
             str(e).lower() for e in (caught.value.__cause__, caught.value.__context__) if e
         )
