@@ -1,0 +1,266 @@
+"""Shared pieces of the benchmark: sizes, rounds, databases, result lines and the table.
+
+Every figure is the median of several rounds; contenders run interleaved (A B A B ...) on fresh
+databases, so drift on a shared machine hits every contender alike. Ratios within one run are the
+result; absolute numbers are noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+BENCH_DIR = Path(__file__).resolve().parent
+TESTS_DIR = BENCH_DIR.parent
+REPO_DIR = TESTS_DIR.parent
+
+# Fixed for every contender of a drain: in-flight deliveries and rows fetched per claim/scan.
+CONCURRENCY = 10
+BATCH = 100
+W3_IDLE_GAP = 0.005
+"""Seconds the harness waits after a delivery before the next W3 enqueue (the worker goes idle)."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each workload does. ``quick`` fits ``make bench`` in 15 minutes on 2 cores;
+    ``full`` is the issue's sizes (an hour or more while statebook's SQLite drain is slow)."""
+
+    mode: str
+    rounds: int
+    w1_single: int
+    w1_batch_total: int
+    w1_batch: int
+    w2_drain: int
+    w2_drain_procrastinate: int
+    w3_samples: int
+    w4_due: int
+    w4_small: int
+    w4_large: int
+    w5_facts: int
+    w6_schedules: int
+    w6_due: int
+    memory_drain: int
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls("quick", rounds=3, w1_single=2_000, w1_batch_total=5_000, w1_batch=500, w2_drain=3_000,
+                   w2_drain_procrastinate=2_000, w3_samples=500, w4_due=1_000, w4_small=10_000, w4_large=100_000,
+                   w5_facts=100_000, w6_schedules=10_000, w6_due=1_000, memory_drain=5_000)
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls("full", rounds=3, w1_single=20_000, w1_batch_total=20_000, w1_batch=500, w2_drain=10_000,
+                   w2_drain_procrastinate=10_000, w3_samples=500, w4_due=1_000, w4_small=10_000,
+                   w4_large=1_000_000, w5_facts=1_000_000, w6_schedules=10_000, w6_due=1_000,
+                   memory_drain=100_000)
+
+
+@dataclass
+class Line:
+    """One row of the result table."""
+
+    workload: str
+    backend: str
+    unit: str
+    statebook: float | None
+    reference: str = ""
+    other: float | None = None
+    ratio: float | None = None
+    target: str = ""
+    passed: bool | None = None
+    note: str = ""
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    cpu_us: tuple[float, float] | None = None
+    """Client CPU per operation, microseconds: (statebook, reference)."""
+
+    @property
+    def verdict(self) -> str:
+        if self.passed is None:
+            return "n/a" if self.statebook is None else "info"
+        return "PASS" if self.passed else "FAIL"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+class Meter:
+    """The measured region of the current run: its wall-clock start and the client CPU spent in it.
+
+    CPU is this process's user + system time (``time.process_time``): the Python side of every
+    contender, which a loaded machine disturbs far less than wall time. Server CPU is not in it.
+    """
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self.t0 = 0.0
+        self._c0 = 0.0
+
+    def start(self) -> float:
+        self._c0 = time.process_time()
+        self.t0 = time.perf_counter()
+        return self.t0
+
+    def stop(self) -> float:
+        """Seconds since :meth:`start`; adds the CPU spent since then to ``cpu``."""
+        elapsed = time.perf_counter() - self.t0
+        self.cpu += time.process_time() - self._c0
+        return elapsed
+
+
+METER = Meter()
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def throughput_line(workload: str, backend: str, unit: str, sb: list[float], ref_name: str, ref: list[float],
+                    at_least: float | None, note: str = "", cpu: tuple[float, float] | None = None) -> Line:
+    """Higher is better (ops/s); the ratio is statebook/reference and must be >= ``at_least``.
+
+    ``cpu``: client CPU microseconds per operation (statebook, reference), medians over rounds.
+    """
+    s, o = median(sb), median(ref)
+    ratio = s / o if o else None
+    passed = None if at_least is None or ratio is None else ratio >= at_least
+    target = f">= {at_least:g}x" if at_least is not None else ""
+    return Line(workload, backend, unit, s, ref_name, o, ratio, target, passed, note,
+                {"statebook": sb, ref_name: ref}, cpu)
+
+
+def cpu_per_op(cpu: dict[str, list[float]], sb: str, ref: str, n_sb: int, n_ref: int | None = None) -> tuple[float, float]:
+    """Median client CPU per operation in microseconds for two contenders of an ``interleave``."""
+    return median(cpu[sb]) / n_sb * 1e6, median(cpu[ref]) / (n_ref or n_sb) * 1e6
+
+
+async def interleave(rounds: int, contenders: Sequence[tuple[str, Callable[[], Awaitable[float]]]],
+                     log: Callable[[str], None], cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Run each contender once per round, in order (A B A B ...); collect one figure per run.
+
+    With ``cpu`` each run's client CPU in its measured region (see :data:`METER`) is collected too.
+    """
+    out: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    for r in range(rounds):
+        for name, run in contenders:
+            METER.cpu = 0.0
+            value = await run()
+            out[name].append(value)
+            if cpu is not None:
+                cpu.setdefault(name, []).append(METER.cpu)
+            log(f"    round {r + 1}/{rounds} {name}: {value:,.1f}")
+    return out
+
+
+# -- databases ---------------------------------------------------------------------------------
+
+def pg_database_url(base: str, name: str) -> str:
+    """``base`` with its database name replaced."""
+    parts = urlsplit(base)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+async def recreate_databases(base: str, names: Sequence[str]) -> dict[str, str]:
+    """Drop and create one database per contender on the server of ``base``; their URLs by name."""
+    conn = await asyncpg.connect(base)
+    try:
+        for name in names:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return {name: pg_database_url(base, name) for name in names}
+
+
+async def pg_server_version(url: str) -> str:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval("SHOW server_version")
+    finally:
+        await conn.close()
+
+
+class SqliteFiles:
+    """Fresh SQLite file paths under one temporary directory, removed at the end."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="statebook-bench-"))
+        self.n = 0
+
+    def fresh(self, label: str) -> Path:
+        self.n += 1
+        path = self.dir / f"{label}-{self.n}.db"
+        return path
+
+    def drop(self, path: Path) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{path}{suffix}")
+
+    def cleanup(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    info: dict[str, Any] = {"nproc": os.cpu_count()}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["mem_total_mb"] = int(line.split()[1]) // 1024
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError):
+        info["loadavg_1m"] = float(Path("/proc/loadavg").read_text().split()[0])
+    import platform
+    import sqlite3
+
+    info["python"] = platform.python_version()
+    info["sqlite"] = sqlite3.sqlite_version
+    return info
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if value != value:  # NaN
+        return "-"
+    if unit.startswith("ms") or unit == "MB" or unit == "s":
+        return f"{value:,.1f} {unit}"
+    return f"{value:,.0f} {unit}"
+
+
+def render_table(lines: Sequence[Line]) -> str:
+    header = ("workload", "backend", "statebook", "peer/floor", "ratio", "target", "result", "client CPU/op")
+    rows = []
+    for ln in lines:
+        ref = f"{ln.reference} {_fmt(ln.other, ln.unit)}" if ln.reference else "-"
+        ratio = f"{ln.ratio:.2f}x" if ln.ratio is not None else "-"
+        cpu = f"{ln.cpu_us[0]:,.0f} / {ln.cpu_us[1]:,.0f} us" if ln.cpu_us else "-"
+        rows.append((ln.workload, ln.backend, _fmt(ln.statebook, ln.unit) if ln.statebook is not None
+                     else (ln.note or "n/a"), ref, ratio, ln.target or "-", ln.verdict, cpu))
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+
+    def fmt_row(r: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"
+
+    out = [fmt_row(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [fmt_row(r) for r in rows]
+    return "\n".join(out)

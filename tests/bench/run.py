@@ -1,0 +1,156 @@
+"""statebook side by side with pgqueuer, procrastinate and a raw-SQL floor, in one run.
+
+    make bench                                   # = .venv/bin/python tests/bench/run.py (quick sizes)
+    .venv/bin/python tests/bench/run.py --full   # the issue's sizes (long)
+    .venv/bin/python tests/bench/run.py --only W1,W3 --rounds 5 --profile
+
+PostgreSQL comes from ``--pg-url`` or ``STATEBOOK_TEST_PG_URL`` (the bench creates and drops
+``bench_*`` databases there), otherwise from a throwaway cluster (tests/pgcluster.py). Prints a
+table (PASS/FAIL against the issue's targets; speed is never a test assertion) and writes
+tests/bench/results.json. Method and latest figures: specs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR.parent))
+sys.path.insert(0, str(BENCH_DIR))
+
+import pgcluster  # noqa: E402
+
+from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, machine, pg_server_version,  # noqa: E402
+                    recreate_databases, render_table)
+
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "memory")
+DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6")
+RESULTS = BENCH_DIR / "results.json"
+
+_T0 = time.perf_counter()
+
+
+def log(message: str) -> None:
+    print(f"[{time.perf_counter() - _T0:6.0f}s] {message}", flush=True)
+
+
+async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out: Path) -> int:
+    import scheduler_side
+    import workloads
+
+    names = {db: f"bench_{db}" for db in DATABASES}
+    urls = await recreate_databases(base_url, list(names.values()))
+    pg = {db: urls[name] for db, name in names.items()}
+    version = await pg_server_version(base_url)
+    await workloads.pg_schema(pg["floor"])
+    files = SqliteFiles()
+    ctx = workloads.Ctx(sizes, pg, files, await workloads.make_template(files), log)
+    runners = {
+        "W1": workloads.w1, "W2": workloads.w2, "W3": workloads.w3, "W4": workloads.w4, "W5": workloads.w5,
+        "W6": lambda c: scheduler_side.w6({"postgresql": pg["w6"], "sqlite": f"sqlite:///{c.sqlite_path('w6')}"},
+                                          sizes.w6_schedules, sizes.w6_due, sizes.rounds, log),
+        "memory": workloads.memory,
+    }
+    host = {**machine(), "postgresql": version}
+    log(f"sizes: {sizes.mode}, {sizes.rounds} rounds; concurrency {CONCURRENCY}, batch {BATCH}; machine {host}")
+    lines: list[Line] = []
+    timings: dict[str, float] = {}
+    failed: list[str] = []
+    try:
+        for name in only:
+            t = time.perf_counter()
+            log(f"== {name}")
+            try:
+                lines += await runners[name](ctx)
+            except Exception as exc:  # one broken workload must not hide the others
+                traceback.print_exc()
+                failed.append(name)
+                lines.append(Line(name, "-", "", None, note=f"error: {type(exc).__name__}: {exc}"[:120]))
+            timings[name] = round(time.perf_counter() - t, 1)
+            log(f"{name} took {timings[name]:.0f}s")
+    finally:
+        files.cleanup()
+    table = render_table(lines)
+    print("\n" + table + "\n", flush=True)
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": host,
+        "loadavg_1m_at_end": machine().get("loadavg_1m"), "sizes": asdict(sizes), "concurrency": CONCURRENCY,
+        "batch": BATCH, "workload_seconds": timings,
+        "total_seconds": round(time.perf_counter() - _T0, 1), "table": table,
+        "lines": [ln.to_json() for ln in lines],
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    log(f"wrote {out}; total {result['total_seconds']:.0f}s")
+    if profile:
+        import hotpaths
+
+        print(await hotpaths.profile_all(pg["statebook"], ["W1", "W2"], ["sqlite", "postgresql"]), flush=True)
+    if not base_url_is_throwaway(base_url):
+        await drop_databases(base_url, list(names.values()))
+    if failed:
+        log(f"workload(s) {', '.join(failed)} raised; see the tracebacks above")
+    return 1 if failed else 0  # a missed target is a FAIL line, not an exit status
+
+
+_THROWAWAY: set[str] = set()
+
+
+def base_url_is_throwaway(url: str) -> bool:
+    return url in _THROWAWAY
+
+
+async def drop_databases(base: str, names: list[str]) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(base)
+    try:
+        for name in names:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="sizes that fit 15 minutes on 2 cores (default)")
+    size.add_argument("--full", action="store_true", help="the issue's sizes (1,000,000-row history; long)")
+    parser.add_argument("--rounds", type=int, help="rounds per figure (default 3; at least 3 for a median)")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    parser.add_argument("--pg-url", help="PostgreSQL server to use (default: STATEBOOK_TEST_PG_URL or throwaway)")
+    parser.add_argument("--profile", action="store_true", help="also print pyinstrument profiles of W1/W2")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write results (default {RESULTS})")
+    args = parser.parse_args()
+    sizes = Sizes.full() if args.full else Sizes.quick()
+    if args.rounds:
+        from dataclasses import replace
+
+        sizes = replace(sizes, rounds=args.rounds)
+    only = [w.strip() for w in args.only.split(",")] if args.only else list(WORKLOADS)
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    url = args.pg_url or os.environ.get("STATEBOOK_TEST_PG_URL")
+    if url:
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json))
+    bindir = pgcluster.find_pg_bin()
+    if bindir is None:
+        print(f"no PostgreSQL: set STATEBOOK_TEST_PG_URL or install server binaries under {pgcluster.PG_ROOT}/*/bin",
+              file=sys.stderr)
+        return 2
+    log("starting a throwaway PostgreSQL cluster")
+    with pgcluster.throwaway_cluster(bindir) as url:
+        _THROWAWAY.add(url)
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
