@@ -178,7 +178,8 @@ async def apply_many(
                     table.c.id == sa.bindparam("b_id"),
                     table.c.version == sa.bindparam("b_version"),
                     table.c.status == sa.bindparam("b_status"),
-                    *(table.c[g] == sa.bindparam(f"b_guard_{g}") for g in guards),
+                    *(table.c[g].is_not_distinct_from(sa.bindparam(f"b_guard_{g}", type_=table.c[g].type))
+                      for g in guards),
                 )
                 .values({n: sa.bindparam(f"new_{n}") for n in new_cols})
             )

@@ -11,10 +11,8 @@ import sqlalchemy as sa
 
 from .book import Book
 from .codec import dumps
-from .errors import UnknownEntityType
 from .facts import GENESIS, Fact, facts_table, fact_hash
 from .policy import Lifecycle
-from .schema import LIFECYCLE_COLUMNS
 
 
 def fold(facts: Iterable[Fact]) -> dict[str, Any] | None:

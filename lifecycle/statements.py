@@ -92,7 +92,8 @@ def update_if_unchanged(table: sa.Table, guards: tuple[str, ...], columns: tuple
                 table.c.id == sa.bindparam("b_id"),
                 table.c.version == sa.bindparam("b_version"),
                 table.c.status.in_(sa.bindparam("b_expected", expanding=True)),
-                *(table.c[g] == sa.bindparam(f"b_{g}") for g in guards),
+                # NULL-safe: a guard may expect "still unset" (IS NOT DISTINCT FROM / SQLite IS).
+                *(table.c[g].is_not_distinct_from(sa.bindparam(f"b_{g}", type_=table.c[g].type)) for g in guards),
             )
             .values({c: sa.bindparam(f"n_{c}", type_=table.c[c].type) for c in columns})
         )

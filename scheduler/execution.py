@@ -7,12 +7,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from statebook.lifecycle import Book, Reason, transition
+from statebook.lifecycle import Book, Reason
 
 from .chains import child_context, may_continue, overlay_schedule, pick_continuation
 from .launcher import Launch, LaunchRefused, ProcessResult, build_launch, spawn_and_wait
-from .runs import SCHEDULER, finalize_run, open_run
-from .writes import writing
+from .runs import finalize_run, open_run
 
 log = logging.getLogger("statebook.scheduler")
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
+from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -86,3 +88,29 @@ def with_book(
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def parse_time(text: str, option: str) -> float:
+    """POSIX seconds or an ISO-8601 time (UTC unless it names a zone); a bad value fails in one line."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise fail(f"{option} {text!r} is neither POSIX seconds nor an ISO-8601 time (e.g. 2026-05-01T09:00:00Z)") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.timestamp()
+
+
+def format_time(ts: float | None) -> str:
+    """``2026-05-01 09:00:00Z`` (UTC), or ``-`` for no time."""
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def emit_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False))

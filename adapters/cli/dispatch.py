@@ -10,7 +10,6 @@ import asyncio
 import getpass
 import json
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from statebook.outbox import (
     retry_dispatch,
 )
 
-from .app import app, console, fail, run, with_book
+from .app import app, console, emit_json, fail, format_time, parse_time, run, with_book
 
 dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, purge, deliver.", no_args_is_help=True)
 app.add_typer(dispatch_app, name="dispatch")
@@ -60,29 +59,10 @@ def masked(row: dict[str, Any], reveal: bool) -> dict[str, Any]:
     return out
 
 
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def parse_time(text: str) -> float:
-    """POSIX seconds or an ISO-8601 date/time (UTC unless it names a zone)."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise fail(f"--before {text!r} is neither POSIX seconds nor an ISO-8601 time (e.g. 2026-01-31T00:00)") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
 
 
-def _echo_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
 @dispatch_app.command("ls")
@@ -99,7 +79,7 @@ def ls_cmd(
 
     rows = [masked(r, reveal) for r in run(with_book(go)())]
     if as_json:
-        _echo_json(rows)
+        emit_json(rows)
         return
     from rich.table import Column, Table
 
@@ -110,7 +90,7 @@ def ls_cmd(
     for r in rows:
         table.add_row(
             r["id"], r["kind"], r["deliver_to"], r["status"], f"{r['attempt']}/{r['max_attempts']}",
-            _when(r["next_attempt_at"]) if r["status"] in ("pending", "delivering") else "-",
+            format_time(r["next_attempt_at"]) if r["status"] in ("pending", "delivering") else "-",
             (r["last_error"] or "")[:60],
         )
     console.print(table)
@@ -129,7 +109,7 @@ def show_cmd(
     row = run(with_book(go)())
     if row is None:
         raise fail(f"dispatch {dispatch_id} does not exist")
-    _echo_json(masked(row, reveal))
+    emit_json(masked(row, reveal))
 
 
 @dispatch_app.command("ack")
@@ -181,7 +161,7 @@ def purge_cmd(
         return
     if before is None:
         raise fail("give a dispatch ID, or --before TIME (with optional --status) for a bulk purge")
-    cutoff = parse_time(before)
+    cutoff = parse_time(before, "--before")
 
     async def bulk(book: Book) -> list[str]:
         return await purge_dispatches(

@@ -15,7 +15,7 @@ from rich.table import Table
 from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, Report, as_of, history, replay, verify
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
 
-from .app import app, console, err_console, fail, run, with_book
+from .app import app, console, err_console, fail, parse_time, run, with_book
 
 lifecycle_app = typer.Typer(help="Inspect the declared lifecycles (works without a database).", no_args_is_help=True)
 app.add_typer(lifecycle_app, name="lifecycle")
@@ -138,18 +138,6 @@ def lifecycle_graph(
 # -- history / replay / verify ----------------------------------------------------------------
 
 
-def _parse_time(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise fail(f"--as-of {text!r} is neither epoch seconds nor ISO-8601 (e.g. 2024-05-01T12:00:00Z)") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
 
 
 async def _facts(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
@@ -188,7 +176,7 @@ def replay_cmd(
     as_of_: str = typer.Option(None, "--as-of", metavar="TIME", help="epoch seconds or ISO-8601 (UTC if no zone)"),
 ) -> None:
     """Fold an entity's facts into its state (now, or as it was at --as-of) and print it as JSON."""
-    when = None if as_of_ is None else _parse_time(as_of_)
+    when = None if as_of_ is None else parse_time(as_of_, "--as-of")
     state = run(with_book(_replay)(entity_type, entity_id, when))
     if state is None:
         err_console.print("no state: the entity did not exist yet or was purged at that time", highlight=False)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 import typer
 
 from statebook.lifecycle import Book
 
-from .app import app, console, ctx_state, fail, run, with_book
+from .app import app, console, ctx_state, emit_json, fail, format_time, parse_time, run, with_book
 
 schedule_app = typer.Typer(help="Create, inspect, pause and fire schedules.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect or cancel one run of a schedule.", no_args_is_help=True)
@@ -29,28 +27,10 @@ def _settings(config: str | None) -> Any:
     return load_settings(config, db=ctx_state.db_url)
 
 
-def _when(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _emit(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
-def _parse_at(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise fail(f"--at {text!r} is neither an epoch nor an ISO-8601 time like 2026-05-01T09:00:00+00:00") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.timestamp()
 
 
 # -- the daemon ---------------------------------------------------------------------------------
@@ -79,7 +59,7 @@ def run_cmd(
     if result.get("latest_dispatch"):
         console.print(f"history of dispatch {result['latest_dispatch']}:", highlight=False)
         for h in result["latest_history"]:
-            console.print(f"  {_when(h['at'])} {h['from'] or '-'} -> {h['to']}  {h['reason']}  ({h['actor']})",
+            console.print(f"  {format_time(h['at'])} {h['from'] or '-'} -> {h['to']}  {h['reason']}  ({h['actor']})",
                           highlight=False, soft_wrap=True)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)
@@ -126,7 +106,7 @@ def add(
         raise fail("--notify-kind and --notify-to go together")
     spec: dict[str, Any] = {
         "name": name, "trigger_type": triggers[0], "cron_expr": cron, "interval_sec": every, "timezone": tz,
-        "at_time": _parse_at(at) if at is not None else None, "action_kind": kind, "action_command": command,
+        "at_time": parse_time(at, "--at") if at is not None else None, "action_kind": kind, "action_command": command,
         "action_command_args": arg, "action_prompt": prompt, "action_model": model, "action_agent": agent,
         "action_play": play, "action_flow_yaml": flow_yaml.read() if flow_yaml else None, "action_cwd": cwd,
         "notify": {"kind": notify_kind, "deliver_to": notify_to} if notify_kind else None, "max_runs": max_runs,
@@ -146,9 +126,9 @@ def add(
 
     row = run(with_book(go, must_exist=False, create=True)())
     if as_json:
-        _emit(row)
+        emit_json(row)
     else:
-        console.print(f"created schedule {row['name']} ({row['id']}); next fire {_when(row['next_fire_at'])}",
+        console.print(f"created schedule {row['name']} ({row['id']}); next fire {format_time(row['next_fire_at'])}",
                       highlight=False)
 
 
@@ -165,15 +145,15 @@ def ls(
 
     rows = run(with_book(go)())
     if as_json:
-        _emit(rows)
+        emit_json(rows)
         return
     from rich.table import Table
 
     table = Table("name", "status", "trigger", "action", "next fire", "last fired", "id")
     for r in rows:
         trig = r["cron_expr"] or (f"every {r['interval_sec']}s" if r["interval_sec"] else r["trigger_type"])
-        table.add_row(r["name"], r["status"], trig, r["action_kind"], _when(r["next_fire_at"]),
-                      _when(r["last_fired_at"]), r["id"])
+        table.add_row(r["name"], r["status"], trig, r["action_kind"], format_time(r["next_fire_at"]),
+                      format_time(r["last_fired_at"]), r["id"])
     console.print(table)
 
 
@@ -188,17 +168,17 @@ def show(ref: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)
 
     row = run(with_book(go)())
     if as_json:
-        _emit(row)
+        emit_json(row)
         return
     for key in ("id", "name", "status", "status_reason_code", "trigger_type", "cron_expr", "interval_sec", "at_time",
                 "action_kind", "action_command", "action_command_args", "notify", "max_runs", "budget_usd",
                 "budget_tokens", "missed_fire_policy", "overlap_policy"):
         if row.get(key) not in (None, [], ""):
             console.print(f"{key:20} {row[key]}", highlight=False)
-    console.print(f"{'next_fire_at':20} {_when(row['next_fire_at'])}", highlight=False)
-    console.print(f"{'last_fired_at':20} {_when(row['last_fired_at'])}", highlight=False)
+    console.print(f"{'next_fire_at':20} {format_time(row['next_fire_at'])}", highlight=False)
+    console.print(f"{'last_fired_at':20} {format_time(row['last_fired_at'])}", highlight=False)
     for r in row["recent_runs"]:
-        console.print(f"  run {r['id']} {r['status']:10} {r['status_reason_code']} at {_when(r['fired_at'])}",
+        console.print(f"  run {r['id']} {r['status']:10} {r['status_reason_code']} at {format_time(r['fired_at'])}",
                       highlight=False)
 
 
@@ -213,7 +193,7 @@ def _simple(action: str) -> None:
 
         row = run(with_book(go)())
         if as_json:
-            _emit(row)
+            emit_json(row)
         else:
             console.print(f"schedule {row['name']} is {row['status']}", highlight=False)
 
@@ -252,7 +232,7 @@ def fire(
 
     rows = run(with_book(go)())
     if as_json:
-        _emit(rows)
+        emit_json(rows)
         return
     for r in rows:
         console.print(f"run {r['id']} depth {r['chain_depth']}: {r['status']} ({r['status_reason_code']}, "
@@ -273,14 +253,14 @@ def schedule_runs_cmd(
 
     rows = run(with_book(go)())
     if as_json:
-        _emit(rows)
+        emit_json(rows)
         return
     from rich.table import Table
 
     table = Table("run", "status", "reason", "exit", "depth", "fired", "ended")
     for r in rows:
         table.add_row(r["id"], r["status"], r["status_reason_code"], str(r["exit_code"] if r["exit_code"] is not None else "-"),
-                      str(r["chain_depth"]), _when(r["fired_at"]), _when(r["ended_at"]))
+                      str(r["chain_depth"]), format_time(r["fired_at"]), format_time(r["ended_at"]))
     console.print(table)
 
 
@@ -300,7 +280,7 @@ def runs_show(run_id: str, as_json: bool = typer.Option(False, "--json", help=JS
 
     row = run(with_book(go)())
     if as_json:
-        _emit(row)
+        emit_json(row)
         return
     for key in ("id", "schedule_id", "status", "status_reason_code", "status_reason_summary", "action_kind",
                 "action_args", "exit_code", "chain_parent_id", "chain_depth", "pid", "cost_usd", "tokens",
@@ -308,7 +288,7 @@ def runs_show(run_id: str, as_json: bool = typer.Option(False, "--json", help=JS
         if row.get(key) not in (None, [], ""):
             console.print(f"{key:22} {row[key]}", highlight=False)
     for h in row["history"]:
-        console.print(f"  {_when(h['at'])} {h['from'] or '-'} -> {h['to']} {h['reason']} {h['summary']}", highlight=False)
+        console.print(f"  {format_time(h['at'])} {h['from'] or '-'} -> {h['to']} {h['reason']} {h['summary']}", highlight=False)
 
 
 @runs_app.command("cancel")
@@ -321,6 +301,6 @@ def runs_cancel(run_id: str, as_json: bool = typer.Option(False, "--json", help=
 
     row = run(with_book(go)())
     if as_json:
-        _emit(row)
+        emit_json(row)
     else:
         console.print(f"run {row['id']} is {row['status']}", highlight=False)

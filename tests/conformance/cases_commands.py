@@ -9,10 +9,12 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import (
     Book,
+    Command,
     DuplicateEntity,
     EntityNotFound,
     Reason,
     TransitionRejected,
+    apply_many,
     as_of,
     create,
     facts_table,
@@ -187,6 +189,26 @@ class CommandCases:
                                  patch={"attempt": 2}, reason=RETRIED, actor=SYSTEM)
         assert (fresh.kind, fresh.version) == ("applied", 3)
         assert (await row(book, "t1"))["attempt"] == 2
+
+    async def test_a_guard_can_expect_an_unset_column(self, book: Book):
+        """L4: a guard of None means "still NULL" (a NULL-safe comparison), in one and in many commands."""
+        await new_task(book, "t1")
+        await start(book, "t1")
+        claimed = await transition(book, "task", "t1", "working", expected="working",
+                                   guards={"attempt": 1, "owner": None}, patch={"attempt": 2, "owner": "ana"},
+                                   reason=RETRIED, actor=SYSTEM)
+        assert claimed.applied and (await row(book, "t1"))["owner"] == "ana"
+        again = await transition(book, "task", "t1", "working", expected="working",
+                                 guards={"attempt": 2, "owner": None}, patch={"attempt": 3, "owner": "bob"},
+                                 reason=RETRIED, actor=SYSTEM)
+        assert again.conflict and (await row(book, "t1"))["owner"] == "ana"
+        await new_task(book, "t2")
+        await start(book, "t2")
+        batch = await apply_many(book, [
+            Command("task", "t2", "working", RETRIED, SYSTEM, ("working",), {"attempt": 1, "owner": None},
+                    {"attempt": 2, "owner": "cy"}),
+        ])
+        assert batch[0].applied and (await row(book, "t2"))["owner"] == "cy"
 
     async def test_any_of_several_expected_statuses_applies(self, book: Book):
         """L4: ``expected`` may list several statuses; the row matching any one of them moves."""
