@@ -90,18 +90,20 @@ class Executor:
         return await self._finish(schedule, run_id, launch, result)
 
     async def _finish(self, schedule: Mapping[str, Any], run_id: str, launch: Launch, result: ProcessResult) -> tuple[str, int | None]:
+        """Record how the process ended; returns the status the run actually has (an operator's
+        earlier cancel wins, and then no follow-up is chosen)."""
         patch: dict[str, Any] = {"exit_code": result.exit_code, "action_args": launch.argv, **result.report}
         if result.timed_out:
             patch["error_detail"] = result.stderr_tail or None
-            await self._end(schedule, run_id, "timed_out", "schedule_run.timed_out.deadline",
-                            f"no exit within {self.deadline:g} s; process group terminated", patch)
-            return "timed_out", result.exit_code
-        if result.exit_code == 0:
-            await self._end(schedule, run_id, "completed", "schedule_run.completed.exit_zero", "exit 0", patch)
-            return "completed", 0
-        patch["error_detail"] = result.stderr_tail or None
-        await self._end(schedule, run_id, "failed", "schedule_run.failed.nonzero_exit", f"exit {result.exit_code}", patch)
-        return "failed", result.exit_code
+            status = await self._end(schedule, run_id, "timed_out", "schedule_run.timed_out.deadline",
+                                     f"no exit within {self.deadline:g} s; process group terminated", patch)
+        elif result.exit_code == 0:
+            status = await self._end(schedule, run_id, "completed", "schedule_run.completed.exit_zero", "exit 0", patch)
+        else:
+            patch["error_detail"] = result.stderr_tail or None
+            status = await self._end(schedule, run_id, "failed", "schedule_run.failed.nonzero_exit",
+                                     f"exit {result.exit_code}", patch)
+        return status, result.exit_code
 
     async def _launched(self, run_id: str, pid: int, launch: Launch) -> None:
         # The schedule_run graph has no running -> running edge (seed ADR-0070 D3), so the child's pid
@@ -110,7 +112,8 @@ class Executor:
         log.info("run %s launched pid %s in %s", run_id, pid, launch.cwd)
 
     async def _end(self, schedule: Mapping[str, Any], run_id: str, status: str, code: str, summary: str,
-                   patch: Mapping[str, Any]) -> None:
+                   patch: Mapping[str, Any]) -> str:
+        """Finalize the run; returns its status afterwards (another writer's ending, if it won)."""
         pid = self.pids.pop(run_id, None)
         if pid is not None:
             patch = {**patch, "pid": pid}
@@ -118,3 +121,5 @@ class Executor:
                                  schedule=schedule)
         if out.conflict:
             log.info("run %s was already ended elsewhere (now %s); kept that ending", run_id, out.status)
+            return out.status or status
+        return status
