@@ -209,6 +209,13 @@ class Lifecycle:
                 f"lifecycle (patch fields: {', '.join(sorted(self.patch_fields)) or 'none'})",
                 rule="patch",
             )
+        unguardable = sorted(g for g in guard_keys if isinstance(self.table.c[g].type, sa.JSON))
+        if unguardable:
+            raise TransitionRejected(
+                f"{self.entity_type}: column(s) {', '.join(unguardable)} hold JSON and cannot be guards "
+                "(JSON equality is not portable); guard a scalar column instead",
+                rule="guard",
+            )
         srcs = list(sources)
         if not srcs:
             raise TransitionRejected(f"{self.entity_type}: a transition needs at least one expected status", rule="status")
@@ -292,6 +299,13 @@ def validate(lc: Lifecycle) -> None:
     bad = sorted(f for f in lc.patch_fields if f not in columns or f in LIFECYCLE_COLUMNS or f == "id")
     if bad:
         raise PolicyError(f"{name}: patch field(s) {', '.join(bad)} are not data columns of table {lc.table.name!r}")
+    for e in lc.edges:
+        json_guards = sorted(g for g in e.requires_guard if isinstance(lc.table.c[g].type, sa.JSON))
+        if json_guards:
+            raise PolicyError(
+                f"{name}: edge {e.source} -> {e.target} requires a guard on JSON column(s) {', '.join(json_guards)}; "
+                "guards must be scalar columns"
+            )
     checked = lc.table.info.get("statuses")
     if checked is not None and set(lc.statuses) - set(checked):
         raise PolicyError(

@@ -226,3 +226,31 @@ def test_gated_exit_from_a_terminal_status_is_accepted():
     lc = widget(edges=(*widget().edges, Edge("done", "open", actors=frozenset({"operator"}))))
     validate(lc)
     assert lc.edge("done", "open").gated
+
+
+JSONY = managed_table(
+    "json_widgets",
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("size", sa.Integer),
+    sa.Column("tags", sa.JSON),
+    meta=META,
+)
+
+
+def test_a_required_guard_on_a_json_column_is_refused():
+    """L1: guards compare for equality in SQL, which JSON columns do not support portably."""
+    with pytest.raises(PolicyError, match="JSON column"):
+        validate(widget(table=JSONY, patch_fields={"size", "tags"},
+                        edges=(*edges("open", "working", guard="tags"), *edges("working", "done"))))
+
+
+def test_a_guard_on_a_json_column_is_rejected_before_any_write():
+    """L3: a command guarding a JSON column is refused with the guard rule (nothing reaches the database)."""
+    from statebook.lifecycle import TransitionRejected
+
+    lc = widget(table=JSONY, patch_fields={"size", "tags"})
+    with pytest.raises(TransitionRejected, match="hold JSON") as err:
+        lc.check_command(["open"], "working", actor_type="system", guard={"tags": []},
+                         reason_code="widget.working.started")
+    assert err.value.rule == "guard"
+    lc.check_command(["open"], "working", actor_type="system", guard={"size": 1}, reason_code="widget.working.started")
