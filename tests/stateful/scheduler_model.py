@@ -230,16 +230,10 @@ def check_max_runs(snap: Snapshot) -> None:
             assert used == s["max_runs"], f"S5: {s['name']} exhausted for max_runs after {used} of {s['max_runs']}"
 
 
-OPERATOR_CANCELLED = "schedule_run.cancelled.operator"
-
-
-def check_chains(snap: Snapshot, max_depth: int, *, tolerate_child_of_cancelled: bool = False) -> None:
-    """S8: depth <= the cap (<= 10); a child links to its ended parent on the same schedule with the
-    parent's outcome in its context; one child per parent; a continuation exists exactly below the cap.
-
-    ``tolerate_child_of_cancelled`` lets a follow-up of an operator-cancelled parent pass (a known
-    scheduler bug, see test_scheduler_machine.py::test_no_follow_up_after_operator_cancel).
-    """
+def check_chains(snap: Snapshot, max_depth: int) -> None:
+    """S8, S11: depth <= the cap (<= 10); a child links to a parent on the same schedule that ended by
+    its process (completed / failed / timed_out — never cancelled by an operator), with the parent's
+    outcome in its context; one child per parent; a continuation exists exactly below the cap."""
     assert max_depth <= CHAIN_CAP
     children: dict[str, list[str]] = {}
     for run in snap.runs.values():
@@ -252,11 +246,11 @@ def check_chains(snap: Snapshot, max_depth: int, *, tolerate_child_of_cancelled:
         assert parent is not None, f"S8: run {run['id']} names a missing parent {parent_id}"
         children.setdefault(parent_id, []).append(run["id"])
         ctx = run["trigger_context"]
+        assert parent["status"] in ("completed", "failed", "timed_out"), (
+            f"S8: run {run['id']} follows {parent_id}, which ended {parent['status']} ({parent['status_reason_code']})")
         assert parent["schedule_id"] == run["schedule_id"] and parent["chain_depth"] == depth - 1, (
             f"S8: run {run['id']} (depth {depth}) and parent {parent_id} (depth {parent['chain_depth']}) do not chain")
         assert ctx.get("chain_from") == parent_id, f"S8: run {run['id']} context chain_from {ctx.get('chain_from')}"
-        if tolerate_child_of_cancelled and parent["status_reason_code"] == OPERATOR_CANCELLED:
-            continue
         assert (ctx.get("parent_status"), ctx.get("parent_exit_code")) == (parent["status"], parent["exit_code"]), (
             f"S8: run {run['id']} says its parent ended {ctx.get('parent_status')}/{ctx.get('parent_exit_code')}, "
             f"the parent row says {parent['status']}/{parent['exit_code']} ({parent['status_reason_code']})")

@@ -116,8 +116,6 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     make_url: Callable[[], str] | None = None
     shared_database = False
-    tolerate_child_of_cancelled = False  # the follow-up-after-cancel bug is fixed (execution._end)
-    """Kept False: a follow-up of an operator-cancelled run is a failure (see the regression test below)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -431,8 +429,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         check_occurrences_fire_once(snap)
         check_max_runs(snap)
         assert self.settings is not None
-        check_chains(snap, self.settings.scheduler.max_chain_depth,
-                     tolerate_child_of_cancelled=self.tolerate_child_of_cancelled)
+        check_chains(snap, self.settings.scheduler.max_chain_depth)
         check_runs_are_owned(snap, live_daemon=self.live.daemon_id, held=set(self.spawner.held),
                              operator_cancelled=self.operator_cancelled)
         check_notifications(snap)
@@ -541,11 +538,10 @@ def test_no_follow_up_after_operator_cancel(tmp_path: Path) -> None:
     """S8, S11: a run an operator cancelled takes no follow-up, even when its process exits before the
     engine's next tick (the engine's own finalize is a no-op conflict). Shrunk from the machine."""
 
-    class Strict(SchedulerMachine):
+    class OnSqlite(SchedulerMachine):
         make_url = staticmethod(lambda: f"sqlite:///{tmp_path}/book.db")
-        tolerate_child_of_cancelled = False
 
-    machine = Strict()
+    machine = OnSqlite()
     try:
         machine.boot(max_concurrent=2, max_chain_depth=1, reaper=60.0)
         machine.add_schedule(trigger="interval", interval=30, cron="* * * * *", at_offset=0, max_runs=None,
@@ -553,6 +549,8 @@ def test_no_follow_up_after_operator_cancel(tmp_path: Path) -> None:
         machine.fire_now(pick=0)
         machine.cancel_by_operator(pick=0)
         machine.finish_run(pick=0, exit_code=1)
+        runs = [(r["status"], r["chain_depth"]) for r in machine.snapshot().runs.values()]
+        assert runs == [("cancelled", 0)], f"S8/S11: an operator-cancelled run took a follow-up: {runs}"
         machine.scheduler_invariants()
     finally:
         machine.teardown()
