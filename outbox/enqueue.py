@@ -103,7 +103,7 @@ def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
     token = secrets.token_hex(16) if args["ack_required"] else None
     signal = DispatchSignal(
         created_at=now, dispatch_id=dispatch_id, kind=args["kind"], deliver_to=args["deliver_to"], ack_token=token,
-        body=_validate(**args),
+        body=args["body"],  # already checked and JSON-normalised by _validate (callers run it first)
     )
     return {
         "id": dispatch_id,
@@ -228,7 +228,7 @@ async def enqueue_dispatch(
         "max_attempts": max_attempts, "expires_at": expires_at, "session_id": session_id,
         "schedule_run_id": schedule_run_id,
     }
-    _validate(**args)
+    args["body"] = _validate(**args)
     if dedup_key is None and book.conn is None:
         # No dedup lookup: the create is the only statement (on PostgreSQL one autocommit round trip).
         dispatch_id, _ = await _enqueue_one(book, args)
@@ -257,7 +257,7 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
             "expires_at": None, "session_id": None, "schedule_run_id": None, **item,
         }
         try:
-            _validate(**args)
+            args["body"] = _validate(**args)
         except DispatchInvalid as exc:
             raise DispatchInvalid(f"item {index}: {exc}") from None
         prepared.append(args)
