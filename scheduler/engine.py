@@ -295,12 +295,23 @@ class SchedulerEngine:
         if s.get("max_runs") is not None and await gates.top_level_runs(self.book, s["id"]) >= s["max_runs"]:
             await exhaust(self.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
             return "exhausted_max_runs"
+        return await self.fire_in_slot(
+            s, due, context, lambda: self._claim_and_open(s, due, nxt, context, extra, "schedule_run.running.fired")
+        )
+
+    async def fire_in_slot(
+        self, s: Mapping[str, Any], due: float, context: Mapping[str, Any],
+        claim_and_open: Callable[[], Awaitable[str | None]],
+    ) -> str:
+        """The last gates of an automatic fire: take a global slot (or record a deferral), then claim
+        the occurrence and open its run, then launch it. Returns "deferred", "conflict" or "fired";
+        the slot is released on every path that launches nothing."""
         handle = self.slots.try_take()
         if handle is None:
             await self._defer(s, due, context)
             return "deferred"
         try:
-            run_id = await self._claim_and_open(s, due, nxt, context, extra, "schedule_run.running.fired")
+            run_id = await claim_and_open()
         except BaseException:
             handle.release()
             raise

@@ -256,25 +256,13 @@ class GithubPolling:
         if s.get("max_runs") is not None and await gates.top_level_runs(eng.book, s["id"]) >= s["max_runs"]:
             await exhaust(eng.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
             return "exhausted"
-        handle = eng.slots.try_take()  # capacity first: the cursor only moves for an event that fires
-        if handle is None:
-            await eng._defer(s, due, context)
-            return "capacity"
         try:
-            run_id = await self._claim_event(s, due, cursor, event_id, context)
+            # Capacity first: the cursor only moves for an event that fires.
+            outcome = await eng.fire_in_slot(s, due, context, lambda: self._claim_event(s, due, cursor, event_id, context))
         except _Abort:
-            handle.release()
             await exhaust(eng.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
             return "exhausted"
-        except BaseException:
-            handle.release()
-            raise
-        if run_id is None:
-            handle.release()
-            return "conflict"
-        eng.deferrals.pop(s["id"], None)
-        eng._launch(s, run_id, context, handle)
-        return "fired"
+        return "capacity" if outcome == "deferred" else outcome
 
     async def _claim_event(self, s: Mapping[str, Any], due: float, cursor: str | None, event_id: str,
                            context: Mapping[str, Any]) -> str | None:
