@@ -13,6 +13,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.util import await_
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from statebook.lifecycle import SYSTEM_CLOCK, Book, Clock, Registry, metadata
@@ -100,7 +101,8 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
     def _on_begin(conn):  # type: ignore[no-untyped-def]
         # Read-only connections (Book.read) take a deferred BEGIN: in WAL mode they never wait for writers.
         readonly = conn.get_execution_options().get(READ_ONLY_OPTION)
-        conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+        # Straight to aiosqlite: one thread hand-off instead of the adapter's cursor/execute/close.
+        await_(conn.connection.driver_connection.execute("BEGIN" if readonly else "BEGIN IMMEDIATE"))
 
 
 async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK) -> None:

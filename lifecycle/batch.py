@@ -15,7 +15,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from .book import Book, mark_touched
-from .codec import new_id
+from .codec import dumps, new_id
+from .driver import Driver, driver
 from . import statements
 from .engine import Command, Outcome, _fact_content, _projection, apply
 from .errors import DuplicateEntity, TransitionRejected
@@ -72,6 +73,7 @@ async def create_many(
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None
+        db = await driver(conn)
         all_ids = sorted(chosen_ids)
         purged: set[str] = set()
         for start in range(0, len(all_ids), _CHUNK):
@@ -82,23 +84,22 @@ async def create_many(
         if purged and not if_absent:
             raise DuplicateEntity(f"{entity_type} {sorted(purged)[0]!r} has a history (it was purged); ids are not reused")
         seen_ids: set[str] = set()
-        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        for n, (row, _) in enumerate(prepared):
+        groups: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+        for n, (row, fact) in enumerate(prepared):
             if row["id"] in purged or (if_absent and row["id"] in seen_ids):
                 continue
             seen_ids.add(row["id"])
             firsts.add(n)
-            groups.setdefault(tuple(sorted(row)), []).append(row)
-        for rows in groups.values():
-            for start in range(0, len(rows), _CHUNK):
-                chunk = rows[start : start + _CHUNK]
-                stmt = statements.insert_row(book.dialect, lc.table, if_absent).returning(lc.table.c.id)
-                result = await conn.execute(stmt, chunk)  # executemany: compiled once, batched VALUES
-                inserted.update(r[0] for r in result)
-        facts = [fact for n, (row, fact) in enumerate(prepared) if n in firsts and row["id"] in inserted]
-        for start in range(0, len(facts), _CHUNK):
-            await conn.execute(statements.insert_fact(), facts[start : start + _CHUNK])
-        if facts:
+            groups.setdefault(tuple(row), []).append((row, fact))
+        try:
+            for columns, pairs in groups.items():
+                for start in range(0, len(pairs), _CHUNK):
+                    inserted.update(await _insert_chunk(db, lc.table, columns, pairs[start : start + _CHUNK], if_absent))
+        except sa.exc.IntegrityError as exc:
+            if if_absent:
+                raise
+            raise DuplicateEntity(f"{entity_type}: a row could not be inserted: {exc.orig}") from exc
+        if inserted:
             mark_touched(conn, entity_type)
     return [
         Outcome("applied", entity_type, row["id"], row["status"], 1, fact["id"], row=row)
@@ -108,8 +109,35 @@ async def create_many(
     ]
 
 
+async def _insert_chunk(
+    db: Driver, table: sa.Table, columns: tuple[str, ...], pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+    if_absent: bool,
+) -> set[str]:
+    """Insert rows (all with ``columns``) and the facts of those inserted; their ids."""
+    if db.postgresql:
+        params = {f"r_{c}": [row[c] for row, _ in pairs] for c in columns}
+        params.update({f"f_{c}": [fact[c] for _, fact in pairs] for c in statements.FACT_COLUMNS})
+        return {r[0] for r in await db.fetch(statements.insert_rows_then_facts(table, columns, if_absent), params)}
+    await db.executemany(statements.insert_row(db.dialect.name, table, if_absent, columns), [row for row, _ in pairs])
+    if if_absent:  # which rows went in: those projecting this batch's creation facts
+        mine = await db.fetch(
+            statements.rows_for_update(db.dialect.name, table, ("id", "last_fact_id"), None),
+            {"b_ids": dumps([row["id"] for row, _ in pairs])},
+        )
+        ours = {fact["id"] for _, fact in pairs}
+        ids = {r[0] for r in mine if r[1] in ours}
+    else:
+        ids = {row["id"] for row, _ in pairs}
+    await db.executemany(statements.insert_fact(), [fact for row, fact in pairs if row["id"] in ids])
+    return ids
+
+
 async def apply_many(
-    book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"] = "wait"
+    book: Book,
+    commands: Sequence[Command],
+    *,
+    lock: Literal["wait", "skip_locked"] = "wait",
+    seen: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Outcome]:
     """Apply transitions of one entity type to distinct entities in one transaction.
 
@@ -117,6 +145,13 @@ async def apply_many(
     whose status or guards no longer match — or, with ``lock="skip_locked"`` on PostgreSQL, rows
     another transaction holds — get a ``conflict`` outcome; the rest are applied. Commands with an
     idempotency key go through :func:`engine.apply` one by one inside the same transaction.
+
+    ``seen`` maps entity ids to their rows as the caller last read them (``status``, ``version``,
+    ``last_fact_id``, ``chain_hash`` and the guarded columns) — e.g. the row a claim just wrote,
+    kept from its :attr:`Outcome.chain_hash`. Those rows are not read again: the compare-and-set on
+    version, status and guards decides, so a row changed since then gets ``conflict``. With every
+    row seen and one statement's worth of work, PostgreSQL runs it as ONE autocommit statement
+    (row updates and facts together, atomic by themselves).
     """
     if not commands:
         return []
@@ -129,67 +164,111 @@ async def apply_many(
         lc.check_command(c.expected, c.target, actor_type=c.actor.type, patch=c.patch, guard=c.guards,
                          reason_code=c.reason.code)
     table = lc.table
-    guard_cols = sorted({g for c in commands for g in c.guards})
-    cols = [table.c[n] for n in ("id", "status", "version", "last_fact_id", "chain_hash", *guard_cols)]
+    guard_cols = tuple(sorted({g for c in commands for g in c.guards}))
+    names = ("id", "status", "version", "last_fact_id", "chain_hash", *guard_cols)
     outcomes: dict[str, Outcome] = {}
+    seen = seen or {}
+    keyed = [c for c in commands if c.idempotency_key is not None]
+    plain = [c for c in commands if c.idempotency_key is None]
+    if (
+        book.conn is None and book.dialect == "postgresql" and not keyed and len(plain) <= _CHUNK
+        and all(c.entity_id in seen for c in plain)
+        and len({(tuple(c.guards), tuple(c.patch)) for c in plain}) == 1
+    ):
+        # Nothing to read and one statement to write: no BEGIN/COMMIT round trips.
+        async with book.autocommit() as conn:
+            db = await driver(conn)
+            written = await _write(book, lc, db, plain, seen, outcomes, trusted=set())
+        if written:
+            book.committed(entity_type)
+        return [outcomes[c.entity_id] for c in commands]
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None
-        keyed = [c for c in commands if c.idempotency_key is not None]
-        plain = [c for c in commands if c.idempotency_key is None]
         for c in keyed:
             outcomes[c.entity_id] = await apply(tx, c)
-        current: dict[str, Any] = {}
-        for start in range(0, len(plain), _CHUNK):
-            query = sa.select(*cols).where(table.c.id.in_([c.entity_id for c in plain[start : start + _CHUNK]]))
-            if book.dialect == "postgresql":
-                query = query.with_for_update(skip_locked=lock == "skip_locked")
-            for row in await conn.execute(query):
-                current[row.id] = row
-        now = book.clock.now()
-        updates: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-        facts: list[dict[str, Any]] = []
-        for c in plain:
-            row = current.get(c.entity_id)
-            if row is None or row.status not in c.expected or any(getattr(row, g) != v for g, v in c.guards.items()):
-                outcomes[c.entity_id] = Outcome(
-                    "conflict", entity_type, c.entity_id, getattr(row, "status", None), getattr(row, "version", None)
-                )
-                continue
-            content = _fact_content(
-                lc, entity_id=c.entity_id, prev_fact_id=row.last_fact_id, previous=row.status, status=c.target,
-                version=row.version + 1, reason=c.reason, actor=c.actor, at=now, patch=c.patch,
-                metadata=c.metadata, idempotency_key=None, command_digest=None,
-            )
-            fact = insert_values(content, row.chain_hash)
-            values = {**c.patch, **_projection(content, fact)}
-            params = {f"new_{k}": v for k, v in values.items()}
-            params.update(b_id=c.entity_id, b_version=row.version, b_status=row.status)
-            params.update({f"b_guard_{g}": v for g, v in c.guards.items()})
-            updates.setdefault(tuple(sorted(params)), []).append(params)
-            facts.append(fact)
-            outcomes[c.entity_id] = Outcome("applied", entity_type, c.entity_id, c.target, row.version + 1, fact["id"])
-        for keys, params in updates.items():
-            new_cols = [k[4:] for k in keys if k.startswith("new_")]
-            guards = [k[8:] for k in keys if k.startswith("b_guard_")]
-            stmt = (
-                sa.update(table)
-                .where(
-                    table.c.id == sa.bindparam("b_id"),
-                    table.c.version == sa.bindparam("b_version"),
-                    table.c.status == sa.bindparam("b_status"),
-                    *(table.c[g].is_not_distinct_from(sa.bindparam(f"b_guard_{g}", type_=table.c[g].type))
-                      for g in guards),
-                )
-                .values({n: sa.bindparam(f"new_{n}") for n in new_cols})
-            )
-            result = await conn.execute(stmt, params)
-            if result.rowcount not in (-1, len(params)):
-                # Cannot happen while the rows are locked (PostgreSQL) or the writer lock is held (SQLite);
-                # refuse to commit a batch whose facts would not match its rows.
-                raise RuntimeError(f"batch update matched {result.rowcount} of {len(params)} locked rows")
-        for start in range(0, len(facts), _CHUNK):
-            await conn.execute(sa.insert(facts_table), facts[start : start + _CHUNK])
-        if facts:
+        db = await driver(conn)
+        read = statements.rows_for_update(db.dialect.name, table, names, lock if db.postgresql else None)
+        # SQLite reads every row again: under its write lock that is one cheap local read, and it
+        # keeps the batch's writes exact (executemany reports no per-row counts).
+        usable = seen if db.postgresql else {}
+        current: dict[str, Mapping[str, Any]] = {c.entity_id: usable[c.entity_id] for c in plain if c.entity_id in usable}
+        unseen = [c.entity_id for c in plain if c.entity_id not in usable]
+        for start in range(0, len(unseen), _CHUNK):
+            chunk = unseen[start : start + _CHUNK]
+            for r in await db.fetch(read, {"b_ids": chunk if db.postgresql else dumps(chunk)}):
+                current[r[0]] = dict(zip(names, r))
+        if await _write(book, lc, db, plain, current, outcomes, trusted=set(unseen)):
             mark_touched(conn, entity_type)
     return [outcomes[c.entity_id] for c in commands]
+
+
+async def _write(
+    book: Book, lc: Any, db: Driver, plain: Sequence[Command], current: Mapping[str, Mapping[str, Any]],
+    outcomes: dict[str, Outcome], trusted: set[str] | None = None,
+) -> int:
+    """Plan each command against its current row and write the applicable ones; rows written.
+
+    Rows in ``trusted`` were read under lock (or under SQLite's write lock) in this transaction, so
+    their compare-and-set cannot miss; a miss there refuses the whole batch. Other rows (the
+    caller's ``seen``) may have changed since: a miss is that command's ``conflict``.
+    """
+    entity_type = lc.entity_type
+    now = book.clock.now()
+    groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for c in plain:
+        row = current.get(c.entity_id)
+        if row is None or row["status"] not in c.expected or any(row[g] != v for g, v in c.guards.items()):
+            outcomes[c.entity_id] = Outcome(
+                "conflict", entity_type, c.entity_id, None if row is None else row["status"],
+                None if row is None else row["version"],
+            )
+            continue
+        version = row["version"] + 1
+        content = _fact_content(
+            lc, entity_id=c.entity_id, prev_fact_id=row["last_fact_id"], previous=row["status"], status=c.target,
+            version=version, reason=c.reason, actor=c.actor, at=now, patch=c.patch,
+            metadata=c.metadata, idempotency_key=None, command_digest=None,
+        )
+        fact = insert_values(content, row["chain_hash"])
+        values = {**c.patch, **_projection(content, fact)}
+        params = {f"n_{k}": v for k, v in values.items()}
+        params.update(b_id=c.entity_id, b_version=row["version"], b_status=row["status"])
+        params.update({f"b_{g}": v for g, v in c.guards.items()})
+        groups.setdefault((tuple(c.guards), tuple(values)), []).append((params, fact))
+        outcomes[c.entity_id] = Outcome(
+            "applied", entity_type, c.entity_id, c.target, version, fact["id"], chain_hash=fact["hash"]
+        )
+    written = 0
+    for (guards, columns), pairs in groups.items():
+        for start in range(0, len(pairs), _CHUNK):
+            chunk = pairs[start : start + _CHUNK]
+            updated = await _update_chunk(db, lc.table, guards, columns, chunk)
+            written += len(updated)
+            for params, _ in chunk:
+                entity_id = params["b_id"]
+                if entity_id in updated:
+                    continue
+                if trusted is None or entity_id in trusted:
+                    # Refuse to commit a batch whose facts would not match its rows.
+                    raise RuntimeError(f"batch update missed locked row {entity_type} {entity_id}")
+                outcomes[entity_id] = Outcome("conflict", entity_type, entity_id, None, None)
+    return written
+
+
+async def _update_chunk(
+    db: Driver, table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...],
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> set[str]:
+    """Compare-and-set updates of rows sharing guard and column names, plus the facts of the rows
+    updated; their ids. (SQLite: only rows read under its write lock come here, see apply_many.)"""
+    if db.postgresql:
+        params = {k: [p[k] for p, _ in pairs] for k in pairs[0][0]}
+        params.update({f"f_{c}": [fact[c] for _, fact in pairs] for c in statements.FACT_COLUMNS})
+        return {r[0] for r in await db.fetch(statements.update_many_then_facts(table, guards, columns), params)}
+    before = db.raw.total_changes
+    await db.executemany(statements.update_if_unchanged_one(table, guards, columns), [p for p, _ in pairs])
+    if db.raw.total_changes - before != len(pairs):
+        return set()  # (read under the write lock: cannot happen; apply_many refuses the batch)
+    await db.executemany(statements.insert_fact(), [fact for _, fact in pairs])
+    return {p["b_id"] for p, _ in pairs}

@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from .book import Book, mark_touched
 from .codec import digest, dumps, new_id
+from .driver import Driver, driver
 from .errors import DuplicateEntity, EntityNotFound, IdempotencyMismatch, TransitionRejected
 from .facts import GENESIS, facts_table, insert_values
 from .policy import Lifecycle
@@ -38,6 +39,8 @@ class Outcome:
     fact_id: str | None = None
     replayed: bool = False
     row: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    chain_hash: str | None = field(default=None, compare=False, repr=False)
+    """The hash of the fact written (the row's new chain head), when applied by a batch."""
 
     @property
     def applied(self) -> bool:
@@ -187,50 +190,46 @@ async def create(
     if book.conn is None and book.dialect == "postgresql" and chosen is None:
         # A generated id needs no history probe, so the whole create is one statement: run it in
         # autocommit (one round trip, no BEGIN/COMMIT); a single statement is atomic by itself.
-        stmt = statements.insert_row_then_fact(lc.table, tuple(row), if_absent, lc.notify_channel)
-        params = {f"r_{k}": v for k, v in row.items()}
-        params.update({f"f_{k}": fact[k] for k in statements.FACT_COLUMNS})
         async with book.autocommit() as conn:
-            try:
-                inserted = await conn.execute(stmt, params)
-            except sa.exc.IntegrityError as exc:
-                if if_absent:
-                    raise
-                raise DuplicateEntity(f"{entity_type} {entity_id!r} could not be inserted: {exc.orig}") from exc
-        if inserted.rowcount == 0:
+            inserted = await _insert_row_and_fact(await driver(conn), lc, row, fact, if_absent)
+        if not inserted:
             return Outcome("conflict", entity_type, entity_id, None, None)
         book.committed(entity_type)
         return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
     async with book.begin() as tx:
         conn = tx.conn
         assert conn is not None
-        purged = chosen is not None and (
-            await conn.execute(statements.first_fact_of(), {"b_type": entity_type, "b_id": entity_id})
-        ).first()
-        if purged:
+        db = await driver(conn)
+        if chosen is not None and await db.fetch(statements.first_fact_of(), {"b_type": entity_type, "b_id": entity_id}):
             if if_absent:
                 return Outcome("conflict", entity_type, entity_id, None, None)
             raise DuplicateEntity(f"{entity_type} {entity_id!r} has a history (it was purged); ids are not reused")
-        try:
-            if book.dialect == "postgresql":
-                # One round trip: the fact is inserted from the row insert's RETURNING, so a skipped
-                # row (if_absent) inserts no fact.
-                stmt = statements.insert_row_then_fact(lc.table, tuple(row), if_absent, lc.notify_channel)
-                params = {f"r_{k}": v for k, v in row.items()}
-                params.update({f"f_{k}": fact[k] for k in statements.FACT_COLUMNS})
-                inserted = await conn.execute(stmt, params)
-            else:
-                inserted = await conn.execute(statements.insert_row(book.dialect, lc.table, if_absent), row)
-                if inserted.rowcount == 1:
-                    await conn.execute(statements.insert_fact(), fact)
-        except sa.exc.IntegrityError as exc:
-            if if_absent:
-                raise
-            raise DuplicateEntity(f"{entity_type} {entity_id!r} could not be inserted: {exc.orig}") from exc
-        if inserted.rowcount == 0:
+        if not await _insert_row_and_fact(db, lc, row, fact, if_absent):
             return Outcome("conflict", entity_type, entity_id, None, None)
         mark_touched(conn, entity_type)
     return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
+
+
+async def _insert_row_and_fact(
+    db: Driver, lc: Lifecycle, row: dict[str, Any], fact: dict[str, Any], if_absent: bool
+) -> bool:
+    """Insert a new row and its creation fact; False when ``if_absent`` skipped the row."""
+    try:
+        if db.postgresql:
+            # One round trip: the fact is inserted from the row insert's RETURNING, so a skipped
+            # row (if_absent) inserts no fact.
+            stmt = statements.insert_row_then_fact(lc.table, tuple(row), if_absent, lc.notify_channel)
+            params = {f"r_{k}": v for k, v in row.items()}
+            params.update({f"f_{k}": fact[k] for k in statements.FACT_COLUMNS})
+            return await db.execute(stmt, params) == 1
+        if await db.execute(statements.insert_row(db.dialect.name, lc.table, if_absent, tuple(row)), row) == 0:
+            return False
+        await db.execute(statements.insert_fact(), fact)
+        return True
+    except sa.exc.IntegrityError as exc:
+        if if_absent:
+            raise
+        raise DuplicateEntity(f"{lc.entity_type} {row['id']!r} could not be inserted: {exc.orig}") from exc
 
 
 async def _replayed(conn: Any, cmd: Command) -> Outcome | None:

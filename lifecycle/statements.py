@@ -29,8 +29,8 @@ def _cached(key: Hashable, build: Callable[[], S]) -> S:
     return stmt
 
 
-def insert_row(dialect: str, table: sa.Table, if_absent: bool) -> Any:
-    """INSERT into ``table``; values come as execute() parameters."""
+def insert_row(dialect: str, table: sa.Table, if_absent: bool, columns: tuple[str, ...] | None = None) -> Any:
+    """INSERT into ``table``; values come as parameters named after ``columns`` (all when None)."""
 
     def build() -> Any:
         if dialect == "postgresql":
@@ -39,13 +39,19 @@ def insert_row(dialect: str, table: sa.Table, if_absent: bool) -> Any:
             stmt = sqlite.insert(table)
         else:
             stmt = sa.insert(table)
+        if columns is not None:
+            stmt = stmt.values({c: sa.bindparam(c, type_=table.c[c].type) for c in columns})
         return stmt.on_conflict_do_nothing() if if_absent else stmt
 
-    return _cached(("insert_row", dialect, table, if_absent), build)
+    return _cached(("insert_row", dialect, table, if_absent, columns), build)
 
 
 def insert_fact() -> Any:
-    return _cached(("insert_fact",), lambda: sa.insert(facts_table))
+    """INSERT one fact; parameters named after ``FACT_COLUMNS`` (``seq`` and ``tx_id`` are defaults)."""
+    return _cached(
+        ("insert_fact",),
+        lambda: sa.insert(facts_table).values({c: sa.bindparam(c, type_=facts_table.c[c].type) for c in FACT_COLUMNS}),
+    )
 
 
 def insert_row_then_fact(table: sa.Table, columns: tuple[str, ...], if_absent: bool, channel: str | None) -> Any:
@@ -123,3 +129,138 @@ def fact_by_key() -> Any:
             t.c.idempotency_key == sa.bindparam("b_key"),
         ),
     )
+
+
+# -- PostgreSQL set-based shapes: one statement per batch, columns passed as arrays (unnest) ----
+def _pg_type(column: sa.Column[Any]) -> str:
+    return column.type.compile(dialect=postgresql.dialect())
+
+
+class _JSONArray(sa.types.TypeDecorator[list[Any]]):
+    """A list of JSON values sent as ``text[]``, each serialised as a JSON column would be.
+
+    (``ARRAY(JSON)`` would take a JSON list value for one more array dimension.)
+    """
+
+    impl = postgresql.ARRAY(sa.Text)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if value is None:
+            return None
+        item = sa.JSON().dialect_impl(dialect).bind_processor(dialect)
+        return [item(v) for v in value] if item is not None else value
+
+
+def _arrays(prefix: str, columns: list[sa.Column[Any]]) -> tuple[str, list[sa.BindParameter[Any]]]:
+    """``unnest(CAST(:p_a AS T[]), ...)`` text and its typed array bind parameters."""
+    parts, binds = [], []
+    for c in columns:
+        name = f"{prefix}{c.name}"
+        if isinstance(c.type, sa.JSON):
+            parts.append(f"CAST(CAST(:{name} AS TEXT[]) AS {_pg_type(c)}[])")
+            binds.append(sa.bindparam(name, type_=_JSONArray()))
+        else:
+            parts.append(f"CAST(:{name} AS {_pg_type(c)}[])")
+            binds.append(sa.bindparam(name, type_=postgresql.ARRAY(c.type)))
+    return f"unnest({', '.join(parts)})", binds
+
+
+def _q(name: str) -> str:
+    return postgresql.dialect().identifier_preparer.quote(name)
+
+
+def insert_rows_then_facts(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> Any:
+    """PostgreSQL: insert many rows and, for each row actually inserted, its creation fact.
+
+    Parameters: ``r_<column>`` and ``f_<fact column>``, each a list (one element per row). Returns
+    the ids of the rows inserted (a row ``if_absent`` skipped gets no fact).
+    """
+
+    def build() -> Any:
+        rows_sql, row_binds = _arrays("r_", [table.c[c] for c in columns])
+        facts_sql, fact_binds = _arrays("f_", [facts_table.c[c] for c in FACT_COLUMNS])
+        cols = ", ".join(_q(c) for c in columns)
+        fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
+        conflict = " ON CONFLICT DO NOTHING" if if_absent else ""
+        sql = (
+            f"WITH new_rows AS (INSERT INTO {_q(table.name)} ({cols}) SELECT * FROM {rows_sql}{conflict} "
+            f"RETURNING {_q('id')}) "
+            f"INSERT INTO status_transitions ({fcols}) "
+            f"SELECT {', '.join('f.' + _q(c) for c in FACT_COLUMNS)} FROM {facts_sql} AS f({fcols}) "
+            f"JOIN new_rows ON new_rows.id = f.entity_id RETURNING entity_id"
+        )
+        return sa.text(sql).bindparams(*row_binds, *fact_binds)
+
+    return _cached(("pg_insert_many", table, columns, if_absent), build)
+
+
+def update_many_then_facts(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+    """PostgreSQL: per-row compare-and-set updates and, for each row updated, its fact — one statement.
+
+    Parameters (lists, one element per row): ``b_id``, ``b_version``, ``b_status``, ``b_<guard>``,
+    ``n_<column>`` and ``f_<fact column>``. Returns the ids of the rows updated.
+    """
+
+    def build() -> Any:
+        keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
+                sa.Column("b_status", table.c.status.type)]
+        keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
+        news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
+        values_sql, value_binds = _arrays("", [*keys, *news])
+        facts_sql, fact_binds = _arrays("f_", [facts_table.c[c] for c in FACT_COLUMNS])
+        names = ", ".join(_q(c.name) for c in (*keys, *news))
+        where = " AND ".join(
+            ["t.id = v.b_id", "t.version = v.b_version", "t.status = v.b_status"]
+            + [f"t.{_q(g)} IS NOT DISTINCT FROM v.{_q('b_' + g)}" for g in guards]
+        )
+        sets = ", ".join(f"{_q(c)} = v.{_q('n_' + c)}" for c in columns)
+        fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
+        sql = (
+            f"WITH updated AS (UPDATE {_q(table.name)} AS t SET {sets} FROM {values_sql} AS v({names}) "
+            f"WHERE {where} RETURNING t.id) "
+            f"INSERT INTO status_transitions ({fcols}) "
+            f"SELECT {', '.join('f.' + _q(c) for c in FACT_COLUMNS)} FROM {facts_sql} AS f({fcols}) "
+            f"JOIN updated ON updated.id = f.entity_id RETURNING entity_id"
+        )
+        return sa.text(sql).bindparams(*value_binds, *fact_binds)
+
+    return _cached(("pg_update_many", table, guards, columns), build)
+
+
+def update_if_unchanged_one(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+    """The compare-and-set UPDATE for one row with ONE expected status (``b_status``), for executemany."""
+
+    def build() -> Any:
+        return (
+            sa.update(table)
+            .where(
+                table.c.id == sa.bindparam("b_id"),
+                table.c.version == sa.bindparam("b_version"),
+                table.c.status == sa.bindparam("b_status"),
+                *(table.c[g].is_not_distinct_from(sa.bindparam(f"b_{g}", type_=table.c[g].type)) for g in guards),
+            )
+            .values({c: sa.bindparam(f"n_{c}", type_=table.c[c].type) for c in columns})
+        )
+
+    return _cached(("update_one", table, guards, columns), build)
+
+
+def rows_for_update(dialect: str, table: sa.Table, columns: tuple[str, ...], lock: str | None) -> Any:
+    """SELECT ``columns`` of the rows whose id is in ``b_ids`` (locked on PostgreSQL).
+
+    ``b_ids`` is a list on PostgreSQL (``= ANY``) and a JSON array text on SQLite (``json_each``),
+    so one compiled shape serves every batch size.
+    """
+
+    def build() -> Any:
+        if dialect == "postgresql":
+            ids: Any = table.c.id == sa.any_(sa.bindparam("b_ids", type_=postgresql.ARRAY(table.c.id.type)))
+        else:
+            ids = table.c.id.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam("b_ids"))))
+        query = sa.select(*(table.c[c] for c in columns)).where(ids)
+        if lock is not None and dialect == "postgresql":
+            query = query.with_for_update(skip_locked=lock == "skip_locked")
+        return query
+
+    return _cached(("rows_for_update", dialect, table, columns, lock), build)

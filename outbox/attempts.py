@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason
 from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.driver import driver
 
 from .errors import DispatchInvalid
 from .schema import dispatch_outbox
@@ -84,6 +85,20 @@ class Lease:
     ack_required: bool
     max_attempts: int
     claim_id: str
+    version: int | None = None
+    """The row's version after the claim, with ``fact_id``/``chain_hash`` its chain head: lets the
+    finalization skip reading the row again (``apply_many(seen=...)``); None when unknown."""
+    fact_id: str | None = None
+    chain_hash: str | None = None
+
+    def head(self) -> dict[str, Any] | None:
+        """The row as this lease's claim left it, for ``apply_many(seen=...)`` (None when unknown)."""
+        if self.version is None:
+            return None
+        return {
+            "id": self.dispatch_id, "status": "delivering", "version": self.version, "last_fact_id": self.fact_id,
+            "chain_hash": self.chain_hash, "attempt": self.attempt, "claim_id": self.claim_id,
+        }
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -112,6 +127,50 @@ def scan_query(*, now: float, limit: int) -> sa.Select[Any]:
         .order_by(t.c.next_attempt_at, t.c.id)
         .limit(limit)
     )
+
+
+_HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
+_scans: dict[tuple[str, bool], Any] = {}
+
+
+def _scan_statement(dialect: str, skip_locked: bool) -> Any:
+    """The scan with bound ``b_now``/``b_limit`` (one compiled shape), plus each row's chain head."""
+    key = (dialect, skip_locked)
+    stmt = _scans.get(key)
+    if stmt is None:
+        t = dispatch_outbox
+        stmt = (
+            sa.select(*_columns(), *(t.c[c] for c in _HEAD))
+            .where(ACTIVE, t.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
+            .order_by(t.c.next_attempt_at, t.c.id)
+            .limit(sa.bindparam("b_limit", type_=sa.Integer))
+        )
+        if skip_locked and dialect == "postgresql":
+            stmt = stmt.with_for_update(skip_locked=True, of=t)
+        stmt = _scans[key] = stmt
+    return stmt
+
+
+async def scan_heads(
+    book: Book, *, now: float, limit: int, skip_locked: bool = False
+) -> list[tuple[Candidate, dict[str, Any]]]:
+    """Like :func:`scan`, with each row's lifecycle columns as ``apply_many(seen=...)`` takes them."""
+    if limit < 1:
+        raise DispatchInvalid(f"limit must be >= 1, got {limit}")
+    names = [c.name for c in _columns()] + list(_HEAD)
+    async with book.read() as conn:
+        db = await driver(conn)
+        rows = await db.fetch(_scan_statement(book.dialect, skip_locked), {"b_now": now, "b_limit": limit})
+    found = []
+    for r in rows:
+        row = dict(zip(names, r))
+        candidate = Candidate(
+            dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
+            expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),
+            kind=row["kind"], deliver_to=row["deliver_to"], payload=row["payload"],
+        )
+        found.append((candidate, row))
+    return found
 
 
 async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = False) -> list[Candidate]:

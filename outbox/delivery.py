@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from dataclasses import replace
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -37,6 +38,7 @@ from .attempts import (
     finalize_command,
     next_due,
     scan,
+    scan_heads,
     settle_command,
 )
 from .errors import DispatchInvalid
@@ -142,17 +144,20 @@ async def claim_due(
     leases: list[Lease] = []
     async with book.begin() as tx:
         planned: list[tuple[Any, str | Lease]] = []
-        for candidate in await scan(tx, now=now, limit=limit, skip_locked=True):
+        seen: dict[str, dict[str, Any]] = {}
+        for candidate, row in await scan_heads(tx, now=now, limit=limit, skip_locked=True):
             settling = settle_command(candidate, now, actor)
             claiming = None if settling else claim_command(candidate, now, actor)
             if settling or claiming:
                 planned.append(settling or claiming)  # type: ignore[arg-type]
-        outcomes = await apply_many(tx, [command for command, _ in planned], lock="skip_locked")
+                seen[candidate.dispatch_id] = row
+        # The scan locked and read these rows in this transaction: no second read.
+        outcomes = await apply_many(tx, [command for command, _ in planned], lock="skip_locked", seen=seen)
     for (_, what), outcome in zip(planned, outcomes, strict=True):
         if not outcome.applied:
             continue
         if isinstance(what, Lease):
-            leases.append(what)
+            leases.append(replace(what, version=outcome.version, fact_id=outcome.fact_id, chain_hash=outcome.chain_hash))
             counts["attempted"] += 1
         else:
             counts[what] += 1
@@ -179,7 +184,9 @@ async def finalize_all(
 ) -> list[Finalized]:
     """Finalize several results in one transaction, one transition each (distinct dispatches)."""
     planned = [finalize_command(lease, result, now, actor) for lease, result in done]
-    outcomes = await apply_many(book, [command for command, _ in planned])
+    heads = {lease.dispatch_id: lease.head() for lease, _ in done}
+    seen = {k: v for k, v in heads.items() if v is not None}
+    outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
     return [ret if outcome.applied else "conflict" for (_, ret), outcome in zip(planned, outcomes, strict=True)]
 
 
