@@ -176,8 +176,7 @@ async def apply_many(
         and len({(tuple(c.guards), tuple(c.patch)) for c in plain}) == 1
     ):
         # Nothing to read and one statement to write: no BEGIN/COMMIT round trips.
-        async with book.autocommit() as conn:
-            db = await driver(conn)
+        async with book.autocommit() as db:
             written = await _write(book, lc, db, plain, seen, outcomes, trusted=set())
         if written:
             book.committed(entity_type)

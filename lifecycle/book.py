@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .clock import SYSTEM_CLOCK, Clock
+from .driver import Driver, driver
 from .policy import Lifecycle, Registry
 
 
@@ -73,10 +74,11 @@ class Book:
                 log.exception("on_commit callback %r failed for %s", callback, entity_type)
 
     @asynccontextmanager
-    async def autocommit(self) -> AsyncIterator[AsyncConnection]:
-        """A connection in autocommit mode, for a write that is ONE statement (atomic by itself)."""
+    async def autocommit(self) -> AsyncIterator[Driver]:
+        """The driver of a pooled connection outside any transaction, for a write that is ONE
+        statement (atomic by itself): it runs without BEGIN/COMMIT round trips."""
         async with self.engine.connect() as conn:
-            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield await driver(conn)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

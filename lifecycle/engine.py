@@ -190,8 +190,8 @@ async def create(
     if book.conn is None and book.dialect == "postgresql" and chosen is None:
         # A generated id needs no history probe, so the whole create is one statement: run it in
         # autocommit (one round trip, no BEGIN/COMMIT); a single statement is atomic by itself.
-        async with book.autocommit() as conn:
-            inserted = await _insert_row_and_fact(await driver(conn), lc, row, fact, if_absent)
+        async with book.autocommit() as db:
+            inserted = await _insert_row_and_fact(db, lc, row, fact, if_absent)
         if not inserted:
             return Outcome("conflict", entity_type, entity_id, None, None)
         book.committed(entity_type)

@@ -20,7 +20,7 @@ from statebook.lifecycle.codec import new_id
 from .errors import DispatchInvalid
 from .policy import NOTIFY_CHANNEL
 from .schema import dispatch_outbox
-from .signal import DispatchSignal
+from .signal import dispatch_envelope
 
 DEFAULT_MAX_ATTEMPTS = 8
 REVIVAL_TTL_SECONDS = 3600.0
@@ -101,7 +101,7 @@ def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
         raise DispatchInvalid(f"expires_at {expires_at} is not in the future (now is {now}); pass a later time or None")
     dispatch_id = new_id()
     token = secrets.token_hex(16) if args["ack_required"] else None
-    signal = DispatchSignal(
+    payload = dispatch_envelope(
         created_at=now, dispatch_id=dispatch_id, kind=args["kind"], deliver_to=args["deliver_to"], ack_token=token,
         body=args["body"],  # already checked and JSON-normalised by _validate (callers run it first)
     )
@@ -109,7 +109,7 @@ def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
         "id": dispatch_id,
         "kind": args["kind"],
         "deliver_to": args["deliver_to"],
-        "payload": signal.to_json(),
+        "payload": payload,
         "dedup_key": args["dedup_key"],
         "attempt": 0,
         "max_attempts": args["max_attempts"],

@@ -8,6 +8,8 @@ import re
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, StatebookError, facts_table, verify
@@ -21,6 +23,8 @@ from statebook.outbox import (
     enqueue_dispatches,
     enqueue_revival_heartbeat,
 )
+
+from statebook.outbox.signal import dispatch_envelope
 
 from dispatch_support import Recorder, facts, moves, row
 
@@ -268,3 +272,18 @@ async def test_revival_heartbeat_is_one_ping_per_seat_deduplicated_per_epoch(boo
     assert await enqueue_revival_heartbeat(book, ["s1", "s2"], reset_epoch=epoch) == ids[:2]
     [zero] = await enqueue_revival_heartbeat(book, ["s3"], reset_epoch=0)
     assert (await row(book, zero))["expires_at"] is None
+
+
+@given(
+    created_at=st.one_of(st.integers(0, 2**40), st.floats(0, 1e12, allow_nan=False)),
+    kind=st.text(min_size=1), deliver_to=st.text(min_size=1), token=st.one_of(st.none(), st.text()),
+    body=st.dictionaries(st.text(), st.one_of(st.none(), st.booleans(), st.integers(), st.text()), max_size=4),
+)
+def test_the_fast_envelope_is_the_models_json(created_at, kind, deliver_to, token, body):
+    """O1: the enqueue path's envelope (built without the pydantic model) equals DispatchSignal(...).to_json()."""
+    fast = dispatch_envelope(created_at=created_at, dispatch_id="d" * 32, kind=kind, deliver_to=deliver_to,
+                             ack_token=token, body=body)
+    model = DispatchSignal(id=fast["id"], created_at=created_at, dispatch_id="d" * 32, kind=kind,
+                           deliver_to=deliver_to, ack_token=token, body=body).to_json()
+    assert fast == model
+    assert [type(v) for v in fast.values()] == [type(v) for v in model.values()]
