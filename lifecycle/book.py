@@ -77,8 +77,22 @@ class Book:
     async def autocommit(self) -> AsyncIterator[Driver]:
         """The driver of a pooled connection outside any transaction, for a write that is ONE
         statement (atomic by itself): it runs without BEGIN/COMMIT round trips."""
-        async with self.engine.connect() as conn:
-            yield await driver(conn)
+        if self.dialect != "postgresql":
+            async with self.engine.connect() as conn:
+                yield await driver(conn)
+            return
+        # A bare pool checkout (no Connection object): a quarter of engine.connect()'s CPU. Nothing
+        # is begun, so asyncpg runs the statement outside any transaction.
+        fairy = await self.engine.raw_connection()
+        try:
+            yield Driver(self.engine.dialect, fairy.driver_connection)
+        except BaseException as exc:
+            # A cancelled statement or a lost connection leaves the connection unusable: drop it.
+            if not isinstance(exc, Exception) or fairy.driver_connection.is_closed():
+                fairy.invalidate()
+            raise
+        finally:
+            fairy.close()
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
