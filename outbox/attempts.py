@@ -12,7 +12,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason
-from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.codec import dumps, new_id
 from statebook.lifecycle.driver import driver
 
 from .errors import DispatchInvalid
@@ -161,16 +161,38 @@ async def scan_heads(
     async with book.read() as conn:
         db = await driver(conn)
         rows = await db.fetch(_scan_statement(book.dialect, skip_locked), {"b_now": now, "b_limit": limit})
-    found = []
-    for r in rows:
-        row = dict(zip(names, r))
-        candidate = Candidate(
-            dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
-            expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),
-            kind=row["kind"], deliver_to=row["deliver_to"], payload=row["payload"],
-        )
-        found.append((candidate, row))
-    return found
+    return [_with_head(dict(zip(names, r))) for r in rows]
+
+
+_by_id: dict[str, Any] = {}
+
+
+async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, dict[str, Any]]]:
+    """The pending or delivering rows among ``ids``, read by key, as :func:`scan_heads` returns them."""
+    stmt = _by_id.get(book.dialect)
+    if stmt is None:
+        t = dispatch_outbox
+        if book.dialect == "postgresql":
+            from sqlalchemy.dialects import postgresql
+
+            match: Any = t.c.id == sa.any_(sa.bindparam("b_ids", type_=postgresql.ARRAY(t.c.id.type)))
+        else:
+            match = t.c.id.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam("b_ids"))))
+        stmt = _by_id[book.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(ACTIVE, match)
+    names = [c.name for c in _columns()] + list(_HEAD)
+    async with book.read() as conn:
+        db = await driver(conn)
+        rows = await db.fetch(stmt, {"b_ids": ids if db.postgresql else dumps(ids)})
+    return [_with_head(dict(zip(names, r))) for r in rows]
+
+
+def _with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
+    candidate = Candidate(
+        dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
+        expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),
+        kind=row["kind"], deliver_to=row["deliver_to"], payload=row["payload"],
+    )
+    return candidate, row
 
 
 async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = False) -> list[Candidate]:

@@ -45,7 +45,7 @@ from .errors import DispatchInvalid
 from .transport import ArgvTransport, Transport, TransportResult
 
 __all__ = [
-    "CLAIM_LEASE_SECONDS", "COUNTERS", "Candidate", "Lease", "backoff_seconds", "claim", "claim_due",
+    "CLAIM_LEASE_SECONDS", "COUNTERS", "Candidate", "Lease", "backoff_seconds", "claim", "claim_due", "claim_offered",
     "deliver_due_dispatches", "execute", "expire", "finalize", "finalize_all", "next_due", "run_leases", "scan",
     "settle",
 ]
@@ -153,6 +153,42 @@ async def claim_due(
                 seen[candidate.dispatch_id] = row
         # The scan locked and read these rows in this transaction: no second read.
         outcomes = await apply_many(tx, [command for command, _ in planned], lock="skip_locked", seen=seen)
+    for (_, what), outcome in zip(planned, outcomes, strict=True):
+        if not outcome.applied:
+            continue
+        if isinstance(what, Lease):
+            leases.append(replace(what, version=outcome.version, fact_id=outcome.fact_id, chain_hash=outcome.chain_hash))
+            counts["attempted"] += 1
+        else:
+            counts[what] += 1
+    return leases, counts
+
+
+async def claim_offered(
+    book: Book, offered: list[tuple[Candidate, dict[str, Any]]], *, now: float, actor: Actor = DELIVERY_ACTOR
+) -> tuple[list[Lease], dict[str, int]]:
+    """Settle or claim rows the caller already read (an offer, see :mod:`.offers`) without scanning.
+
+    Each is the usual guarded transition, compared against the row as given (``apply_many(seen=)``);
+    a row that changed since is a lost race. On PostgreSQL, with an unbound book and only claims,
+    that is ONE statement. Counts as :func:`claim_due` does.
+    """
+    counts = dict.fromkeys(COUNTERS, 0)
+    planned: list[tuple[Any, str | Lease]] = []
+    seen: dict[str, dict[str, Any]] = {}
+    for candidate, head in offered:
+        if candidate.dispatch_id in seen:
+            continue
+        settling = settle_command(candidate, now, actor)
+        claiming = None if settling else claim_command(candidate, now, actor)
+        if settling or claiming:
+            planned.append(settling or claiming)  # type: ignore[arg-type]
+            seen[candidate.dispatch_id] = head
+    leases: list[Lease] = []
+    if not planned:
+        return leases, counts
+    async with _write_serializer(book):
+        outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
     for (_, what), outcome in zip(planned, outcomes, strict=True):
         if not outcome.applied:
             continue

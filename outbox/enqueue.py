@@ -18,6 +18,7 @@ from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_m
 from statebook.lifecycle.codec import new_id
 
 from .errors import DispatchInvalid
+from .offers import offer_created
 from .policy import NOTIFY_CHANNEL
 from .schema import dispatch_outbox
 from .signal import dispatch_envelope
@@ -128,8 +129,21 @@ def _reason(kind: str) -> Reason:
     return Reason("dispatch.pending.enqueued", f"enqueued kind={kind}")
 
 
-async def _enqueue_one(tx: Book, args: dict[str, Any]) -> tuple[str, bool]:
-    """Insert one dispatch in ``tx``; returns (id, created)."""
+_payload_text: dict[str, Any] = {}
+
+
+def _stored_payload(book: Book, payload: Any) -> str:
+    """The text the payload column stores for ``payload`` (its bind processor on this dialect)."""
+    dialect = book.engine.dialect
+    process = _payload_text.get(dialect.name)
+    if process is None:
+        process = _payload_text[dialect.name] = dispatch_outbox.c.payload.type.dialect_impl(dialect).bind_processor(dialect)
+    return process(payload)
+
+
+async def _enqueue_one(tx: Book, args: dict[str, Any], *, offer: bool = False) -> tuple[str, bool]:
+    """Insert one dispatch in ``tx``; returns (id, created). With ``offer`` (an unbound book, so the
+    insert has committed) the new row is offered to an idle worker of this process."""
     dedup_key = args["dedup_key"]
     for _ in range(_DEDUP_RETRIES):
         if dedup_key is not None:
@@ -142,6 +156,8 @@ async def _enqueue_one(tx: Book, args: dict[str, Any]) -> tuple[str, bool]:
             if_absent=True, fresh_id=True,
         )
         if outcome.applied:
+            if offer and outcome.row is not None:
+                offer_created(tx, outcome.row, _stored_payload(tx, outcome.row["payload"]))
             return values["id"], True
         # With a key: another producer committed it after our first look (on PostgreSQL our insert
         # waited for that commit), and a fresh statement now sees its id. Without one: an id
@@ -231,7 +247,7 @@ async def enqueue_dispatch(
     args["body"] = _validate(**args)
     if dedup_key is None and book.conn is None:
         # No dedup lookup: the create is the only statement (on PostgreSQL one autocommit round trip).
-        dispatch_id, _ = await _enqueue_one(book, args)
+        dispatch_id, _ = await _enqueue_one(book, args, offer=True)
         return dispatch_id
     async with book.begin() as tx:
         dispatch_id, _ = await _enqueue_one(tx, args)  # the creation statement NOTIFYs on PostgreSQL

@@ -22,7 +22,9 @@ from typing import Any
 from statebook.lifecycle import Actor, Book
 
 from .admin import apply_retention
-from .delivery import COUNTERS, DELIVERY_ACTOR, deliver_due_dispatches, next_due
+from .attempts import Candidate, read_candidates
+from .delivery import COUNTERS, DELIVERY_ACTOR, claim_offered, deliver_due_dispatches, next_due, run_leases
+from .offers import offered_id, subscribe, unsubscribe
 from .errors import DispatchInvalid
 from .transport import Transport
 
@@ -78,6 +80,7 @@ class DeliveryWorker:
         self.idle = asyncio.Event()
         """Set while the worker sleeps between passes (tests wait on it)."""
         self._wake = asyncio.Event()
+        self._offered: dict[str, tuple[Candidate, dict[str, Any]] | None] = {}
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._next_retention: float | None = None
@@ -98,6 +101,15 @@ class DeliveryWorker:
         self._stopping = True
         self.wake()
 
+    def _take(self, dispatch_id: str, hint: tuple[Candidate, dict[str, Any]] | None) -> bool:
+        """Accept an offer (see :mod:`.offers`) while idle: the next pass claims it without a scan."""
+        if not self.idle.is_set() or len(self._offered) >= self.batch_size:
+            return False
+        if hint is not None or dispatch_id not in self._offered:
+            self._offered[dispatch_id] = hint
+        self.wake()
+        return True
+
     def _on_commit(self, entity_type: str) -> None:
         if entity_type == "dispatch":
             self.wakeups += 1
@@ -113,6 +125,24 @@ class DeliveryWorker:
         for key, value in counts.items():
             self.totals[key] += value
         await self._retention_if_due()
+        self.passes += 1
+        return counts
+
+    async def run_offered(self, offered: dict[str, tuple[Candidate, dict[str, Any]] | None]) -> dict[str, int]:
+        """Claim and deliver offered dispatches (read by key when the offer named only an id)."""
+        hinted = [hint for hint in offered.values() if hint is not None]
+        named = [dispatch_id for dispatch_id, hint in offered.items() if hint is None]
+        if named:
+            hinted += await read_candidates(self._own, named)
+        now = self.book.clock.now
+        leases, counts = await claim_offered(self._own, hinted, now=now(), actor=self.actor)
+        if leases:
+            ran = await run_leases(self._own, leases, self.transport, concurrency=self.concurrency, now=now,
+                                   actor=self.actor)
+            for key in ("delivered", "dead_letter", "retried"):
+                counts[key] += ran[key]
+        for key, value in counts.items():
+            self.totals[key] += value
         self.passes += 1
         return counts
 
@@ -149,9 +179,11 @@ class DeliveryWorker:
 
     async def _listen(self, source: AsyncIterable[Any]) -> None:
         try:
-            async for _ in source:
+            async for payload in source:
                 self.wakeups += 1
-                self.wake()
+                dispatch_id = offered_id(payload)
+                if dispatch_id is None or not self._take(dispatch_id, None):
+                    self.wake()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -161,14 +193,16 @@ class DeliveryWorker:
         """Deliver until :meth:`stop`; a failing pass is logged and retried after a pause."""
         self._loop = asyncio.get_running_loop()
         self.book.on_commit.append(self._on_commit)
+        subscribe(self.book, self._take)
         listener = asyncio.ensure_future(self._listen(self.extra_wakeups)) if self.extra_wakeups else None
         try:
             while not self._stopping:
                 self._wake.clear()
                 self.idle.clear()
                 counts: dict[str, int] | None
+                offered, self._offered = self._offered, {}
                 try:
-                    counts = await self.run_once()
+                    counts = await (self.run_offered(offered) if offered else self.run_once())
                 except Exception:
                     log.exception("delivery pass failed")
                     counts = None
@@ -186,6 +220,7 @@ class DeliveryWorker:
                     await asyncio.wait_for(self._wake.wait(), delay)
         finally:
             self.idle.clear()
+            unsubscribe(self.book, self._take)
             with contextlib.suppress(ValueError):
                 self.book.on_commit.remove(self._on_commit)
             if listener is not None:

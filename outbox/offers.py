@@ -1,0 +1,68 @@
+"""Offers: dispatches an idle worker may claim without scanning for them.
+
+A worker that is idle has delivered everything due, so a dispatch enqueued now is the next one it
+would claim anyway. Two sources tell it which:
+
+- an enqueue in the same process (:func:`offer_created`) hands over the row it just committed —
+  status, due time, attempt and chain head — so the claim is ONE statement, no read;
+- a PostgreSQL ``NOTIFY`` names the id (the creation statement sends it), so the worker reads
+  that row by key instead of scanning the due index.
+
+An offer only saves a read: the claim is the usual compare-and-set against the row, so a row that
+moved meanwhile (another worker claimed it, an operator purged it) is a lost race, nothing more.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from statebook.lifecycle import Book
+
+from .attempts import Candidate
+
+Take = Callable[[str, "tuple[Candidate, dict[str, Any]] | None"], bool]
+"""A worker's intake: (dispatch id, candidate and chain head or None) -> accepted."""
+
+_takers: weakref.WeakKeyDictionary[Any, list[Take]] = weakref.WeakKeyDictionary()
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+def subscribe(book: Book, take: Take) -> None:
+    _takers.setdefault(book.engine.sync_engine, []).append(take)
+
+
+def unsubscribe(book: Book, take: Take) -> None:
+    takers = _takers.get(book.engine.sync_engine, [])
+    if take in takers:
+        takers.remove(take)
+
+
+def offered_id(payload: Any) -> str | None:
+    """The dispatch id a NOTIFY payload names, if it names one."""
+    return payload if isinstance(payload, str) and _HEX32.fullmatch(payload) else None
+
+
+def candidate_of(row: Mapping[str, Any], payload_text: str) -> tuple[Candidate, dict[str, Any]]:
+    """A committed row as a scan would read it, and its lifecycle columns for ``apply_many(seen=)``."""
+    candidate = Candidate(
+        dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
+        expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),
+        kind=row["kind"], deliver_to=row["deliver_to"], payload=payload_text,
+    )
+    head = {k: row.get(k) for k in ("id", "status", "version", "last_fact_id", "chain_hash", "attempt",
+                                    "next_attempt_at", "claim_id")}
+    return candidate, head
+
+
+def offer_created(book: Book, row: Mapping[str, Any], payload_text: str) -> None:
+    """Offer a dispatch this process just committed to an idle worker on the same database."""
+    takers = _takers.get(book.engine.sync_engine)
+    if not takers:
+        return
+    hint = candidate_of(row, payload_text)
+    for take in takers:
+        if take(row["id"], hint):
+            return
