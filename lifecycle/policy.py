@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import sqlalchemy as sa
 
@@ -107,6 +107,7 @@ class Lifecycle:
         set_(self, "_index", MappingProxyType({(e.source, e.target): e for e in self.edges}))
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         set_(self, "_fingerprint", hashlib.sha256(text.encode()).hexdigest()[:16])
+        set_(self, "_allowed", set())  # command shapes check_command accepted (it is a pure function of them)
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -194,6 +195,19 @@ class Lifecycle:
         reason_code: str,
     ) -> None:
         """Refuse, with the rule's name, a command this policy forbids from any expected status."""
+        sources, patch, guard = tuple(sources), tuple(patch), tuple(guard)
+        shape = (sources, target, actor_type, patch, guard, reason_code)
+        allowed: set[Any] = self._allowed  # type: ignore[attr-defined]
+        if shape in allowed:
+            return
+        self._check_command(sources, target, actor_type=actor_type, patch=patch, guard=guard, reason_code=reason_code)
+        if len(allowed) < 4096:
+            allowed.add(shape)
+
+    def _check_command(
+        self, sources: tuple[str, ...], target: str, *, actor_type: str, patch: tuple[str, ...],
+        guard: tuple[str, ...], reason_code: str,
+    ) -> None:
         self.check_reason(reason_code)
         for status in (target, *sources):
             if status not in self.statuses:
