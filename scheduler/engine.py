@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Book, Clock, Reason, transition
 
 from . import admission as gates
+from . import evaluation
 from .execution import Executor, Spawner
 from .occurrence import claim, exhaust
 from .polling import GithubPolling, Poller
@@ -72,7 +73,7 @@ class SchedulerEngine:
         self.fire_tasks: set[asyncio.Task[Any]] = set()
         self.deferrals: dict[str, int] = {}
         self.next_due: float | None = None
-        self.stats = {"ticks": 0, "fired": 0, "skipped": 0, "deferred": 0, "errors": 0}
+        self.stats = {"ticks": 0, "fired": 0, "skipped": 0, "deferred": 0, "errors": 0, "fallbacks": 0}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[Any] | None = None
         self._last_reap: float | None = None
@@ -247,57 +248,84 @@ class SchedulerEngine:
                 .order_by(s.c.next_fire_at, s.c.id).limit(limit))
 
     async def evaluate(self, now: float) -> int:
-        """Consider every due active schedule once; returns how many were considered."""
+        """Consider every due active schedule once; returns how many were considered.
+
+        Timed schedules are considered together (:meth:`consider_many`: one transaction for all their
+        claims and runs); a github_poll schedule alone, in its place in due order (its poll is an
+        HTTP call, never inside a transaction). Fires launch once their claims are committed and the
+        evaluation has nothing left to read."""
         self._deferred_now = False
         if not await self._leading():
             return 0
         async with reading(self.book) as conn:
             due = [dict(r._mapping) for r in await conn.execute(self._active_due(now))]
-        for row in due:
-            await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
-        async with reading(self.book) as conn:
-            self.next_due = (await conn.execute(
-                sa.select(sa.func.min(schedules.c.next_fire_at)).where(schedules.c.status == "active")
-            )).scalar()
+        timed: list[dict[str, Any]] = []
+        decided: list[evaluation.Decision] = []
+        try:
+            for row in due:
+                if row["trigger_type"] != "github_poll":
+                    timed.append(row)
+                    continue
+                decided += await self._decide_timed(timed, now)
+                started, decided, timed = decided, [], []
+                self._start(started)
+                await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
+            decided += await self._decide_timed(timed, now)
+            async with reading(self.book) as conn:
+                self.next_due = (await conn.execute(
+                    sa.select(sa.func.min(schedules.c.next_fire_at)).where(schedules.c.status == "active")
+                )).scalar()
+        finally:
+            self._start(decided)
         return len(due)
+
+    async def _decide_timed(self, rows: list[dict[str, Any]], now: float) -> list[evaluation.Decision]:
+        """Committed decisions for due timed schedules, not yet started; after a failure of the set,
+        each schedule alone (isolated, started at once)."""
+        if len(rows) > 1:
+            try:
+                return await self._decide_and_write(rows, now)
+            except Exception:  # noqa: BLE001 - nothing was written; each schedule alone, isolated
+                self.stats["fallbacks"] += 1
+                log.warning("evaluating %d due schedules together failed; one by one", len(rows), exc_info=True)
+        for row in rows:
+            await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
+        return []
 
     async def consider(self, s: dict[str, Any], now: float) -> str:
         """The gates in the seed's order for one due schedule; returns what happened."""
-        due = s["next_fire_at"]
-        nxt = following(s, due, now, self.cfg.timezone)
-        context: dict[str, Any] = {"trigger": s["trigger_type"], "occurrence_at": due, "schedule": s["name"]}
-        extra: dict[str, Any] = {}
         if s["trigger_type"] == "github_poll":
-            return await self.polling.poll(s, due, nxt, context)  # S13
-        cfg = s.get("threshold_config")
-        if cfg:
-            value = await gates.metric_value(self.book, cfg, now, exclude_schedule=s["id"])
-            if not gates.breached(cfg, value):
-                return await self._advance(s, due, nxt, "schedule.active.threshold_ok", f"{cfg['metric']}={value:g} within bounds")
-            if gates.in_cooldown(cfg, s.get("last_alert_at"), now):
-                return await self._advance(s, due, nxt, "schedule.active.threshold_cooldown", f"{cfg['metric']}={value:g} breached in cooldown")
-            context.update(metric=cfg["metric"], value=value, threshold=cfg["value"])
-            extra["last_alert_at"] = now
-        if s["overlap_policy"] == "skip" and await gates.has_running(self.book, s["id"]):
-            async with writing(self.book) as tx:
-                out = await claim(tx, s, due, nxt, fired=False, reason=Reason(
-                    "schedule.active.skipped_overlap", "previous run still running"))
-                if out.applied:
-                    await open_run(tx, s, status="skipped", context=context, daemon_id=self.daemon_id,
-                                   occurrence_at=due, reason=Reason(
-                                       "schedule_run.skipped.overlap", "a run of this schedule is still running"))
-            self.stats["skipped"] += out.applied
-            return "skipped_overlap"
-        over = await self._over_budget(s)
-        if over:
-            await exhaust(self.book, s, "schedule.exhausted.budget", over)
-            return "exhausted_budget"
-        if s.get("max_runs") is not None and await gates.top_level_runs(self.book, s["id"]) >= s["max_runs"]:
-            await exhaust(self.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
-            return "exhausted_max_runs"
-        return await self.fire_in_slot(
-            s, due, context, lambda: self._claim_and_open(s, due, nxt, context, extra, "schedule_run.running.fired")
-        )
+            due = s["next_fire_at"]
+            context = {"trigger": s["trigger_type"], "occurrence_at": due, "schedule": s["name"]}
+            return await self.polling.poll(s, due, following(s, due, now, self.cfg.timezone), context)  # S13
+        return (await self.consider_many([s], now))[0]
+
+    async def consider_many(self, due: list[dict[str, Any]], now: float) -> list[str]:
+        """:meth:`consider` for due timed schedules (distinct, as read by the due query, in due order)
+        in ONE transaction (scheduler/evaluation.py), then launch the fires. Returns what happened to
+        each. On an error nothing is written, no slot stays taken and the error propagates."""
+        decisions = await self._decide_and_write(due, now)
+        self._start(decisions)
+        return [d.outcome for d in decisions]
+
+    async def _decide_and_write(self, due: list[dict[str, Any]], now: float) -> list[evaluation.Decision]:
+        return await evaluation.decide_and_write(
+            self.book, due, now, zone=self.cfg.timezone, slots=self.slots, deferrals=self.deferrals,
+            record_every=self.cfg.deferred_record_every, daemon_id=self.daemon_id)
+
+    def _start(self, decisions: list[evaluation.Decision]) -> None:
+        """After the commit: count, remember deferrals and launch the fires (outside any transaction)."""
+        for d in decisions:
+            if d.outcome == "skipped_overlap" and d.run_id is not None:
+                self.stats["skipped"] += 1
+            elif d.outcome == "deferred":
+                self.deferrals[d.schedule["id"]] = d.deferrals or 0
+                self.stats["deferred"] += 1
+                self._deferred_now = True
+            elif d.outcome == "fired" and d.handle is not None and d.run_id is not None:
+                self.deferrals.pop(d.schedule["id"], None)
+                handle, d.handle = d.handle, None
+                self._launch(d.schedule, d.run_id, d.context or {}, handle)
 
     async def fire_in_slot(
         self, s: Mapping[str, Any], due: float, context: Mapping[str, Any],

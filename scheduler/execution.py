@@ -1,4 +1,9 @@
-"""Executing an admitted run: build the launch, spawn, finalize by outcome, then follow-ups inline."""
+"""Executing an admitted run: build the launch, spawn, finalize by outcome, then follow-ups inline.
+
+Runs that end at about the same time are finalized together (:class:`EndingGroups`): one
+transaction for the terminal transitions of every run whose ending was asked for meanwhile, each
+with its notification (S9), as the outbox finalizes deliveries in groups.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,72 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from statebook.lifecycle import Book, Reason
+from statebook.lifecycle import Book, Outcome, Reason
 
 from .chains import child_context, may_continue, overlay_schedule, pick_continuation
 from .launcher import Launch, LaunchRefused, ProcessResult, build_launch, spawn_and_wait
-from .runs import finalize_run, open_run
+from .runs import Ending, finalize_run, finalize_runs, open_run
 
 log = logging.getLogger("statebook.scheduler")
 
 Spawner = Callable[..., Awaitable[ProcessResult]]
+
+
+class EndingGroups:
+    """Finalize runs in groups: an ending asked for while a group is being written joins the next.
+
+    Each group is one :func:`finalize_runs` transaction (a group of one, :func:`finalize_run`); if it
+    fails, its endings are written one by one so one bad ending (say, a notification refused) fails alone. The writer
+    is a task of its own: a caller cancelled while waiting does not interrupt the others' transaction.
+    """
+
+    def __init__(self, book: Book) -> None:
+        self.book = book
+        self._pending: list[tuple[Ending, asyncio.Future[Outcome]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def end(self, ending: Ending) -> Outcome:
+        """The outcome of ``ending`` once its group is committed (``conflict``: another ending won)."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._pending.append((ending, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write(), name="statebook-run-endings")
+        return await future
+
+    async def _write(self) -> None:
+        group: list[tuple[Ending, asyncio.Future[Outcome]]] = []
+        try:
+            await asyncio.sleep(0)  # endings already on their way join the first group
+            while self._pending:
+                group, self._pending = self._pending, []
+                if len(group) == 1:
+                    await self._one_by_one(group)
+                    continue
+                try:
+                    outcomes = await finalize_runs(self.book, [e for e, _ in group])
+                except Exception:  # noqa: BLE001 - nothing of the group was written; one by one below
+                    log.warning("finalizing %d runs together failed; one by one", len(group), exc_info=True)
+                    await self._one_by_one(group)
+                    continue
+                for (_, future), outcome in zip(group, outcomes, strict=True):
+                    if not future.done():
+                        future.set_result(outcome)
+        finally:  # the writer itself was cancelled (the loop is closing): nobody waits forever
+            for _, future in [*group, *self._pending]:
+                if not future.done():
+                    future.cancel()
+
+    async def _one_by_one(self, group: list[tuple[Ending, asyncio.Future[Outcome]]]) -> None:
+        for e, future in group:
+            try:
+                outcome = await finalize_run(self.book, e.run_id, e.target, reason=e.reason, patch=e.patch,
+                                             schedule=e.schedule, actor=e.actor, expected=e.expected)
+            except Exception as exc:  # noqa: BLE001 - the caller sees its own ending's error
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            if not future.done():
+                future.set_result(outcome)
 
 
 class Executor:
@@ -37,6 +99,7 @@ class Executor:
         """run id -> the task executing it (for operator cancellation)."""
         self.pids: dict[str, int] = {}
         self.shutdown_reason: dict[str, str] = {}
+        self.endings = EndingGroups(book)
 
     async def run_chain(self, schedule: Mapping[str, Any], run_id: str, context: Mapping[str, Any]) -> list[str]:
         """Execute ``run_id``, then at most one continuation per step while depth < cap. Returns run ids."""
@@ -117,8 +180,7 @@ class Executor:
         pid = self.pids.pop(run_id, None)
         if pid is not None:
             patch = {**patch, "pid": pid}
-        out = await finalize_run(self.book, run_id, status, reason=Reason(code, summary[:500]), patch=patch,
-                                 schedule=schedule)
+        out = await self.endings.end(Ending(run_id, status, Reason(code, summary[:500]), patch, schedule))
         if out.conflict:
             log.info("run %s was already ended elsewhere (now %s); kept that ending", run_id, out.status)
             return out.status or status

@@ -2,18 +2,25 @@
 
 When the schedule asks to be notified, the terminal transition and the dispatch enqueue share ONE
 transaction and the dispatch's dedup key is the terminal fact's id (S9): a notification exists if
-and only if the run ended, and never twice for one ending.
+and only if the run ended, and never twice for one ending. ``open_runs`` and ``finalize_runs`` are
+the set-based forms (one ``create_many`` / ``apply_many``), with the same rule per run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from statebook.lifecycle import Actor, Book, EntityNotFound, Outcome, Reason, create, transition
+import sqlalchemy as sa
+
+from statebook.lifecycle import (
+    Actor, Book, Command, EntityNotFound, NewEntity, Outcome, Reason, apply_many, create, create_many, transition,
+)
 from statebook.outbox import enqueue_dispatch
 
-from .writes import writing
+from .schema import schedule_runs
+from .writes import reading, writing
 from .store import RUN_TERMINAL, ScheduleError, get_run, get_schedule
 
 SCHEDULER = Actor("system", "scheduler")
@@ -44,21 +51,40 @@ def run_values(schedule: Mapping[str, Any], *, context: Mapping[str, Any], now: 
     }
 
 
+def new_run(schedule: Mapping[str, Any], *, now: float, reason: Reason, status: str = "running",
+            actor: Actor = SCHEDULER, ended: Mapping[str, Any] | None = None, **values: Any) -> NewEntity:
+    """The run row :func:`open_run` inserts, for :func:`open_runs`."""
+    row = run_values(schedule, now=now, **values)
+    if status in RUN_TERMINAL:
+        row["ended_at"] = now
+        row.update(ended or {})
+    return NewEntity(row, status, reason, actor)
+
+
 async def open_run(book: Book, schedule: Mapping[str, Any], *, reason: Reason, status: str = "running",
                    actor: Actor = SCHEDULER, ended: Mapping[str, Any] | None = None, **values: Any) -> str:
     """Insert a run row; a terminal initial status (skipped / failed) also stamps ``ended_at``.
 
     A run created ``failed`` (refused before launch) notifies like any other ending.
     """
-    row = run_values(schedule, now=book.clock.now(), **values)
-    if status in RUN_TERMINAL:
-        row["ended_at"] = book.clock.now()
-        row.update(ended or {})
+    run = new_run(schedule, now=book.clock.now(), reason=reason, status=status, actor=actor, ended=ended, **values)
     async with writing(book) as tx:
-        out = await create(tx, "schedule_run", values=row, status=status, reason=reason, actor=actor)
+        out = await create(tx, "schedule_run", values=run.values, status=status, reason=reason, actor=actor)
         if status in NOTIFIED:
-            await _notify(tx, schedule, out.entity_id, status, out.fact_id or "", reason, row)
+            await _notify(tx, schedule, out.entity_id, status, out.fact_id or "", reason, run.values)
     return out.entity_id
+
+
+async def open_runs(book: Book, runs: Sequence[tuple[Mapping[str, Any], NewEntity]]) -> list[str]:
+    """Insert many runs (each with its schedule, from :func:`new_run`) in one transaction; ids in order."""
+    if not runs:
+        return []
+    async with writing(book) as tx:
+        outs = await create_many(tx, "schedule_run", [run for _, run in runs])
+        for (schedule, run), out in zip(runs, outs, strict=True):
+            if run.status in NOTIFIED:
+                await _notify(tx, schedule, out.entity_id, run.status, out.fact_id or "", run.reason, run.values)
+    return [out.entity_id for out in outs]
 
 
 async def _notify(tx: Book, schedule: Mapping[str, Any], run_id: str, status: str, fact_id: str,
@@ -106,6 +132,48 @@ async def finalize_run(book: Book, run_id: str, target: str, *, reason: Reason, 
             if sched is not None:
                 await _notify(tx, sched, run_id, target, out.fact_id or "", reason, run)
     return out
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One terminal transition for :func:`finalize_runs` (the arguments of :func:`finalize_run`)."""
+
+    run_id: str
+    target: str
+    reason: Reason
+    patch: Mapping[str, Any] = field(default_factory=dict)
+    schedule: Mapping[str, Any] | None = None
+    actor: Actor = SCHEDULER
+    expected: tuple[str, ...] = ("running",)
+
+
+async def finalize_runs(book: Book, endings: Sequence[Ending]) -> list[Outcome]:
+    """:func:`finalize_run` for several distinct runs in ONE transaction (one ``apply_many``), each
+    applied ending with its notification; outcomes in order. Any failure rolls back every ending."""
+    if not endings:
+        return []
+    now = book.clock.now()
+    commands = []
+    for e in endings:
+        full = {"ended_at": now, **e.patch}
+        if "error_detail" in full:
+            full["error_detail"] = _bounded(full["error_detail"])
+        commands.append(Command("schedule_run", e.run_id, e.target, e.reason, e.actor, e.expected, {}, full))
+    async with writing(book) as tx:
+        outs = await apply_many(tx, commands)
+        # Only endings that may notify need the run row (the body) and perhaps the schedule.
+        maybe = [(e, out) for e, out in zip(endings, outs, strict=True)
+                 if out.applied and (e.schedule is None or e.schedule.get("notify"))]
+        if maybe:
+            async with reading(tx) as conn:
+                q = sa.select(schedule_runs).where(schedule_runs.c.id.in_([e.run_id for e, _ in maybe]))
+                rows = {r.id: dict(r._mapping) for r in await conn.execute(q)}
+            for e, out in maybe:
+                run = rows[e.run_id]
+                sched = e.schedule if e.schedule is not None else await _schedule_of(tx, run)
+                if sched is not None:
+                    await _notify(tx, sched, e.run_id, e.target, out.fact_id or "", e.reason, run)
+    return outs
 
 
 async def _schedule_of(book: Book, run: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -442,6 +442,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         mine = sum(1 for rid in snap.running() if snap.runs[rid]["daemon_id"] == self.live.daemon_id)
         assert mine <= self.limit, f"S5: {mine} runs running at once, limit {self.limit}"
         assert self.live.stats["errors"] == 0, f"a scheduler concern failed {self.live.stats['errors']} time(s); see the log"
+        assert self.live.stats["fallbacks"] == 0, "a tick's set of due schedules could not be evaluated together; see the log"
 
     @invariant()
     @guarded
