@@ -22,7 +22,7 @@ from .engine import Command, Outcome, _fact_content, _projection, apply
 from .errors import DuplicateEntity, TransitionRejected
 from .facts import GENESIS, facts_table, insert_values
 from .reasons import Actor, Reason
-from .schema import LIFECYCLE_COLUMNS
+from .schema import data_column_names
 
 _CHUNK = 500
 
@@ -58,7 +58,7 @@ async def create_many(
             chosen_ids.add(data["id"])
         else:
             data["id"] = new_id()
-        unknown = sorted(k for k in data if k not in lc.table.c or k in LIFECYCLE_COLUMNS)
+        unknown = [] if data.keys() <= data_column_names(lc.table) else sorted(data.keys() - data_column_names(lc.table))
         if unknown:
             raise TransitionRejected(f"{entity_type}: {', '.join(unknown)} are not data columns", rule="patch")
         content = _fact_content(

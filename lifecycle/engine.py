@@ -21,7 +21,7 @@ from .errors import DuplicateEntity, EntityNotFound, IdempotencyMismatch, Transi
 from .facts import GENESIS, facts_table, insert_values
 from .policy import Lifecycle
 from .reasons import Actor, Reason
-from .schema import LIFECYCLE_COLUMNS
+from .schema import data_column_names
 from . import statements
 
 _CAS_RETRIES = 8
@@ -175,7 +175,7 @@ async def create(
     chosen = None if fresh_id else entity_id or data.get("id")
     entity_id = entity_id or data.get("id") or new_id()
     data["id"] = entity_id
-    unknown = sorted(k for k in data if k not in lc.table.c or k in LIFECYCLE_COLUMNS)
+    unknown = [] if data.keys() <= data_column_names(lc.table) else sorted(data.keys() - data_column_names(lc.table))
     if unknown:
         raise TransitionRejected(
             f"{entity_type}: {', '.join(unknown)} are not data columns of table {lc.table.name!r}", rule="patch"

@@ -66,3 +66,15 @@ def managed_table(
 def data_columns(table: sa.Table) -> list[str]:
     """The table's columns that are not lifecycle columns (what a creation fact records)."""
     return [c.name for c in table.columns if c.name not in LIFECYCLE_COLUMNS]
+
+
+_data_names: dict[sa.Table, frozenset[str]] = {}
+
+
+def data_column_names(table: sa.Table) -> frozenset[str]:
+    """:func:`data_columns` as a set, computed once per table (checked on every create)."""
+    names = _data_names.get(table)
+    if names is None:
+        names = _data_names[table] = frozenset(data_columns(table))
+    return names
+
