@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from statebook.lifecycle import SYSTEM_CLOCK, Book, Clock, Registry, metadata
 from statebook.lifecycle.book import READ_ONLY_OPTION
+from statebook.lifecycle.codec import dumps
 
 from .errors import ConfigError
 from .registry import builtin_registry
@@ -77,10 +78,15 @@ def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int 
     parsed = make_url(full)
     if parsed.get_backend_name() == "sqlite":
         _prepare_sqlite_file(parsed.database or "", must_exist=must_exist)
-        engine = create_async_engine(full, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+        # No pool reset on return: a Connection rolls back its own open transaction when it closes,
+        # and the driver runs in autocommit mode otherwise, so the reset's ROLLBACK (a thread
+        # hand-off per checkout) has nothing to undo.
+        engine = create_async_engine(
+            full, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000}, json_serializer=dumps, pool_reset_on_return=None
+        )
         _configure_sqlite(engine)
         return engine
-    return create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2)
+    return create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2, json_serializer=dumps)
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:

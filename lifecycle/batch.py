@@ -115,9 +115,9 @@ async def _insert_chunk(
 ) -> set[str]:
     """Insert rows (all with ``columns``) and the facts of those inserted; their ids."""
     if db.postgresql:
-        params = {f"r_{c}": [row[c] for row, _ in pairs] for c in columns}
-        params.update({f"f_{c}": [fact[c] for _, fact in pairs] for c in statements.FACT_COLUMNS})
-        return {r[0] for r in await db.fetch(statements.insert_rows_then_facts(table, columns, if_absent), params)}
+        stmt = statements.insert_rows_then_facts(table, columns, if_absent)
+        params = statements.set_params(stmt, [row for row, _ in pairs], [fact for _, fact in pairs])
+        return {r[0] for r in await db.fetch(stmt.statement, params)}
     await db.executemany(statements.insert_row(db.dialect.name, table, if_absent, columns), [row for row, _ in pairs])
     if if_absent:  # which rows went in: those projecting this batch's creation facts
         mine = await db.fetch(
@@ -262,9 +262,9 @@ async def _update_chunk(
     """Compare-and-set updates of rows sharing guard and column names, plus the facts of the rows
     updated; their ids. (SQLite: only rows read under its write lock come here, see apply_many.)"""
     if db.postgresql:
-        params = {k: [p[k] for p, _ in pairs] for k in pairs[0][0]}
-        params.update({f"f_{c}": [fact[c] for _, fact in pairs] for c in statements.FACT_COLUMNS})
-        return {r[0] for r in await db.fetch(statements.update_many_then_facts(table, guards, columns), params)}
+        stmt = statements.update_many_then_facts(table, guards, columns)
+        params = statements.set_params(stmt, [p for p, _ in pairs], [fact for _, fact in pairs])
+        return {r[0] for r in await db.fetch(stmt.statement, params)}
     before = db.raw.total_changes
     await db.executemany(statements.update_if_unchanged_one(table, guards, columns), [p for p, _ in pairs])
     if db.raw.total_changes - before != len(pairs):

@@ -8,11 +8,13 @@ cache is hit without regenerating cache keys.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from .codec import dumps
 from .facts import HASHED_FIELDS, facts_table
 
 S = TypeVar("S")
@@ -131,9 +133,35 @@ def fact_by_key() -> Any:
     )
 
 
-# -- PostgreSQL set-based shapes: one statement per batch, columns passed as arrays (unnest) ----
+# -- PostgreSQL set-based shapes: one statement per batch ------------------------------------------
+#
+# A batch's rows travel as ONE JSON document read with json_to_recordset (one parameter, encoded
+# by the C JSON encoder) when every column is a JSON-safe type; otherwise as one array per column
+# (unnest), each element through its column type's bind processor.
+
 def _pg_type(column: sa.Column[Any]) -> str:
     return column.type.compile(dialect=postgresql.dialect())
+
+
+def _json_safe(column: sa.Column[Any]) -> bool:
+    """Values of this column type survive a JSON round trip exactly (str, int, float, bool, JSON)."""
+    t = column.type
+    if isinstance(t, sa.Enum):
+        return False
+    if isinstance(t, sa.Float):
+        return not t.asdecimal
+    return isinstance(t, (sa.String, sa.Integer, sa.Boolean, sa.JSON)) and not isinstance(t, sa.Numeric)
+
+
+class _Records(sa.types.TypeDecorator[list[Any]]):
+    """A list of row dicts sent as one canonical JSON document (nested JSON values keep their
+    canonical text in the ``json`` columns they land in)."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return dumps(value)
 
 
 class _JSONArray(sa.types.TypeDecorator[list[Any]]):
@@ -152,78 +180,107 @@ class _JSONArray(sa.types.TypeDecorator[list[Any]]):
         return [item(v) for v in value] if item is not None else value
 
 
-def _arrays(prefix: str, columns: list[sa.Column[Any]]) -> tuple[str, list[sa.BindParameter[Any]]]:
-    """``unnest(CAST(:p_a AS T[]), ...)`` text and its typed array bind parameters."""
+@dataclass(frozen=True)
+class SetStatement:
+    """A set-based statement and how its rows are passed: ``records`` -> parameters ``rows`` and
+    ``facts``, each a list of dicts; otherwise ``<prefix><column>`` lists (see :func:`set_params`)."""
+
+    statement: Any
+    records: bool
+    row_prefix: str
+
+
+def set_params(stmt: SetStatement, rows: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
+    if stmt.records:
+        return {"rows": rows, "facts": facts}
+    params = {f"{stmt.row_prefix}{k}": [r[k] for r in rows] for k in rows[0]}
+    params.update({f"f_{c}": [f[c] for f in facts] for c in FACT_COLUMNS})
+    return params
+
+
+def _source(param: str, alias: str, columns: list[sa.Column[Any]], records: bool) -> tuple[str, list[Any]]:
+    """``<set> AS alias(columns)`` text and its bind parameters."""
+    names = ", ".join(_q(c.name) for c in columns)
+    if records:
+        typed = ", ".join(f"{_q(c.name)} {_pg_type(c)}" for c in columns)
+        return (f"json_to_recordset(CAST(:{param} AS JSON)) AS {alias}({typed})",
+                [sa.bindparam(param, type_=_Records())])
     parts, binds = [], []
     for c in columns:
-        name = f"{prefix}{c.name}"
+        name = f"{param}{c.name}"
         if isinstance(c.type, sa.JSON):
             parts.append(f"CAST(CAST(:{name} AS TEXT[]) AS {_pg_type(c)}[])")
             binds.append(sa.bindparam(name, type_=_JSONArray()))
         else:
             parts.append(f"CAST(:{name} AS {_pg_type(c)}[])")
             binds.append(sa.bindparam(name, type_=postgresql.ARRAY(c.type)))
-    return f"unnest({', '.join(parts)})", binds
+    return f"unnest({', '.join(parts)}) AS {alias}({names})", binds
 
 
 def _q(name: str) -> str:
     return postgresql.dialect().identifier_preparer.quote(name)
 
 
-def insert_rows_then_facts(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> Any:
+def _facts_from(joined: str) -> tuple[str, list[Any]]:
+    facts_sql, binds = _source("facts", "f", [facts_table.c[c] for c in FACT_COLUMNS], records=True)
+    fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
+    return (
+        f"INSERT INTO status_transitions ({fcols}) "
+        f"SELECT {', '.join('f.' + _q(c) for c in FACT_COLUMNS)} FROM {facts_sql} "
+        f"JOIN {joined} ON {joined}.id = f.entity_id RETURNING entity_id",
+        binds,
+    )
+
+
+def insert_rows_then_facts(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> SetStatement:
     """PostgreSQL: insert many rows and, for each row actually inserted, its creation fact.
 
-    Parameters: ``r_<column>`` and ``f_<fact column>``, each a list (one element per row). Returns
-    the ids of the rows inserted (a row ``if_absent`` skipped gets no fact).
+    Returns the ids of the rows inserted (a row ``if_absent`` skipped gets no fact). Parameters:
+    :func:`set_params` with the rows' column values and the facts' values.
     """
 
-    def build() -> Any:
-        rows_sql, row_binds = _arrays("r_", [table.c[c] for c in columns])
-        facts_sql, fact_binds = _arrays("f_", [facts_table.c[c] for c in FACT_COLUMNS])
-        cols = ", ".join(_q(c) for c in columns)
-        fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
+    def build() -> SetStatement:
+        cols = [table.c[c] for c in columns]
+        records = all(_json_safe(c) for c in cols)
+        rows_sql, row_binds = _source("rows" if records else "r_", "r", cols, records)
+        facts_sql, fact_binds = _facts_from("new_rows")
+        names = ", ".join(_q(c) for c in columns)
         conflict = " ON CONFLICT DO NOTHING" if if_absent else ""
         sql = (
-            f"WITH new_rows AS (INSERT INTO {_q(table.name)} ({cols}) SELECT * FROM {rows_sql}{conflict} "
-            f"RETURNING {_q('id')}) "
-            f"INSERT INTO status_transitions ({fcols}) "
-            f"SELECT {', '.join('f.' + _q(c) for c in FACT_COLUMNS)} FROM {facts_sql} AS f({fcols}) "
-            f"JOIN new_rows ON new_rows.id = f.entity_id RETURNING entity_id"
+            f"WITH new_rows AS (INSERT INTO {_q(table.name)} ({names}) "
+            f"SELECT {', '.join('r.' + _q(c) for c in columns)} FROM {rows_sql}{conflict} RETURNING {_q('id')}) "
+            f"{facts_sql}"
         )
-        return sa.text(sql).bindparams(*row_binds, *fact_binds)
+        return SetStatement(sa.text(sql).bindparams(*row_binds, *fact_binds), records, "r_")
 
     return _cached(("pg_insert_many", table, columns, if_absent), build)
 
 
-def update_many_then_facts(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+def update_many_then_facts(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> SetStatement:
     """PostgreSQL: per-row compare-and-set updates and, for each row updated, its fact — one statement.
 
-    Parameters (lists, one element per row): ``b_id``, ``b_version``, ``b_status``, ``b_<guard>``,
-    ``n_<column>`` and ``f_<fact column>``. Returns the ids of the rows updated.
+    Row keys: ``b_id``, ``b_version``, ``b_status``, ``b_<guard>`` and ``n_<column>`` (see
+    :func:`set_params`). Returns the ids of the rows updated.
     """
 
-    def build() -> Any:
+    def build() -> SetStatement:
         keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
                 sa.Column("b_status", table.c.status.type)]
         keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
         news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
-        values_sql, value_binds = _arrays("", [*keys, *news])
-        facts_sql, fact_binds = _arrays("f_", [facts_table.c[c] for c in FACT_COLUMNS])
-        names = ", ".join(_q(c.name) for c in (*keys, *news))
+        records = all(_json_safe(c) for c in (*keys, *news))
+        values_sql, value_binds = _source("rows" if records else "", "v", [*keys, *news], records)
+        facts_sql, fact_binds = _facts_from("updated")
         where = " AND ".join(
             ["t.id = v.b_id", "t.version = v.b_version", "t.status = v.b_status"]
             + [f"t.{_q(g)} IS NOT DISTINCT FROM v.{_q('b_' + g)}" for g in guards]
         )
         sets = ", ".join(f"{_q(c)} = v.{_q('n_' + c)}" for c in columns)
-        fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
         sql = (
-            f"WITH updated AS (UPDATE {_q(table.name)} AS t SET {sets} FROM {values_sql} AS v({names}) "
-            f"WHERE {where} RETURNING t.id) "
-            f"INSERT INTO status_transitions ({fcols}) "
-            f"SELECT {', '.join('f.' + _q(c) for c in FACT_COLUMNS)} FROM {facts_sql} AS f({fcols}) "
-            f"JOIN updated ON updated.id = f.entity_id RETURNING entity_id"
+            f"WITH updated AS (UPDATE {_q(table.name)} AS t SET {sets} FROM {values_sql} "
+            f"WHERE {where} RETURNING t.id) {facts_sql}"
         )
-        return sa.text(sql).bindparams(*value_binds, *fact_binds)
+        return SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), records, "")
 
     return _cached(("pg_update_many", table, guards, columns), build)
 

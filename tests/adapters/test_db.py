@@ -78,3 +78,28 @@ async def test_schema_version_is_recorded_once(tmp_path):
             versions = (await conn.execute(sa.text("SELECT version FROM statebook_schema"))).scalars().all()
         await book.engine.dispose()
     assert versions == [1]
+
+
+async def test_sqlite_connections_return_to_the_pool_outside_any_transaction(tmp_path):
+    """SQLite engines skip the pool's reset ROLLBACK: every way a unit of work ends (commit, an
+    error, a read) must still hand the connection back with no transaction open."""
+    engine = connect(f"sqlite:///{tmp_path / 'pool.db'}", pool_size=1)
+    try:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+        for n in range(3):
+            with pytest.raises(RuntimeError):
+                async with engine.begin() as conn:
+                    await conn.exec_driver_sql(f"INSERT INTO t VALUES ({n})")
+                    raise RuntimeError("the caller fails mid-transaction")
+            async with engine.connect() as conn:  # a read, closed without commit
+                await conn.exec_driver_sql("SELECT count(*) FROM t")
+            fairy = await engine.raw_connection()  # the pool's one connection
+            try:
+                assert fairy.driver_connection.in_transaction is False
+            finally:
+                fairy.close()
+        async with engine.connect() as conn:
+            assert (await conn.exec_driver_sql("SELECT count(*) FROM t")).scalar() == 0
+    finally:
+        await engine.dispose()
