@@ -5,16 +5,37 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def dumps(value: Any) -> str:
     """Canonical JSON: sorted keys, no spaces, no NaN. Equal values give equal text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def loads(text: str | bytes | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def _tree_encoder() -> Callable[[Any], str]:
+    try:
+        from _json import make_encoder  # the C encoder json.dumps itself uses
+    except ImportError:  # pragma: no cover - CPython always has it
+        return dumps
+
+    def refuse(value: Any) -> Any:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+    encode = make_encoder(None, refuse, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+    return lambda values: "".join(encode(values, 0))
+
+
+dumps_tree: Callable[[Any], str] = _tree_encoder()
+""":func:`dumps` without the cycle check, for values that cannot hold a cycle (decoded JSON, a row's
+values): the same text, a little faster for callers that encode many values."""
 
 
 def new_id() -> str:
@@ -23,8 +44,6 @@ def new_id() -> str:
 
 
 def digest(*parts: str) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\x1f")
-    return h.hexdigest()
+    """SHA-256 (hex) of the parts, each followed by ``\\x1f``, as UTF-8."""
+    text = "\x1f".join(parts)
+    return hashlib.sha256((f"{text}\x1f" if parts else text).encode()).hexdigest()

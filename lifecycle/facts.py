@@ -7,12 +7,13 @@ previous hash, so editing or deleting a fact breaks the chain visibly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from .codec import digest, dumps
+from .codec import digest, dumps, dumps_tree, loads
 from .schema import metadata
 
 GENESIS = ""
@@ -74,6 +75,11 @@ HASHED_FIELDS = (
     "reason_summary", "evidence_refs", "actor_type", "actor_id", "at", "patch", "metadata", "idempotency_key",
     "command_digest", "policy_fingerprint",
 )
+JSON_FIELDS = ("evidence_refs", "patch", "metadata")
+"""Hashed fields holding JSON values; they are stored as their canonical text (``codec.dumps``)."""
+SCALAR_FIELDS = tuple(k for k in HASHED_FIELDS if k not in JSON_FIELDS)
+STORED_FIELDS = (*SCALAR_FIELDS, *JSON_FIELDS, "prev_hash", "hash")
+"""A fact's columns in the order :func:`fact_hash` reads them (see :meth:`Fact.from_stored`)."""
 
 
 @dataclass(frozen=True)
@@ -122,10 +128,32 @@ class Fact:
         m = row._mapping
         return cls(**{k: m[k] for k in cls.__dataclass_fields__})
 
+    @classmethod
+    def from_stored(cls, values: Sequence[Any]) -> Fact:
+        """A fact from its ``STORED_FIELDS`` values as the driver returns them (JSON fields as text)."""
+        return cls(**{k: decoded(v) if k in JSON_FIELDS else v for k, v in zip(STORED_FIELDS, values)})
 
-def fact_hash(content: dict[str, Any], prev_hash: str) -> str:
-    """The chain hash of a fact: covers its content and the previous fact's hash."""
-    return digest(prev_hash, dumps(content))
+
+def decoded(value: Any) -> Any:
+    """A JSON column's stored text decoded; text that is not JSON stays text (it then fails a check)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return loads(value)
+    except ValueError:
+        return value
+
+
+def fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
+    """The chain hash of a fact: covers its content and the previous fact's hash.
+
+    The digest of: the previous hash, the canonical JSON array of the ``SCALAR_FIELDS``, and the
+    canonical text of each of the ``JSON_FIELDS`` — the text those columns store, so an audit can
+    hash the stored bytes without decoding them. The parts are joined with ``\\x1f``, which
+    canonical JSON never contains unescaped, so no two contents give the same bytes.
+    """
+    scalars = dumps_tree([content[k] for k in SCALAR_FIELDS])  # no container, so no cycle to look for
+    return digest(prev_hash, scalars, *[dumps(content[k]) for k in JSON_FIELDS])
 
 
 def insert_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:

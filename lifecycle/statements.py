@@ -221,12 +221,21 @@ def _q(name: str) -> str:
     return postgresql.dialect().identifier_preparer.quote(name)
 
 
+def _read(alias: str, column: sa.Column[Any], records: bool, name: str | None = None) -> str:
+    """``alias.column`` as the value to store. json_to_recordset turns a JSON ``null`` into SQL NULL;
+    SQLAlchemy stores None in a JSON column as JSON null (unless ``none_as_null``), so map it back."""
+    ref = f"{alias}.{_q(name or column.name)}"
+    if records and isinstance(column.type, sa.JSON) and not column.type.none_as_null:
+        return f"COALESCE({ref}, 'null'::{_pg_type(column)})"
+    return ref
+
+
 def _facts_from(joined: str) -> tuple[str, list[Any]]:
     facts_sql, binds = _source("facts", "f", [facts_table.c[c] for c in FACT_COLUMNS], records=True)
     fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
     return (
         f"INSERT INTO status_transitions ({fcols}) "
-        f"SELECT {', '.join('f.' + _q(c) for c in FACT_COLUMNS)} FROM {facts_sql} "
+        f"SELECT {', '.join(_read('f', facts_table.c[c], True) for c in FACT_COLUMNS)} FROM {facts_sql} "
         f"JOIN {joined} ON {joined}.id = f.entity_id RETURNING entity_id",
         binds,
     )
@@ -248,7 +257,7 @@ def insert_rows_then_facts(table: sa.Table, columns: tuple[str, ...], if_absent:
         conflict = " ON CONFLICT DO NOTHING" if if_absent else ""
         sql = (
             f"WITH new_rows AS (INSERT INTO {_q(table.name)} ({names}) "
-            f"SELECT {', '.join('r.' + _q(c) for c in columns)} FROM {rows_sql}{conflict} RETURNING {_q('id')}) "
+            f"SELECT {', '.join(_read('r', c, records) for c in cols)} FROM {rows_sql}{conflict} RETURNING {_q('id')}) "
             f"{facts_sql}"
         )
         return SetStatement(sa.text(sql).bindparams(*row_binds, *fact_binds), records, "r_")
@@ -275,7 +284,7 @@ def update_many_then_facts(table: sa.Table, guards: tuple[str, ...], columns: tu
             ["t.id = v.b_id", "t.version = v.b_version", "t.status = v.b_status"]
             + [f"t.{_q(g)} IS NOT DISTINCT FROM v.{_q('b_' + g)}" for g in guards]
         )
-        sets = ", ".join(f"{_q(c)} = v.{_q('n_' + c)}" for c in columns)
+        sets = ", ".join(f"{_q(c)} = {_read('v', table.c[c], records, 'n_' + c)}" for c in columns)
         sql = (
             f"WITH updated AS (UPDATE {_q(table.name)} AS t SET {sets} FROM {values_sql} "
             f"WHERE {where} RETURNING t.id) {facts_sql}"

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+
 import pytest
 import sqlalchemy as sa
 
+import statebook.lifecycle.sweep as sweep_module
 from statebook.lifecycle import (
     Book,
+    Command,
     EntityNotFound,
+    NewEntity,
     Reason,
     TransitionRejected,
+    apply_many,
     as_of,
     create,
+    create_many,
     history,
     purge,
     replay,
@@ -19,9 +27,11 @@ from statebook.lifecycle import (
     verify,
 )
 from statebook.lifecycle.facts import GENESIS, fact_hash, facts_table, insert_values
+from statebook.lifecycle.sweep import sweep
 
 from .support import (
     BLOCKED,
+    CREATED,
     FINISHED,
     OPERATOR,
     PURGED,
@@ -52,6 +62,40 @@ async def walked(book: Book, entity_id: str) -> None:
 
 def kinds_for(report, entity_id: str) -> set[str]:
     return {f.kind for f in report.findings if f.entity_id == entity_id}
+
+
+async def all_tasks(book: Book) -> list[sa.Row]:
+    async with book.engine.connect() as conn:
+        return list((await conn.execute(sa.select(tasks).order_by(tasks.c.id))).all())
+
+
+async def damaged(book: Book) -> None:
+    """Clean tasks next to one of every kind of damage verify reports (see the single cases below)."""
+    for n in range(6):
+        await walked(book, f"ok{n}")
+    for entity_id in ("status", "column", "edited", "gap", "gone", "edge", "back"):
+        await walked(book, entity_id)
+    await execute(book, sa.update(tasks).where(tasks.c.id == "status").values(status="done"))
+    await execute(book, sa.update(tasks).where(tasks.c.id == "column").values(attempt=42))
+    edited = (await history(book, "task", "edited"))[1]
+    await execute(book, sa.update(facts_table).where(facts_table.c.id == edited.id).values(reason_summary="no"))
+    middle = (await history(book, "task", "gap"))[1]
+    await execute(book, sa.delete(facts_table).where(facts_table.c.id == middle.id))
+    await execute(book, sa.delete(tasks).where(tasks.c.id == "gone"))
+    last = (await history(book, "task", "edge"))[-1]
+    forged = insert_values({**last.content(), "id": "forged", "prev_fact_id": last.id, "previous_status": "working",
+                            "status": "rejected", "version": last.version + 1, "patch": {}}, last.hash)
+    await execute(book, sa.insert(facts_table).values(forged))
+    await execute(book, sa.update(tasks).where(tasks.c.id == "edge").values(
+        status="rejected", version=forged["version"], last_fact_id="forged", chain_hash=forged["hash"]))
+    await transition(book, "task", "back", "done", expected="working", reason=FINISHED, actor=SYSTEM)
+    saved = await row(book, "back")
+    await purge(book, "task", "back", reason=PURGED, actor=OPERATOR)
+    await execute(book, sa.insert(tasks).values(saved))
+    await execute(book, sa.insert(tasks).values({**saved, "id": "nofacts"}))
+    older = Book(book.engine, task_registry(TASK_CREATED_WORKING), book.clock)
+    await create(older, "task", values=task_values(), status="working", reason=Reason("task.working.started"),
+                 actor=SYSTEM, entity_id="older")
 
 
 class AuditCases:
@@ -251,3 +295,81 @@ class AuditCases:
         await execute(book, sa.insert(tasks).values(saved))
         report = await verify(book)
         assert [(f.kind, f.entity_id) for f in report.findings] == [("purged_row_present", "t1")]
+
+    # -- how verify reads: the screen and the worker processes ------------------------------------
+
+    async def test_histories_the_engine_writes_pass_the_screen(self, book: Book):
+        """L12: verify's fast screen passes every entity the engine wrote (creates, transitions, batches,
+        JSON values, purges), so only damage reaches the full check."""
+        await walked(book, "t1")
+        await new_task(book, "t2", labels={"nested": [1, 2.5, None, "é\n"]}, owner="zoë", score=None)
+        await transition(book, "task", "t2", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        await purge(book, "task", "t2", reason=PURGED, actor=OPERATOR)
+        await create_many(book, "task", [NewEntity(task_values(f"batch {n}"), "open", CREATED, SYSTEM)
+                                         for n in range(3)])
+        ids = [r.id for r in await all_tasks(book) if r.title.startswith("batch")]
+        await apply_many(book, [Command("task", i, "working", STARTED, SYSTEM, ("open",), patch={"attempt": 1})
+                                for i in ids])
+        suspects = []
+        entities, facts, found = await sweep(book, list(book.registry), lambda lc, screen, s: suspects.extend(s) or [])
+        assert (entities, facts, found) == (5, 13, []) and suspects == []
+
+    async def test_json_stored_in_another_spelling_is_not_damage(self, book: Book):
+        """L12: the screen hashes stored JSON text; text with the same value in another spelling fails it,
+        and the full check (on decoded values) then decides: nothing was changed."""
+        await walked(book, "t1")
+        first = (await history(book, "task", "t1"))[0]
+        await execute(book, sa.update(facts_table).where(facts_table.c.id == first.id)
+                      .values(metadata=sa.text("'{ \"source\" : \"suite\" }'")))
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t1").values(labels=sa.text("'[ \"docs\" ]'")))
+        suspects = []
+        await sweep(book, [book.policy("task")], lambda lc, screen, s: suspects.extend(s) or [])
+        assert [s[0] for s in suspects] == ["t1"]
+        assert (await verify(book)).ok
+
+    async def test_every_way_of_reading_finds_the_same(self, book: Book, monkeypatch, caplog):
+        """L12: verify reports the same, in the same order, however it reads: in one range or many, in
+        this process or in worker processes (SQLite files), or inside the caller's transaction."""
+        await damaged(book)
+        whole = await verify(book, processes=0)
+        kinds = {f.kind for f in whole.findings}
+        assert kinds == {"row_mismatch", "hash_mismatch", "broken_chain", "version_gap", "missing_row",
+                         "forbidden_edge", "purged_row_present", "row_without_facts", "edge_not_in_current_policy"}
+        async with book.begin() as tx:
+            assert (await verify(tx, processes=2)).to_json() == whole.to_json()
+        monkeypatch.setattr(sweep_module, "CHUNK_FACTS", 3)
+        seen: list[tuple[int, int]] = []
+        with caplog.at_level(logging.WARNING, logger="statebook.lifecycle"):
+            spread = await verify(book, processes=2, progress=lambda done, total: seen.append((done, total)))
+            assert (await verify(book, processes=0)).to_json() == whole.to_json()
+        assert not caplog.records, "a worker process failed and this process took over"
+        assert spread.to_json() == whole.to_json()
+        assert seen[-1] == (spread.facts, spread.facts)
+
+    async def test_a_file_it_cannot_open_again_is_read_on_the_books_connection(self, book: Book, monkeypatch, caplog):
+        """L12: when verify cannot open a SQLite file on a connection of its own, it reads on the book's."""
+        await damaged(book)
+        expected = (await verify(book, processes=0)).to_json()
+
+        def refuse(*args):
+            raise sqlite3.OperationalError("unable to open database file")
+
+        monkeypatch.setattr(sweep_module, "screen_file", refuse)
+        with caplog.at_level(logging.WARNING, logger="statebook.lifecycle"):
+            assert (await verify(book, processes=0)).to_json() == expected
+        assert ("cannot read" in caplog.text) == (book.dialect == "sqlite")
+
+    async def test_verify_in_a_transaction_sees_its_own_writes(self, book: Book):
+        """L12: given a book bound to a transaction, verify reads inside it (uncommitted writes included)."""
+        await walked(book, "t1")
+
+        class Undo(Exception):
+            pass
+
+        with pytest.raises(Undo):
+            async with book.begin() as tx:
+                await tx.conn.execute(sa.update(tasks).where(tasks.c.id == "t1").values(attempt=7))
+                report = await verify(tx, processes=2)
+                assert [(f.kind, f.entity_id) for f in report.findings] == [("row_mismatch", "t1")]
+                raise Undo
+        assert (await verify(book)).ok

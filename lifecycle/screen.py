@@ -1,0 +1,343 @@
+"""verify's first pass: read facts and rows as stored and pass every entity that is certainly intact.
+
+An entity passes when every fact links to its predecessor, hashes to its stored hash, moves along
+an edge the current policy allows, and the fold of its facts equals its row — the checks of
+``replay.check_entity``, done on the driver's tuples without building a ``Fact`` per fact. The
+hash is computed over the stored text of the JSON columns (``facts.fact_hash`` is defined over
+that text); a patch is decoded only after its fact's hash matched. Anything unexpected — a
+finding, JSON stored in another spelling, a value of an odd type — fails the screen and the entity
+gets the full check, which decides. So the screen may be stricter than the full check, never
+more lenient.
+
+This module imports only the standard library and ``codec``, so it also runs as a script: a
+worker process that screens ranges of a SQLite file for ``verify`` (see :func:`serve`) starts in
+milliseconds, without SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, BinaryIO
+from urllib.parse import quote
+
+if __package__:
+    from .codec import dumps_tree
+else:  # run as a worker script: the package (and SQLAlchemy) is never imported
+    from codec import dumps_tree
+
+BATCH = 4000
+"""Rows fetched per round trip."""
+
+PROJECTION = (
+    ("status", "status"), ("version", "version"), ("updated_at", "at"), ("status_reason_code", "reason_code"),
+    ("status_reason_summary", "reason_summary"), ("last_fact_id", "id"), ("chain_hash", "hash"),
+)
+"""Row column <- fact field, for the columns every fact projects onto its row (fold applies them last)."""
+
+Suspect = tuple[str, list[Sequence[Any]], Sequence[Any] | None]
+"""An entity that failed the screen: its id, its facts and its row as read (the row may be None)."""
+
+_sha256 = hashlib.sha256
+_scan = json.JSONDecoder().scan_once
+
+
+class Screen:
+    """What screening one lifecycle's entities needs, worked out once (plain data, so it pickles).
+
+    ``fields`` names the fact columns in the order they are read: first the scalar fields
+    ``fact_hash`` encodes as one JSON array (``scalars`` of them), then the three JSON fields,
+    ``prev_hash`` and ``hash``. ``moves`` maps each allowed (previous, status) to the actor
+    types that may take it (empty: any).
+    """
+
+    def __init__(
+        self,
+        entity_type: str,
+        fields: Sequence[str],
+        scalars: int,
+        columns: Sequence[str],
+        json_columns: Collection[str],
+        moves: Mapping[tuple[str, str], frozenset[str]],
+        initial: Collection[str],
+    ) -> None:
+        self.spec = (entity_type, tuple(fields), scalars, tuple(columns), tuple(json_columns), dict(moves),
+                     tuple(initial))
+        """The arguments again, as plain data: how a worker process gets the screen."""
+        self.entity_type = entity_type
+        self.fields = tuple(fields)
+        self.scalars = scalars
+        self.columns = tuple(columns)
+        self.json_columns = frozenset(json_columns)
+        self.moves = dict(moves)
+        self.initial = frozenset(initial)
+        at = {name: i for i, name in enumerate(self.fields)}
+        self.entity_at = at["entity_id"]
+        if self.fields[scalars:] != ("evidence_refs", "patch", "metadata", "prev_hash", "hash"):
+            raise ValueError(f"unexpected fact field order {self.fields}")
+        index = {name: i for i, name in enumerate(self.columns)}
+        self.id_index = index["id"]
+        self.projection = tuple((index[col], at[field]) for col, field in PROJECTION if col in index)
+        projected = {col for col, _ in PROJECTION}
+        self.data = {name: (i, name in self.json_columns) for name, i in index.items() if name not in projected}
+        self._at = (at["id"], at["prev_fact_id"], at["previous_status"], at["status"], at["version"],
+                    at["actor_type"])
+        self._allowed: dict[tuple[Any, Any, Any], bool] = {}
+
+    def allowed(self, previous: str | None, status: str | None, actor: str) -> bool:
+        """The move's verdict under the current policy, as ``check_entity`` gives it (memoised)."""
+        key = (previous, status, actor)
+        found = self._allowed.get(key)
+        if found is None:
+            if previous is None:
+                found = status in self.initial
+            elif status is None:
+                found = True  # a tombstone may follow any status
+            else:
+                actors = self.moves.get((previous, status))
+                found = actors is not None and (not actors or actor in actors)
+            self._allowed[key] = found
+        return found
+
+    def passes(self, facts: Sequence[Sequence[Any]], row: Sequence[Any] | None) -> bool:
+        """True when the entity is certainly intact; False sends it to the full check."""
+        ID, PREV_ID, PREVIOUS, STATUS, VERSION, ACTOR = self._at
+        n = self.scalars
+        evidence, patch_at, metadata, prev_hash_at, hash_at = n, n + 1, n + 2, n + 3, n + 4
+        allowed = self._allowed
+        prev_id = prev_hash = ""
+        prev_status: str | None = None
+        version = 0
+        state: dict[str, Any] | None = None
+        try:
+            for f in facts:
+                if f[PREV_ID] != prev_id or f[prev_hash_at] != prev_hash or f[PREVIOUS] != prev_status:
+                    return False
+                if f[VERSION] != version + 1:
+                    return False
+                # facts.fact_hash, over the stored text of the JSON columns.
+                text = f"{prev_hash}\x1f{dumps_tree(f[:n])}\x1f{f[evidence]}\x1f{f[patch_at]}\x1f{f[metadata]}\x1f"
+                if _sha256(text.encode()).hexdigest() != f[hash_at]:
+                    return False
+                status = f[STATUS]
+                verdict = allowed.get((prev_status, status, f[ACTOR]))
+                if verdict is None:
+                    verdict = self.allowed(prev_status, status, f[ACTOR])
+                if not verdict:
+                    return False
+                if status is None:
+                    state = None
+                else:
+                    # The hash matched, so this is the canonical text written with the fact.
+                    patch = _scan(f[patch_at], 0)[0]
+                    if type(patch) is not dict:
+                        return False
+                    if state is None:
+                        state = patch
+                    else:
+                        state.update(patch)
+                prev_id, prev_hash, prev_status, version = f[ID], f[hash_at], status, f[VERSION]
+        except (TypeError, ValueError, IndexError, StopIteration):
+            return False  # a value of an unexpected type or spelling: the full check explains it
+        if row is None or state is None:
+            return row is None and state is None and bool(facts)
+        last = facts[-1]
+        for i, field in self.projection:
+            if row[i] != last[field]:
+                return False
+        data = self.data
+        for name, value in state.items():
+            found = data.get(name)
+            if found is None:
+                continue  # a lifecycle column (the projection decides it) or not a column of the row
+            i, is_json = found
+            stored = row[i]
+            if is_json:
+                if type(stored) is not str or stored != dumps_tree(value):
+                    return False
+            elif stored != value:
+                return False
+        return True
+
+
+class Merge:
+    """Screens one range of one lifecycle: facts (grouped by entity) beside rows, both in id order.
+
+    Feed rows ahead of facts (:meth:`wants_rows`), then facts in batches; :meth:`end_facts` when
+    the facts are done and :meth:`add_rows` with the rows left. Entities that fail the screen
+    collect in ``suspects``; a row no fact mentions is one (with no facts).
+    """
+
+    def __init__(self, screen: Screen) -> None:
+        self.screen = screen
+        self.entities = 0
+        self.facts = 0
+        self.suspects: list[Suspect] = []
+        self._rows: Sequence[Sequence[Any]] = []
+        self._next = 0
+        self._rows_done = False
+        self._facts_done = False
+        self._current: str | None = None
+        self._bucket: list[Sequence[Any]] = []
+
+    def wants_rows(self, last_entity: str) -> bool:
+        """Whether more rows must be read before facts up to ``last_entity`` can be screened."""
+        rows = self._rows
+        return not self._rows_done and (self._next == len(rows) or rows[-1][self.screen.id_index] < last_entity)
+
+    def add_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """The next rows (empty: there are no more). After :meth:`end_facts`, all are orphans."""
+        if not rows:
+            self._rows_done = True
+            return
+        self._rows = [*self._rows[self._next:], *rows] if self._next < len(self._rows) else rows
+        self._next = 0
+        if self._facts_done:
+            self._orphans(None)
+
+    def add_facts(self, facts: Sequence[Sequence[Any]]) -> None:
+        entity_at = self.screen.entity_at
+        current, bucket = self._current, self._bucket
+        for f in facts:
+            if f[entity_at] != current:
+                if current is not None:
+                    if f[entity_at] < current:
+                        # Matching rows to facts by position needs the database's order to be Python's.
+                        raise ValueError(f"the database orders entity id {f[entity_at]!r} after {current!r}")
+                    self._close(current, bucket)
+                    bucket = self._bucket = []
+                current = self._current = f[entity_at]
+            bucket.append(f)
+
+    def end_facts(self) -> None:
+        if self._current is not None:
+            self._close(self._current, self._bucket)
+            self._current, self._bucket = None, []
+        self._orphans(None)
+        self._facts_done = True
+
+    def _close(self, entity_id: str, facts: list[Sequence[Any]]) -> None:
+        self._orphans(entity_id)
+        rows, i, row = self._rows, self._next, None
+        if i < len(rows) and rows[i][self.screen.id_index] == entity_id:
+            row = rows[i]
+            self._next = i + 1
+        self.entities += 1
+        self.facts += len(facts)
+        if not self.screen.passes(facts, row):
+            self.suspects.append((entity_id, facts, row))
+
+    def _orphans(self, before: str | None) -> None:
+        """Rows (with ids before ``before``, or all left) that no fact mentions."""
+        rows, i, id_at = self._rows, self._next, self.screen.id_index
+        while i < len(rows) and (before is None or rows[i][id_at] < before):
+            self.entities += 1
+            self.suspects.append((rows[i][id_at], [], rows[i]))
+            i += 1
+        self._next = i
+
+
+Query = tuple[str, Sequence[Any]]
+"""SQL for SQLite and its positional parameters."""
+
+
+def screen_file(path: str, spec: tuple[Any, ...], facts: Query, rows: Query) -> tuple[int, int, list[Suspect]]:
+    """Screen one range of a SQLite file in one read transaction: (entities, facts, suspects).
+
+    ``spec`` is a :attr:`Screen.spec`; ``facts`` and ``rows`` read the range in id order.
+    """
+    screen = Screen(*spec)
+    conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        row_cursor = conn.execute(*rows)
+        fact_cursor = conn.execute(*facts)
+        merge = Merge(screen)
+        entity_at = screen.entity_at
+        while batch := fact_cursor.fetchmany(BATCH):
+            while merge.wants_rows(batch[-1][entity_at]):
+                merge.add_rows(row_cursor.fetchmany(BATCH))
+            merge.add_facts(batch)
+        merge.end_facts()
+        while batch := row_cursor.fetchmany(BATCH):
+            merge.add_rows(batch)
+        conn.execute("COMMIT")
+        return merge.entities, merge.facts, merge.suspects
+    finally:
+        conn.close()
+
+
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """Worker loop: read pickled ``screen_file`` arguments, reply (True, result) or (False, error).
+
+    Each message is an 8-byte big-endian length and a pickle; the loop ends when ``requests`` does.
+    """
+    while len(size := requests.read(8)) == 8:
+        request = requests.read(int.from_bytes(size, "big"))
+        try:
+            reply: tuple[bool, Any] = (True, screen_file(*pickle.loads(request)))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which then screens the range itself
+            reply = (False, f"{type(exc).__name__}: {exc}")
+        data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        replies.write(len(data).to_bytes(8, "big") + data)
+        replies.flush()
+
+
+class WorkerError(Exception):
+    """A worker process could not screen a range (the message says why)."""
+
+
+class Worker:
+    """A worker process running :func:`serve` (this file as a script) and its pipes."""
+
+    def __init__(self, process: Any) -> None:
+        self.process = process
+
+    @classmethod
+    @asynccontextmanager
+    async def started(cls) -> AsyncIterator[Worker]:
+        import asyncio  # here, so the worker script does not import it
+
+        # Run by path, without site packages or environment: it needs only the standard library.
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-B", "-E", "-S", __file__,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            yield cls(process)
+        except BaseException:
+            cls(process).kill()
+            await process.wait()
+            raise
+        process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 5)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+    def send(self, args: tuple[Any, ...]) -> None:
+        """Queue one ``screen_file`` call (a few kB: the pipe takes it without waiting)."""
+        data = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+        self.process.stdin.write(len(data).to_bytes(8, "big") + data)
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+    async def reply(self) -> Any:
+        """The result of the oldest call sent (raises :class:`WorkerError` if it failed)."""
+        size = int.from_bytes(await self.process.stdout.readexactly(8), "big")
+        ok, value = pickle.loads(await self.process.stdout.readexactly(size))
+        if not ok:
+            raise WorkerError(value)
+        return value
+
+
+if __name__ == "__main__":
+    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -1,0 +1,315 @@
+"""How ``verify`` reads: facts and rows side by side, in ranges of entity ids, in this process and
+in worker processes.
+
+Facts and rows are both read in entity id order and merged (:class:`screen.Merge`), so memory
+holds a batch, not a table. Each range is read in one transaction, so an entity's facts and row
+always come from one snapshot. A SQLite file (when the book is not bound to a transaction) is cut
+into ranges of about ``CHUNK_FACTS`` facts: a thread of this process screens ranges from the end of
+the list on its own connection while worker processes (:func:`screen.serve`) take them from the
+front — the screen is CPU-bound Python, so processes are what use more cores. Otherwise (PostgreSQL,
+or a bound transaction whose writes only its connection sees) each lifecycle is one range, read on
+the book's connection in one transaction. Entities that fail the screen go to ``judge`` (the full
+check) here; findings come out in range order whoever screened them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import sqlite3
+import sys
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from .book import Book
+from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table
+from .policy import Lifecycle
+from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError, screen_file
+
+log = logging.getLogger("statebook.lifecycle")
+
+TICK = 5000
+"""Progress is reported about every this many facts."""
+PARALLEL_MIN_FACTS = 50_000
+"""Worker processes are started (unless asked for) only from this many facts (one costs ~50 ms to start)."""
+CHUNK_FACTS = 5_000
+"""Facts per range of entity ids (progress is reported as each range is done)."""
+MAX_PROCESSES = 7
+
+Judge = Callable[[Lifecycle, Screen, Iterable[Suspect]], list[Any]]
+
+
+async def sweep(
+    book: Book,
+    lifecycles: Sequence[Lifecycle],
+    judge: Judge,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    processes: int | None = None,
+) -> tuple[int, int, list[Any]]:
+    """Screen every entity of ``lifecycles``: (entities, facts, what ``judge`` found)."""
+    async with _snapshot(book) as conn:
+        t = facts_table
+        counts = dict((await conn.execute(
+            sa.select(t.c.entity_type, sa.func.count())
+            .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
+            .group_by(t.c.entity_type)
+        )).all())
+        total = sum(counts.values())
+        workers, path = _workers(book, conn, total, processes)
+        chunks: list[_Chunk] = []
+        for lc in lifecycles:
+            screen = screen_of(lc)
+            ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if path else [(None, None)]
+            chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
+        run = _Run(conn, chunks, judge, total, progress, path)
+        await run.all(workers)
+        return run.entities, run.facts, [f for i in range(len(chunks)) for f in run.found[i]]
+
+
+@asynccontextmanager
+async def _snapshot(book: Book) -> AsyncIterator[AsyncConnection]:
+    """A connection in one read transaction (the bound one, if the book is bound)."""
+    async with book.read() as conn:
+        if conn.in_transaction():
+            yield conn
+            return
+        if conn.dialect.name == "postgresql":
+            # Read committed would give the facts cursor and the rows cursor different snapshots.
+            await conn.execution_options(isolation_level="REPEATABLE READ")
+        async with conn.begin():
+            yield conn
+
+
+def _workers(book: Book, conn: AsyncConnection, total: int, processes: int | None) -> tuple[int, str | None]:
+    """How many worker processes to start, and the SQLite file chunks may be read from on their own
+    connections (None: read every chunk on the snapshot's connection)."""
+    path = conn.engine.url.database
+    if conn.dialect.name != "sqlite" or book.conn is not None or not path or path == ":memory:":
+        return 0, None  # no file, or a bound transaction whose writes only its connection sees
+    if processes is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        processes = min(cores - 1, MAX_PROCESSES) if total >= PARALLEL_MIN_FACTS else 0
+    return (max(processes, 0) if sys.executable else 0), os.path.abspath(path)
+
+
+def screen_of(lc: Lifecycle) -> Screen:
+    """The screen for ``lc`` under its current policy."""
+    moves = {(e.source, e.target): e.actors for e in lc.edges}
+    for status in lc.statuses:
+        same = lc.edge(status, status)  # an implicit same-status move, when the lifecycle allows one
+        if same is not None:
+            moves[(status, status)] = same.actors
+    columns = lc.table.columns  # names as plain str (SQLAlchemy's str subclass would not unpickle in a worker)
+    return Screen(
+        str(lc.entity_type), STORED_FIELDS, len(SCALAR_FIELDS), [str(c.name) for c in columns],
+        [str(c.name) for c in columns if isinstance(c.type, sa.JSON)], moves, lc.initial,
+    )
+
+
+async def _ranges(conn: AsyncConnection, lc: Lifecycle, count: int) -> list[tuple[str | None, str | None]]:
+    """Consecutive ranges of entity ids of about ``CHUNK_FACTS`` facts each (a short index walk each)."""
+    t = facts_table
+    bounds: list[str | None] = [None]
+    while count > CHUNK_FACTS:
+        query = sa.select(t.c.entity_id).where(t.c.entity_type == lc.entity_type)
+        if bounds[-1] is not None:
+            query = query.where(t.c.entity_id > bounds[-1])
+        bound = (await conn.execute(query.order_by(t.c.entity_id).limit(1).offset(CHUNK_FACTS))).scalar()
+        if bound is None:
+            break
+        bounds.append(bound)
+    return list(zip(bounds, [*bounds[1:], None]))
+
+
+def _stored(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """A column as stored: JSON as its text (PostgreSQL's ``json`` keeps its input text)."""
+    return sa.cast(column, sa.Text).label(column.name) if isinstance(column.type, sa.JSON) else column
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """The entities of one lifecycle with ids in [lo, hi) (None: unbounded)."""
+
+    lc: Lifecycle
+    screen: Screen
+    lo: str | None
+    hi: str | None
+
+    def queries(self, dialect: str) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """(facts, rows) in id order: code point order, which is SQLite's BINARY and PostgreSQL's "C"."""
+        t, table = facts_table, self.lc.table
+        facts = sa.select(*(_stored(t.c[k]) for k in STORED_FIELDS)).where(t.c.entity_type == self.lc.entity_type)
+        rows = sa.select(*(_stored(c) for c in table.columns))
+        if self.lo is not None:
+            facts, rows = facts.where(t.c.entity_id >= self.lo), rows.where(table.c.id >= self.lo)
+        if self.hi is not None:
+            facts, rows = facts.where(t.c.entity_id < self.hi), rows.where(table.c.id < self.hi)
+        entity_id, row_id = t.c.entity_id, table.c.id
+        if dialect == "postgresql":
+            entity_id, row_id = entity_id.collate("C"), row_id.collate("C")
+        return facts.order_by(entity_id, t.c.seq), rows.order_by(row_id)
+
+
+class _Run:
+    """The chunks of one sweep, screened here (from the end of the list) and by workers (from the front)."""
+
+    def __init__(self, conn: AsyncConnection, chunks: list[_Chunk], judge: Judge, total: int,
+                 progress: Callable[[int, int], None] | None, path: str | None) -> None:
+        self.conn = conn
+        self.path = path
+        self.chunks = chunks
+        self.judge = judge
+        self.total = total
+        self.progress = progress
+        self.entities = self.facts = 0
+        self.found: dict[int, list[Any]] = {}
+        self.next_tick = TICK
+
+    async def all(self, workers: int) -> None:
+        todo = deque(range(len(self.chunks)))
+        async with AsyncExitStack() as stack:
+            helpers = []
+            for _ in range(min(workers, len(todo) // 2)):
+                try:
+                    worker = await stack.enter_async_context(Worker.started())
+                except (OSError, NotImplementedError, RuntimeError) as exc:  # e.g. a loop without subprocesses
+                    log.warning("verify: cannot start a worker process (%s); screening in this process", exc)
+                    break
+                # Its first two chunks now, so it starts on them as soon as it is up.
+                helpers.append(asyncio.create_task(self.elsewhere(todo, worker, self.give(todo, worker))))
+            try:
+                await self.here(todo)
+                await asyncio.gather(*helpers)
+                await self.here(todo)  # ranges a failed worker gave back
+            finally:
+                for task in helpers:
+                    task.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
+        if self.progress is not None:
+            self.progress(self.facts, self.total)
+
+    def give(self, todo: deque[int], worker: Worker, sent: deque[int] | None = None) -> deque[int]:
+        """Send chunks from the front of ``todo`` until the worker holds two; the chunks it holds."""
+        sent = deque() if sent is None else sent
+        while todo and len(sent) < 2:
+            i = todo.popleft()
+            sent.append(i)
+            chunk = self.chunks[i]
+            worker.send((self.path, chunk.screen.spec, *(_sqlite(q) for q in chunk.queries("sqlite"))))
+        return sent
+
+    def count(self, entities: int, facts: int) -> None:
+        self.entities += entities
+        self.facts += facts
+        if self.facts >= self.next_tick:
+            self.next_tick = (self.facts // TICK + 1) * TICK
+            if self.progress is not None:
+                self.progress(self.facts, self.total)
+
+    def judged(self, chunk: _Chunk, suspects: list[Suspect]) -> list[Any]:
+        return self.judge(chunk.lc, chunk.screen, suspects) if suspects else []
+
+    async def here(self, todo: deque[int]) -> None:
+        """Screen chunks from the end of ``todo`` in this process."""
+        while todo:
+            i = todo.pop()
+            chunk = self.chunks[i]
+            if self.path is not None:
+                # A file this process may read on its own connection: a thread reads and screens it
+                # (no driver hand-offs per batch, and the event loop stays free meanwhile).
+                queries = (_sqlite(q) for q in chunk.queries("sqlite"))
+                try:
+                    entities, facts, suspects = await asyncio.to_thread(
+                        screen_file, self.path, chunk.screen.spec, *queries)
+                except sqlite3.Error as exc:  # e.g. a read-only open refused: read on the book's connection
+                    log.warning("verify: cannot read %s on its own (%s); reading on the book's connection",
+                                self.path, exc)
+                    self.path = None
+                else:
+                    self.count(entities, facts)
+                    self.found[i] = self.judged(chunk, suspects)
+                    continue
+            self.found[i] = await self.on_snapshot(chunk)
+
+    async def on_snapshot(self, chunk: _Chunk) -> list[Any]:
+        """Screen one chunk on the snapshot's connection (PostgreSQL, or a bound transaction)."""
+        facts_query, rows_query = chunk.queries(self.conn.dialect.name)
+        merge = Merge(chunk.screen)
+        found: list[Any] = []
+        entity_at = chunk.screen.entity_at
+        seen = (0, 0)
+        async with aclosing(batches(self.conn, rows_query)) as rows:
+            async with aclosing(batches(self.conn, facts_query)) as facts:
+                async for batch in facts:
+                    while merge.wants_rows(batch[-1][entity_at]):
+                        merge.add_rows(await _next(rows))
+                    merge.add_facts(batch)
+                    found += self.judged(chunk, merge.suspects)
+                    merge.suspects.clear()
+                    self.count(merge.entities - seen[0], merge.facts - seen[1])
+                    seen = (merge.entities, merge.facts)
+            merge.end_facts()
+            async for batch in rows:
+                merge.add_rows(batch)
+        self.count(merge.entities - seen[0], merge.facts - seen[1])
+        return found + self.judged(chunk, merge.suspects)
+
+    async def elsewhere(self, todo: deque[int], worker: Worker, sent: deque[int]) -> None:
+        """Collect a worker's results, handing it the next chunk for each; if it fails, the
+        chunks it holds go back to ``todo`` for this process."""
+        try:
+            while sent:
+                entities, facts, suspects = await worker.reply()
+                i = sent.popleft()
+                self.count(entities, facts)
+                self.found[i] = self.judged(self.chunks[i], suspects)
+                self.give(todo, worker, sent)
+        except (OSError, EOFError, WorkerError, asyncio.IncompleteReadError, pickle.UnpicklingError) as exc:
+            log.warning("verify: a worker process failed (%s); this process screens its ranges", exc)
+            worker.kill()  # it may still be working on, or writing, the chunks it held
+            todo.extendleft(reversed(sent))
+
+
+async def _next(batches: AsyncIterator[Sequence[Sequence[Any]]]) -> Sequence[Sequence[Any]]:
+    # Not anext(batches, ()): with a default it can raise SystemError on Python 3.11.
+    try:
+        return await batches.__anext__()
+    except StopAsyncIteration:
+        return ()
+
+
+_SQLITE = sqlite_dialect.dialect(paramstyle="qmark")
+
+
+def _sqlite(query: sa.Select[Any]) -> tuple[str, list[Any]]:
+    compiled = query.compile(dialect=_SQLITE)
+    return compiled.string, [compiled.params[name] for name in compiled.positiontup or ()]
+
+
+async def batches(conn: AsyncConnection, query: sa.Select[Any]) -> AsyncIterator[Sequence[Sequence[Any]]]:
+    """The rows of ``query`` as tuples, a batch at a time, inside ``conn``'s transaction.
+
+    On SQLite straight from aiosqlite (no result objects); on PostgreSQL through a server-side cursor.
+    """
+    if conn.dialect.name != "sqlite":
+        result = await conn.stream(query.execution_options(yield_per=BATCH))
+        async for part in result.partitions(BATCH):
+            yield [tuple(r) for r in part]
+        return
+    sql, params = _sqlite(query)
+    cursor = await (await conn.get_raw_connection()).driver_connection.execute(sql, params)
+    try:
+        while batch := await cursor.fetchmany(BATCH):
+            yield batch
+    finally:
+        await cursor.close()
