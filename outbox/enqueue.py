@@ -157,7 +157,8 @@ async def _enqueue_one(tx: Book, args: dict[str, Any], *, offer: bool = False) -
         )
         if outcome.applied:
             if offer and outcome.row is not None:
-                offer_created(tx, outcome.row, _stored_payload(tx, outcome.row["payload"]))
+                row = outcome.row
+                offer_created(tx, row, lambda: _stored_payload(tx, row["payload"]))
             return values["id"], True
         # With a key: another producer committed it after our first look (on PostgreSQL our insert
         # waited for that commit), and a fresh statement now sees its id. Without one: an id

@@ -57,12 +57,15 @@ def candidate_of(row: Mapping[str, Any], payload_text: str) -> tuple[Candidate, 
     return candidate, head
 
 
-def offer_created(book: Book, row: Mapping[str, Any], payload_text: str) -> None:
-    """Offer a dispatch this process just committed to an idle worker on the same database."""
+def offer_created(book: Book, row: Mapping[str, Any], payload_text: Callable[[], str]) -> None:
+    """Offer a dispatch this process just committed to an idle worker on the same database.
+
+    ``payload_text`` gives the stored payload text; it is only called when a worker listens.
+    """
     takers = _takers.get(book.engine.sync_engine)
     if not takers:
         return
-    hint = candidate_of(row, payload_text)
+    hint = candidate_of(row, payload_text())
     for take in takers:
         if take(row["id"], hint):
             return
