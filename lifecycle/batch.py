@@ -188,11 +188,8 @@ async def apply_many(
             outcomes[c.entity_id] = await apply(tx, c)
         db = await driver(conn)
         read = statements.rows_for_update(db.dialect.name, table, names, lock if db.postgresql else None)
-        # SQLite reads every row again: under its write lock that is one cheap local read, and it
-        # keeps the batch's writes exact (executemany reports no per-row counts).
-        usable = seen if db.postgresql else {}
-        current: dict[str, Mapping[str, Any]] = {c.entity_id: usable[c.entity_id] for c in plain if c.entity_id in usable}
-        unseen = [c.entity_id for c in plain if c.entity_id not in usable]
+        current: dict[str, Mapping[str, Any]] = {c.entity_id: seen[c.entity_id] for c in plain if c.entity_id in seen}
+        unseen = [c.entity_id for c in plain if c.entity_id not in seen]
         for start in range(0, len(unseen), _CHUNK):
             chunk = unseen[start : start + _CHUNK]
             for r in await db.fetch(read, {"b_ids": chunk if db.postgresql else dumps(chunk)}):
@@ -260,14 +257,22 @@ async def _update_chunk(
     pairs: list[tuple[dict[str, Any], dict[str, Any]]],
 ) -> set[str]:
     """Compare-and-set updates of rows sharing guard and column names, plus the facts of the rows
-    updated; their ids. (SQLite: only rows read under its write lock come here, see apply_many.)"""
+    updated; their ids."""
     if db.postgresql:
         stmt = statements.update_many_then_facts(table, guards, columns)
         params = statements.set_params(stmt, [p for p, _ in pairs], [fact for _, fact in pairs])
         return {r[0] for r in await db.fetch(stmt.statement, params)}
+    # SQLite (the write lock is held): executemany reports only a total. When it falls short, a
+    # row whose head is now this batch's fact is one that was updated.
     before = db.raw.total_changes
     await db.executemany(statements.update_if_unchanged_one(table, guards, columns), [p for p, _ in pairs])
-    if db.raw.total_changes - before != len(pairs):
-        return set()  # (read under the write lock: cannot happen; apply_many refuses the batch)
-    await db.executemany(statements.insert_fact(), [fact for _, fact in pairs])
-    return {p["b_id"] for p, _ in pairs}
+    if db.raw.total_changes - before == len(pairs):
+        applied = pairs
+    else:
+        ids = [p["b_id"] for p, _ in pairs]
+        heads = await db.fetch(statements.rows_for_update("sqlite", table, ("id", "last_fact_id"), None),
+                               {"b_ids": dumps(ids)})
+        head_of = {head[0]: head[1] for head in heads}
+        applied = [(p, fact) for p, fact in pairs if head_of.get(p["b_id"]) == fact["id"]]
+    await db.executemany(statements.insert_fact(), [fact for _, fact in applied])
+    return {p["b_id"] for p, _ in applied}
