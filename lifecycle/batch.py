@@ -118,8 +118,10 @@ async def _insert_chunk(
         stmt = statements.insert_rows_then_facts(table, columns, if_absent)
         params = statements.set_params(stmt, [row for row, _ in pairs], [fact for _, fact in pairs])
         return {r[0] for r in await db.fetch(stmt.statement, params)}
+    before = db.raw.total_changes
     await db.executemany(statements.insert_row(db.dialect.name, table, if_absent, columns), [row for row, _ in pairs])
-    if if_absent:  # which rows went in: those projecting this batch's creation facts
+    if if_absent and db.raw.total_changes - before != len(pairs):
+        # Some were skipped: the rows that went in are those projecting this batch's creation facts.
         mine = await db.fetch(
             statements.rows_for_update(db.dialect.name, table, ("id", "last_fact_id"), None),
             {"b_ids": dumps([row["id"] for row, _ in pairs])},
