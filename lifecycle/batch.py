@@ -20,7 +20,7 @@ from .driver import Driver, driver
 from . import statements
 from .engine import Command, Outcome, _fact_content, _projection, apply
 from .errors import DuplicateEntity, TransitionRejected
-from .facts import GENESIS, facts_table, insert_values
+from .facts import GENESIS, insert_values
 from .reasons import Actor, Reason
 from .schema import data_column_names
 
@@ -68,45 +68,59 @@ async def create_many(
         )
         fact = insert_values(content, GENESIS)
         prepared.append(({**data, **_projection(content, fact)}, fact))
-    inserted: set[str] = set()
     firsts: set[int] = set()
-    async with book.begin() as tx:
-        conn = tx.conn
-        assert conn is not None
-        db = await driver(conn)
-        all_ids = sorted(chosen_ids)
-        purged: set[str] = set()
-        for start in range(0, len(all_ids), _CHUNK):
-            chunk_ids = all_ids[start : start + _CHUNK]
-            purged.update(r[0] for r in await conn.execute(
-                sa.select(facts_table.c.entity_id).distinct().where(
-                    facts_table.c.entity_type == entity_type, facts_table.c.entity_id.in_(chunk_ids))))
-        if purged and not if_absent:
-            raise DuplicateEntity(f"{entity_type} {sorted(purged)[0]!r} has a history (it was purged); ids are not reused")
-        seen_ids: set[str] = set()
-        groups: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-        for n, (row, fact) in enumerate(prepared):
-            if row["id"] in purged or (if_absent and row["id"] in seen_ids):
-                continue
-            seen_ids.add(row["id"])
-            firsts.add(n)
-            groups.setdefault(tuple(row), []).append((row, fact))
-        try:
-            for columns, pairs in groups.items():
-                for start in range(0, len(pairs), _CHUNK):
-                    inserted.update(await _insert_chunk(db, lc.table, columns, pairs[start : start + _CHUNK], if_absent))
-        except sa.exc.IntegrityError as exc:
-            if if_absent:
-                raise
-            raise DuplicateEntity(f"{entity_type}: a row could not be inserted: {exc.orig}") from exc
+    if book.conn is None:
+        async with book.transaction() as db:
+            inserted = await _create_many_in(db, lc, prepared, chosen_ids, if_absent, firsts)
         if inserted:
-            mark_touched(conn, entity_type)
+            book.committed(entity_type)
+    else:
+        async with book.begin() as tx:
+            assert tx.conn is not None
+            inserted = await _create_many_in(await driver(tx.conn), lc, prepared, chosen_ids, if_absent, firsts)
+            if inserted:
+                mark_touched(tx.conn, entity_type)
     return [
         Outcome("applied", entity_type, row["id"], row["status"], 1, fact["id"], row=row)
         if n in firsts and row["id"] in inserted
         else Outcome("conflict", entity_type, row["id"], None, None)
         for n, (row, fact) in enumerate(prepared)
     ]
+
+
+async def _create_many_in(
+    db: Driver, lc: Any, prepared: list[tuple[dict[str, Any], dict[str, Any]]], chosen_ids: set[str],
+    if_absent: bool, firsts: set[int],
+) -> set[str]:
+    """create_many's writes in an open transaction: the ids inserted (``firsts``: the items tried)."""
+    entity_type = lc.entity_type
+    all_ids = sorted(chosen_ids)
+    purged: set[str] = set()
+    for start in range(0, len(all_ids), _CHUNK):
+        chunk = all_ids[start : start + _CHUNK]
+        found = await db.fetch(statements.histories_of(db.dialect.name),
+                               {"b_type": entity_type, "b_ids": chunk if db.postgresql else dumps(chunk)})
+        purged.update(r[0] for r in found)
+    if purged and not if_absent:
+        raise DuplicateEntity(f"{entity_type} {sorted(purged)[0]!r} has a history (it was purged); ids are not reused")
+    seen_ids: set[str] = set()
+    groups: dict[tuple[str, ...], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for n, (row, fact) in enumerate(prepared):
+        if row["id"] in purged or (if_absent and row["id"] in seen_ids):
+            continue
+        seen_ids.add(row["id"])
+        firsts.add(n)
+        groups.setdefault(tuple(row), []).append((row, fact))
+    inserted: set[str] = set()
+    try:
+        for columns, pairs in groups.items():
+            for start in range(0, len(pairs), _CHUNK):
+                inserted.update(await _insert_chunk(db, lc.table, columns, pairs[start : start + _CHUNK], if_absent))
+    except sa.exc.IntegrityError as exc:
+        if if_absent:
+            raise
+        raise DuplicateEntity(f"{entity_type}: a row could not be inserted: {exc.orig}") from exc
+    return inserted
 
 
 async def _insert_chunk(
@@ -183,21 +197,29 @@ async def apply_many(
         if written:
             book.committed(entity_type)
         return [outcomes[c.entity_id] for c in commands]
-    async with book.begin() as tx:
-        conn = tx.conn
-        assert conn is not None
-        for c in keyed:
-            outcomes[c.entity_id] = await apply(tx, c)
-        db = await driver(conn)
-        read = statements.rows_for_update(db.dialect.name, table, names, lock if db.postgresql else None)
+    read = statements.rows_for_update(book.dialect, table, names, lock if book.dialect == "postgresql" else None)
+
+    async def read_and_write(db: Driver) -> int:
         current: dict[str, Mapping[str, Any]] = {c.entity_id: seen[c.entity_id] for c in plain if c.entity_id in seen}
         unseen = [c.entity_id for c in plain if c.entity_id not in seen]
         for start in range(0, len(unseen), _CHUNK):
             chunk = unseen[start : start + _CHUNK]
             for r in await db.fetch(read, {"b_ids": chunk if db.postgresql else dumps(chunk)}):
                 current[r[0]] = dict(zip(names, r))
-        if await _write(book, lc, db, plain, current, outcomes, trusted=set(unseen)):
-            mark_touched(conn, entity_type)
+        return await _write(book, lc, db, plain, current, outcomes, trusted=set(unseen))
+
+    if book.conn is None and not keyed:
+        async with book.transaction() as db:
+            written = await read_and_write(db)
+        if written:
+            book.committed(entity_type)
+        return [outcomes[c.entity_id] for c in commands]
+    async with book.begin() as tx:
+        assert tx.conn is not None
+        for c in keyed:
+            outcomes[c.entity_id] = await apply(tx, c)
+        if await read_and_write(await driver(tx.conn)):
+            mark_touched(tx.conn, entity_type)
     return [outcomes[c.entity_id] for c in commands]
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
 
 from .clock import SYSTEM_CLOCK, Clock
 from .driver import Driver, driver
@@ -93,6 +94,41 @@ class Book:
             raise
         finally:
             fairy.close()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Driver]:
+        """A write transaction of the engine's own statements on a bare pooled driver connection.
+
+        For units of work statebook runs on an unbound book: BEGIN (``BEGIN IMMEDIATE`` on SQLite),
+        the statements, COMMIT — without SQLAlchemy's Connection and transaction objects around them.
+        Any exception rolls back. The caller runs :meth:`committed` after it, as it has written.
+        """
+        if self.conn is not None:
+            raise RuntimeError("Book.transaction() is for unbound books; a bound book joins its transaction")
+        fairy = await self.engine.raw_connection()
+        db = Driver(self.engine.dialect, fairy.driver_connection)
+        broken = False
+        try:
+            await db.begin()
+            try:
+                yield db
+            except BaseException:
+                try:
+                    await db.rollback()
+                except BaseException:
+                    broken = True
+                raise
+            await db.commit()
+        except BaseException as exc:
+            broken = broken or not isinstance(exc, Exception) or db.closed()
+            raise
+        finally:
+            if broken:
+                fairy.invalidate()
+            if db.postgresql:
+                fairy.close()
+            else:  # the adapter's reset (if the engine has one) needs SQLAlchemy's greenlet
+                await greenlet_spawn(fairy.close)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:

@@ -67,6 +67,38 @@ class Driver:
         self.raw = raw
         self.postgresql = dialect.name == "postgresql"
 
+    async def begin(self) -> None:
+        """Open a write transaction (``BEGIN IMMEDIATE`` on SQLite: the write lock up front)."""
+        try:
+            if self.postgresql:
+                self._transaction = self.raw.transaction()
+                await self._transaction.start()
+            else:
+                await self.raw.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            raise _translated(exc, "BEGIN") from exc
+
+    async def commit(self) -> None:
+        try:
+            if self.postgresql:
+                await self._transaction.commit()
+            else:
+                await self.raw.commit()
+        except Exception as exc:
+            raise _translated(exc, "COMMIT") from exc
+
+    async def rollback(self) -> None:
+        if self.postgresql:
+            await self._transaction.rollback()
+        else:
+            await self.raw.rollback()
+
+    def closed(self) -> bool:
+        """True when the connection is gone (it must not go back to the pool)."""
+        if self.postgresql:
+            return bool(self.raw.is_closed())
+        return not getattr(self.raw, "_running", True)
+
     async def fetch(self, statement: Any, params: Mapping[str, Any]) -> list[Sequence[Any]]:
         """Rows of one statement (tuples on SQLite, records on PostgreSQL)."""
         s = shape(self.dialect, statement)

@@ -196,18 +196,31 @@ async def create(
             return Outcome("conflict", entity_type, entity_id, None, None)
         book.committed(entity_type)
         return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
-    async with book.begin() as tx:
-        conn = tx.conn
-        assert conn is not None
-        db = await driver(conn)
-        if chosen is not None and await db.fetch(statements.first_fact_of(), {"b_type": entity_type, "b_id": entity_id}):
-            if if_absent:
-                return Outcome("conflict", entity_type, entity_id, None, None)
-            raise DuplicateEntity(f"{entity_type} {entity_id!r} has a history (it was purged); ids are not reused")
-        if not await _insert_row_and_fact(db, lc, row, fact, if_absent):
-            return Outcome("conflict", entity_type, entity_id, None, None)
-        mark_touched(conn, entity_type)
+    if book.conn is None:
+        async with book.transaction() as db:
+            inserted = await _create_in(db, lc, chosen, row, fact, if_absent)
+        if inserted:
+            book.committed(entity_type)
+    else:
+        async with book.begin() as tx:
+            assert tx.conn is not None
+            inserted = await _create_in(await driver(tx.conn), lc, chosen, row, fact, if_absent)
+            if inserted:
+                mark_touched(tx.conn, entity_type)
+    if not inserted:
+        return Outcome("conflict", entity_type, entity_id, None, None)
     return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
+
+
+async def _create_in(
+    db: Driver, lc: Lifecycle, chosen: str | None, row: dict[str, Any], fact: dict[str, Any], if_absent: bool
+) -> bool:
+    """The create's writes in an open transaction; False when ``if_absent`` skipped it."""
+    if chosen is not None and await db.fetch(statements.first_fact_of(), {"b_type": lc.entity_type, "b_id": chosen}):
+        if if_absent:
+            return False
+        raise DuplicateEntity(f"{lc.entity_type} {chosen!r} has a history (it was purged); ids are not reused")
+    return await _insert_row_and_fact(db, lc, row, fact, if_absent)
 
 
 async def _insert_row_and_fact(

@@ -287,3 +287,19 @@ def rows_for_update(dialect: str, table: sa.Table, columns: tuple[str, ...], loc
         return query
 
     return _cached(("rows_for_update", dialect, table, columns, lock), build)
+
+
+def histories_of(dialect: str) -> Any:
+    """Entity ids among ``b_ids`` (a list on PostgreSQL, a JSON array text on SQLite) of type ``b_type``
+    that have facts — ids a create must not reuse."""
+
+    def build() -> Any:
+        t = facts_table
+        if dialect == "postgresql":
+            ids: Any = t.c.entity_id == sa.any_(sa.bindparam("b_ids", type_=postgresql.ARRAY(sa.Text)))
+        else:
+            ids = t.c.entity_id.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam("b_ids"))))
+        return sa.select(t.c.entity_id).distinct().where(t.c.entity_type == sa.bindparam("b_type"), ids)
+
+    return _cached(("histories_of", dialect), build)
+
