@@ -219,6 +219,33 @@ async def _enqueue_many(tx: Book, prepared: list[dict[str, Any]]) -> tuple[list[
     return [i for i in ids if i is not None], created
 
 
+_NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
+
+
+async def _enqueue_fresh(book: Book, prepared: list[dict[str, Any]]) -> list[str]:
+    """A batch without dedup keys on an unbound book: one create_many (its own transaction), then a
+    wake-up NOTIFY on PostgreSQL (listeners only hear it once the batch has committed either way)."""
+    now = book.clock.now()
+    entities = []
+    for index, args in enumerate(prepared):
+        try:
+            entities.append(NewEntity(_new_row(args, now), "pending", _reason(args["kind"]), ENQUEUE_ACTOR))
+        except DispatchInvalid as exc:
+            raise DispatchInvalid(f"item {index}: {exc}") from None
+    outcomes = await create_many(book, "dispatch", entities, if_absent=True)
+    ids = []
+    for args, entity, outcome in zip(prepared, entities, outcomes, strict=True):
+        if outcome.applied:
+            ids.append(entity.values["id"])
+        else:  # a generated id that already existed (uuid4: practically never): draw another, alone
+            dispatch_id, _ = await _enqueue_one(book, args)
+            ids.append(dispatch_id)
+    if book.dialect == "postgresql":
+        async with book.autocommit() as db:
+            await db.execute(_NOTIFY, {"channel": NOTIFY_CHANNEL, "payload": ""})
+    return ids
+
+
 async def enqueue_dispatch(
     book: Book,
     *,
@@ -259,7 +286,8 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
     """Enqueue many dispatches in ONE transaction; ids in input order (dedup hits give the first id).
 
     Each item holds :func:`enqueue_dispatch`'s keyword arguments. Every item is checked before
-    anything is written; one invalid item refuses the whole batch.
+    anything is written; one invalid item refuses the whole batch. (Should a generated id already
+    exist — uuid4 makes that practically impossible — that one item is retried alone.)
     """
     prepared: list[dict[str, Any]] = []
     for index, item in enumerate(items):
@@ -280,6 +308,8 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
         prepared.append(args)
     if not prepared:
         return []
+    if book.conn is None and all(a["dedup_key"] is None for a in prepared):
+        return await _enqueue_fresh(book, prepared)
     async with book.begin() as tx:
         ids, created = await _enqueue_many(tx, prepared)
         if created:

@@ -18,6 +18,7 @@ from statebook.outbox import (
     Retention,
     deliver_due_dispatches,
     enqueue_dispatch,
+    enqueue_dispatches,
     get_dispatch,
 )
 
@@ -111,6 +112,13 @@ async def test_postgres_notify_wakes_a_worker_in_another_process(pg_url, clock):
             await asyncio.wait_for(rec.called.wait(), WAIT)
             assert rec.ids() == [did]
             assert worker.wakeups >= 2
+            # A batch (no dedup keys: its own transaction, then one NOTIFY) wakes it too.
+            batch = await enqueue_dispatches(producer, [{"kind": "k", "deliver_to": f"seat-{n}"} for n in range(3)])
+            for _ in range(int(WAIT / 0.025)):
+                if len(rec.calls) == 4:
+                    break
+                await asyncio.sleep(0.025)
+            assert sorted(rec.ids()[1:]) == sorted(batch)
         finally:
             await _stopped(worker, task)
     finally:
