@@ -20,7 +20,7 @@ from .driver import Driver, driver
 from . import statements
 from .engine import Command, Outcome, _fact_content, _projection, apply
 from .errors import DuplicateEntity, TransitionRejected
-from .facts import GENESIS, insert_values
+from .facts import GENESIS, stored_values
 from .reasons import Actor, Reason
 from .schema import data_column_names
 
@@ -66,7 +66,7 @@ async def create_many(
             reason=item.reason, actor=item.actor, at=now, patch=data, metadata=item.metadata or {},
             idempotency_key=None, command_digest=None,
         )
-        fact = insert_values(content, GENESIS)
+        fact = stored_values(content, GENESIS)
         prepared.append(({**data, **_projection(content, fact)}, fact))
     firsts: set[int] = set()
     if book.conn is None:
@@ -250,7 +250,7 @@ async def _write(
             version=version, reason=c.reason, actor=c.actor, at=now, patch=c.patch,
             metadata=c.metadata, idempotency_key=None, command_digest=None,
         )
-        fact = insert_values(content, row["chain_hash"])
+        fact = stored_values(content, row["chain_hash"])
         values = {**c.patch, **_projection(content, fact)}
         params = {f"n_{k}": v for k, v in values.items()}
         params.update(b_id=c.entity_id, b_version=row["version"], b_status=row["status"])

@@ -18,7 +18,7 @@ from .book import Book, mark_touched
 from .codec import digest, dumps, new_id
 from .driver import Driver, driver
 from .errors import DuplicateEntity, EntityNotFound, IdempotencyMismatch, TransitionRejected
-from .facts import GENESIS, facts_table, insert_values
+from .facts import GENESIS, stored_values
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .schema import data_column_names
@@ -185,7 +185,7 @@ async def create(
         actor=actor, at=book.clock.now(), patch=data, metadata=metadata or {}, idempotency_key=None,
         command_digest=None,
     )
-    fact = insert_values(content, GENESIS)
+    fact = stored_values(content, GENESIS)
     row = {**data, **_projection(content, fact)}
     if book.conn is None and book.dialect == "postgresql" and chosen is None:
         # A generated id needs no history probe, so the whole create is one statement: run it in
@@ -324,7 +324,7 @@ async def apply(book: Book, cmd: Command) -> Outcome:
                 patch=cmd.patch, metadata=cmd.metadata, idempotency_key=cmd.idempotency_key,
                 command_digest=cmd.digest() if cmd.idempotency_key is not None else None,
             )
-            fact = insert_values(content, current.chain_hash)
+            fact = stored_values(content, current.chain_hash)
             values = {**cmd.patch, **_projection(content, fact)}
             params = {f"n_{c}": v for c, v in values.items()}
             params.update({f"b_{g}": v for g, v in cmd.guards.items()})
@@ -382,12 +382,12 @@ async def purge(
             version=current.version + 1, reason=reason, actor=actor, at=book.clock.now(), patch={},
             metadata={"forced": force} if force else {}, idempotency_key=None, command_digest=None,
         )
-        fact = insert_values(content, current.chain_hash)
+        fact = stored_values(content, current.chain_hash)
         result = await conn.execute(
             sa.delete(table).where(table.c.id == entity_id, table.c.version == current.version)
         )
         if result.rowcount != 1:
             return Outcome("conflict", entity_type, entity_id, None, None)
-        await conn.execute(sa.insert(facts_table).values(fact))
+        await conn.execute(statements.insert_fact(), fact)
         mark_touched(conn, entity_type)
     return Outcome("applied", entity_type, entity_id, None, content["version"], fact["id"])

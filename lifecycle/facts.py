@@ -152,13 +152,25 @@ def fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
     hash the stored bytes without decoding them. The parts are joined with ``\\x1f``, which
     canonical JSON never contains unescaped, so no two contents give the same bytes.
     """
+    return _hash_of(content, prev_hash, [dumps(content[k]) for k in JSON_FIELDS])
+
+
+def _hash_of(content: Mapping[str, Any], prev_hash: str, json_texts: Sequence[str]) -> str:
     scalars = dumps_tree([content[k] for k in SCALAR_FIELDS])  # no container, so no cycle to look for
-    return digest(prev_hash, scalars, *[dumps(content[k]) for k in JSON_FIELDS])
+    return digest(prev_hash, scalars, *json_texts)
 
 
 def insert_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
     """Column values for a new fact row, hash included."""
     return {**content, "prev_hash": prev_hash, "hash": fact_hash(content, prev_hash)}
+
+
+def stored_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
+    """:func:`insert_values` with the ``JSON_FIELDS`` already as the canonical text they store — the
+    text the hash was taken over, serialised once (the engine's statements bind them as text)."""
+    texts = [dumps(content[k]) for k in JSON_FIELDS]
+    return {**content, **dict(zip(JSON_FIELDS, texts)), "prev_hash": prev_hash,
+            "hash": _hash_of(content, prev_hash, texts)}
 
 
 @dataclass(frozen=True)

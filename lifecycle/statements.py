@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 
 from .facts import HASHED_FIELDS, facts_table
 
@@ -47,11 +49,38 @@ def insert_row(dialect: str, table: sa.Table, if_absent: bool, columns: tuple[st
     return _cached(("insert_row", dialect, table, if_absent, columns), build)
 
 
+class json_text(FunctionElement[Any]):
+    """JSON given as its text: ``CAST(text AS JSON)`` on PostgreSQL, the text itself on SQLite."""
+
+    type = sa.JSON()
+    inherit_cache = True
+
+
+@compiles(json_text)
+def _json_text(element: json_text, compiler: Any, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(json_text, "postgresql")
+def _json_text_pg(element: json_text, compiler: Any, **kw: Any) -> str:
+    return f"CAST({compiler.process(element.clauses, **kw)} AS JSON)"
+
+
+def _fact_value(column: str, name: str) -> Any:
+    """A fact column's bind parameter. JSON columns take the canonical text ``facts.stored_values``
+    made, so it is not serialised twice."""
+    c = facts_table.c[column]
+    if isinstance(c.type, sa.JSON):
+        return json_text(sa.bindparam(name, type_=sa.Text))
+    return sa.bindparam(name, type_=c.type)
+
+
 def insert_fact() -> Any:
-    """INSERT one fact; parameters named after ``FACT_COLUMNS`` (``seq`` and ``tx_id`` are defaults)."""
+    """INSERT one fact; parameters named after ``FACT_COLUMNS`` (``seq`` and ``tx_id`` are defaults),
+    JSON fields as text (``facts.stored_values``)."""
     return _cached(
         ("insert_fact",),
-        lambda: sa.insert(facts_table).values({c: sa.bindparam(c, type_=facts_table.c[c].type) for c in FACT_COLUMNS}),
+        lambda: sa.insert(facts_table).values({c: _fact_value(c, c) for c in FACT_COLUMNS}),
     )
 
 
@@ -66,7 +95,7 @@ def insert_row_then_fact(table: sa.Table, columns: tuple[str, ...], if_absent: b
         if if_absent:
             row = row.on_conflict_do_nothing()
         inserted = row.returning(table.c.id).cte("new_row")
-        values = [sa.bindparam(f"f_{c}", type_=facts_table.c[c].type).label(c) for c in FACT_COLUMNS]
+        values = [_fact_value(c, f"f_{c}").label(c) for c in FACT_COLUMNS]
         source: Any = inserted
         if channel is not None:
             wake = sa.select(sa.func.pg_notify(channel, inserted.c.id).label("woken")).select_from(inserted).cte("wake")
@@ -170,14 +199,17 @@ def set_params(stmt: SetStatement, rows: list[dict[str, Any]], facts: list[dict[
     return params
 
 
-def _source(prefix: str, alias: str, columns: list[sa.Column[Any]]) -> tuple[str, list[Any]]:
-    """``unnest(CAST(:<prefix><column> AS T[]), ...) AS alias(columns)`` and its array parameters."""
+def _source(
+    prefix: str, alias: str, columns: list[sa.Column[Any]], json_as_text: bool = False
+) -> tuple[str, list[Any]]:
+    """``unnest(CAST(:<prefix><column> AS T[]), ...) AS alias(columns)`` and its array parameters
+    (with ``json_as_text`` JSON columns come as their text already)."""
     parts, binds = [], []
     for c in columns:
         name = f"{prefix}{c.name}"
         if isinstance(c.type, sa.JSON):
             parts.append(f"CAST(CAST(:{name} AS TEXT[]) AS {_pg_type(c)}[])")
-            binds.append(sa.bindparam(name, type_=_JSONArray()))
+            binds.append(sa.bindparam(name, type_=postgresql.ARRAY(sa.Text) if json_as_text else _JSONArray()))
         else:
             parts.append(f"CAST(:{name} AS {_pg_type(c)}[])")
             binds.append(sa.bindparam(name, type_=postgresql.ARRAY(c.type)))
@@ -191,7 +223,7 @@ def _q(name: str) -> str:
 
 def _facts_from(joined: str) -> tuple[str, list[Any]]:
     """INSERT the facts whose entity is in the CTE ``joined``; returns their entity ids."""
-    facts_sql, binds = _source("f_", "f", [facts_table.c[c] for c in FACT_COLUMNS])
+    facts_sql, binds = _source("f_", "f", [facts_table.c[c] for c in FACT_COLUMNS], json_as_text=True)
     fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
     return (
         f"INSERT INTO status_transitions ({fcols}) "
