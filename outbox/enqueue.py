@@ -237,7 +237,7 @@ async def _enqueue_fresh(book: Book, prepared: list[dict[str, Any]]) -> list[str
     for args, entity, outcome in zip(prepared, entities, outcomes, strict=True):
         if outcome.applied:
             ids.append(entity.values["id"])
-        else:  # a generated id that already existed (uuid4: practically never): draw another, alone
+        else:  # a generated id that already existed (128 random bits: practically never): draw another, alone
             dispatch_id, _ = await _enqueue_one(book, args)
             ids.append(dispatch_id)
     if book.dialect == "postgresql":
@@ -287,7 +287,7 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
 
     Each item holds :func:`enqueue_dispatch`'s keyword arguments. Every item is checked before
     anything is written; one invalid item refuses the whole batch. (Should a generated id already
-    exist — uuid4 makes that practically impossible — that one item is retried alone.)
+    exist — 128 random bits make that practically impossible — that one item is retried alone.)
     """
     prepared: list[dict[str, Any]] = []
     for index, item in enumerate(items):
