@@ -91,6 +91,11 @@ class Lease:
     fact_id: str | None = None
     chain_hash: str | None = None
 
+    def with_head(self, version: int | None, fact_id: str | None, chain_hash: str | None) -> Lease:
+        """This lease once its claim is written: the row's new chain head attached."""
+        return Lease(self.dispatch_id, self.attempt, self.lease_until, self.kind, self.deliver_to, self.payload,
+                     self.ack_required, self.max_attempts, self.claim_id, version, fact_id, chain_hash)
+
     def head(self) -> dict[str, Any] | None:
         """The row as this lease's claim left it, for ``apply_many(seen=...)`` (None when unknown)."""
         if self.version is None:

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from dataclasses import replace
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -157,7 +156,7 @@ async def claim_due(
         if not outcome.applied:
             continue
         if isinstance(what, Lease):
-            leases.append(replace(what, version=outcome.version, fact_id=outcome.fact_id, chain_hash=outcome.chain_hash))
+            leases.append(what.with_head(outcome.version, outcome.fact_id, outcome.chain_hash))
             counts["attempted"] += 1
         else:
             counts[what] += 1
@@ -193,7 +192,7 @@ async def claim_offered(
         if not outcome.applied:
             continue
         if isinstance(what, Lease):
-            leases.append(replace(what, version=outcome.version, fact_id=outcome.fact_id, chain_hash=outcome.chain_hash))
+            leases.append(what.with_head(outcome.version, outcome.fact_id, outcome.chain_hash))
             counts["attempted"] += 1
         else:
             counts[what] += 1
