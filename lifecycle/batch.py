@@ -18,7 +18,7 @@ from .book import Book, mark_touched
 from .codec import dumps, new_id
 from .driver import Driver, driver
 from . import statements
-from .engine import Command, Outcome, _fact_content, _projection, apply
+from .engine import Command, Outcome, _fact_content, _projection, apply, unique_violation
 from .errors import DuplicateEntity, TransitionRejected
 from .facts import GENESIS, stored_values
 from .reasons import Actor, Reason
@@ -117,7 +117,7 @@ async def _create_many_in(
             for start in range(0, len(pairs), _CHUNK):
                 inserted.update(await _insert_chunk(db, lc.table, columns, pairs[start : start + _CHUNK], if_absent))
     except sa.exc.IntegrityError as exc:
-        if if_absent:
+        if if_absent or not unique_violation(exc):
             raise
         raise DuplicateEntity(f"{entity_type}: a row could not be inserted: {exc.orig}") from exc
     return inserted
@@ -253,7 +253,8 @@ async def _write(
         fact = stored_values(content, row["chain_hash"])
         values = {**c.patch, **_projection(content, fact)}
         params = {f"n_{k}": v for k, v in values.items()}
-        params.update(b_id=c.entity_id, b_version=row["version"], b_status=row["status"])
+        params.update(b_id=c.entity_id, b_version=row["version"], b_status=row["status"],
+                      b_last_fact_id=row["last_fact_id"])
         params.update({f"b_{g}": v for g, v in c.guards.items()})
         groups.setdefault((tuple(c.guards), tuple(values)), []).append((params, fact))
         outcomes[c.entity_id] = Outcome(

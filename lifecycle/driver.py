@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-_shapes: dict[tuple[int, str], Shape] = {}
+_shapes: dict[tuple[Any, ...], Shape] = {}
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Shape:
 
 def shape(dialect: Dialect, statement: Any) -> Shape:
     """Compile ``statement`` for ``dialect`` once (statements come from :mod:`.statements`' caches)."""
-    key = (id(statement), dialect.name)
+    # The JSON serializer is the one engine setting bind processors depend on (adapters.db sets it).
+    key = (id(statement), dialect.name, getattr(dialect, "_json_serializer", None))
     found = _shapes.get(key)
     if found is not None and found.statement is statement:
         return found
@@ -172,4 +173,8 @@ def _translated(exc: Exception, sql: str) -> Exception:
             return sa.exc.IntegrityError(sql, None, exc)
         if isinstance(exc, pg.PostgresError):
             return sa.exc.DBAPIError(sql, None, exc)
+        if isinstance(exc, (pg.InterfaceError, pg.InternalClientError)):  # e.g. the connection was lost
+            return sa.exc.OperationalError(sql, None, exc)
+    if isinstance(exc, (OSError, ConnectionError)):
+        return sa.exc.OperationalError(sql, None, exc)
     return exc

@@ -240,9 +240,17 @@ async def _insert_row_and_fact(
         await db.execute(statements.insert_fact(), fact)
         return True
     except sa.exc.IntegrityError as exc:
-        if if_absent:
+        if if_absent or not unique_violation(exc):
             raise
         raise DuplicateEntity(f"{lc.entity_type} {row['id']!r} could not be inserted: {exc.orig}") from exc
+
+
+def unique_violation(exc: sa.exc.IntegrityError) -> bool:
+    """A unique constraint refused the insert (not NOT NULL, CHECK or a foreign key)."""
+    orig = exc.orig
+    return type(orig).__name__ == "UniqueViolationError" or "UNIQUE constraint failed" in str(orig) or (
+        getattr(orig, "sqlstate", None) == "23505"
+    )
 
 
 async def _replayed(conn: Any, cmd: Command) -> Outcome | None:

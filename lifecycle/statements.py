@@ -258,19 +258,20 @@ def insert_rows_then_facts(table: sa.Table, columns: tuple[str, ...], if_absent:
 def update_many_then_facts(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> SetStatement:
     """PostgreSQL: per-row compare-and-set updates and, for each row updated, its fact — one statement.
 
-    Row keys: ``b_id``, ``b_version``, ``b_status``, ``b_<guard>`` and ``n_<column>`` (see
+    Row keys: ``b_id``, ``b_version``, ``b_status``, ``b_last_fact_id`` (the chain head the fact
+    links to), ``b_<guard>`` and ``n_<column>`` (see
     :func:`set_params`). Returns the ids of the rows updated.
     """
 
     def build() -> SetStatement:
         keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
-                sa.Column("b_status", table.c.status.type)]
+                sa.Column("b_status", table.c.status.type), sa.Column("b_last_fact_id", table.c.last_fact_id.type)]
         keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
         news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
         values_sql, value_binds = _source("", "v", [*keys, *news])
         facts_sql, fact_binds = _facts_from("updated")
         where = " AND ".join(
-            ["t.id = v.b_id", "t.version = v.b_version", "t.status = v.b_status"]
+            ["t.id = v.b_id", "t.version = v.b_version", "t.status = v.b_status", "t.last_fact_id = v.b_last_fact_id"]
             + [f"t.{_q(g)} IS NOT DISTINCT FROM v.{_q('b_' + g)}" for g in guards]
         )
         sets = ", ".join(f"{_q(c)} = v.{_q('n_' + c)}" for c in columns)
@@ -284,7 +285,8 @@ def update_many_then_facts(table: sa.Table, guards: tuple[str, ...], columns: tu
 
 
 def update_if_unchanged_one(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> Any:
-    """The compare-and-set UPDATE for one row with ONE expected status (``b_status``), for executemany."""
+    """The compare-and-set UPDATE for one row with ONE expected status (``b_status``) and the chain
+    head the new fact links to (``b_last_fact_id``), for executemany."""
 
     def build() -> Any:
         return (
@@ -293,6 +295,7 @@ def update_if_unchanged_one(table: sa.Table, guards: tuple[str, ...], columns: t
                 table.c.id == sa.bindparam("b_id"),
                 table.c.version == sa.bindparam("b_version"),
                 table.c.status == sa.bindparam("b_status"),
+                table.c.last_fact_id == sa.bindparam("b_last_fact_id"),
                 *(table.c[g].is_not_distinct_from(sa.bindparam(f"b_{g}", type_=table.c[g].type)) for g in guards),
             )
             .values({c: sa.bindparam(f"n_{c}", type_=table.c[c].type) for c in columns})

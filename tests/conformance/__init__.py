@@ -14,5 +14,6 @@ pytest.register_assert_rewrite(
     "conformance.cases_idempotency",
     "conformance.cases_audit",
     "conformance.cases_concurrency",
+    "conformance.cases_driver",
     "conformance.suite",
 )

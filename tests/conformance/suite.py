@@ -28,6 +28,7 @@ from .cases_audit import AuditCases
 from .cases_batch import BatchCases
 from .cases_commands import CommandCases
 from .cases_concurrency import ConcurrentWriterCases, RaceCases, SerialWriterCases, TailCases
+from .cases_driver import DriverCases
 from .cases_idempotency import IdempotencyCases
 from .support import prepare, task_registry, tasks
 
@@ -70,6 +71,6 @@ class ConformanceFixtures:
 
 
 class LifecycleConformance(
-    ConformanceFixtures, CommandCases, IdempotencyCases, BatchCases, AuditCases, TailCases, RaceCases
+    ConformanceFixtures, CommandCases, IdempotencyCases, BatchCases, AuditCases, TailCases, RaceCases, DriverCases
 ):
     """Every backend-neutral case (L3-L14). Add ConcurrentWriterCases or SerialWriterCases for your backend."""
