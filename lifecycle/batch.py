@@ -129,8 +129,12 @@ async def _insert_chunk(
 ) -> set[str]:
     """Insert rows (all with ``columns``) and the facts of those inserted; their ids."""
     if db.postgresql:
-        stmt = statements.insert_rows_then_facts(table, columns, if_absent)
-        params = statements.set_params(stmt, [row for row, _ in pairs], [fact for _, fact in pairs])
+        rows, facts = [row for row, _ in pairs], [fact for _, fact in pairs]
+        stmt = statements.insert_rows_then_facts(
+            table, columns, if_absent, statements.constant_keys(rows, columns, frozenset({"id"})),
+            statements.constant_keys(facts, statements.FACT_COLUMNS, statements.FACT_VARYING),
+        )
+        params = statements.set_params(stmt, rows, facts)
         return {r[0] for r in await db.fetch(stmt.statement, params)}
     before = db.raw.total_changes
     await db.executemany(statements.insert_row(db.dialect.name, table, if_absent, columns), [row for row, _ in pairs])
@@ -284,8 +288,12 @@ async def _update_chunk(
     """Compare-and-set updates of rows sharing guard and column names, plus the facts of the rows
     updated; their ids."""
     if db.postgresql:
-        stmt = statements.update_many_then_facts(table, guards, columns)
-        params = statements.set_params(stmt, [p for p, _ in pairs], [fact for _, fact in pairs])
+        rows, facts = [p for p, _ in pairs], [fact for _, fact in pairs]
+        stmt = statements.update_many_then_facts(
+            table, guards, columns, statements.constant_keys(rows, tuple(rows[0]), frozenset({"b_id"})),
+            statements.constant_keys(facts, statements.FACT_COLUMNS, statements.FACT_VARYING),
+        )
+        params = statements.set_params(stmt, rows, facts)
         return {r[0] for r in await db.fetch(stmt.statement, params)}
     # SQLite (the write lock is held): executemany reports only a total. When it falls short, a
     # row whose head is now this batch's fact is one that was updated.

@@ -186,102 +186,172 @@ class _JSONArray(sa.types.TypeDecorator[list[Any]]):
 
 @dataclass(frozen=True)
 class SetStatement:
-    """A set-based statement; its parameters are one list per column (see :func:`set_params`):
-    ``<row_prefix><key>`` for the rows' keys and ``f_<fact column>`` for the facts."""
+    """A set-based statement; its parameters (see :func:`set_params`) are one list per column —
+    ``<row_prefix><key>`` for the rows' keys and ``f_<fact column>`` for the facts — except for the
+    columns in ``row_constant`` / ``fact_constant``: one value for the whole batch, sent once."""
 
     statement: Any
     row_prefix: str
+    row_constant: frozenset[str] = frozenset()
+    fact_constant: frozenset[str] = frozenset()
 
 
 def set_params(stmt: SetStatement, rows: list[dict[str, Any]], facts: list[dict[str, Any]]) -> dict[str, Any]:
-    params: dict[str, Any] = {f"{stmt.row_prefix}{k}": [r[k] for r in rows] for k in rows[0]}
-    params.update({f"f_{c}": [f[c] for f in facts] for c in FACT_COLUMNS})
+    first = rows[0]
+    params: dict[str, Any] = {
+        f"{stmt.row_prefix}{k}": first[k] if k in stmt.row_constant else [r[k] for r in rows] for k in first
+    }
+    params.update({
+        f"f_{c}": facts[0][c] if c in stmt.fact_constant else [f[c] for f in facts] for c in FACT_COLUMNS
+    })
     return params
 
 
+def constant_keys(items: list[dict[str, Any]], keys: tuple[str, ...], varying: frozenset[str]) -> frozenset[str]:
+    """Keys whose value is the same in every item (same type too; JSON containers never count: two
+    equal dicts can be different JSON, e.g. ``1`` and ``true``). ``varying`` are never constant."""
+    first, rest = items[0], items[1:]
+    found = []
+    for k in keys:
+        if k in varying:
+            continue
+        value = first[k]
+        kind = type(value)
+        if kind is dict or kind is list:
+            continue
+        if all(type(item[k]) is kind and item[k] == value for item in rest):
+            found.append(k)
+    return frozenset(found)
+
+
 def _source(
-    prefix: str, alias: str, columns: list[sa.Column[Any]], json_as_text: bool = False
-) -> tuple[str, list[Any]]:
-    """``unnest(CAST(:<prefix><column> AS T[]), ...) AS alias(columns)`` and its array parameters
-    (with ``json_as_text`` JSON columns come as their text already)."""
-    parts, binds = [], []
+    prefix: str, alias: str, columns: list[sa.Column[Any]], *, json_as_text: bool = False,
+    constant: frozenset[str] = frozenset(),
+) -> tuple[str, list[Any], dict[str, str]]:
+    """``unnest(CAST(:<prefix><column> AS T[]), ...) AS alias(columns)``, its parameters, and the SQL
+    that reads each column: ``alias.column``, or for a ``constant`` column its one cast parameter.
+    (With ``json_as_text`` JSON columns come as their text already.)"""
+    parts, binds, refs, names = [], [], {}, []
     for c in columns:
         name = f"{prefix}{c.name}"
-        if isinstance(c.type, sa.JSON):
+        is_json = isinstance(c.type, sa.JSON)
+        if c.name in constant:
+            if is_json:
+                refs[c.name] = f"CAST(CAST(:{name} AS TEXT) AS {_pg_type(c)})"
+                binds.append(sa.bindparam(name, type_=sa.Text if json_as_text else c.type))
+            else:
+                refs[c.name] = f"CAST(:{name} AS {_pg_type(c)})"
+                binds.append(sa.bindparam(name, type_=c.type))
+            continue
+        if is_json:
             parts.append(f"CAST(CAST(:{name} AS TEXT[]) AS {_pg_type(c)}[])")
             binds.append(sa.bindparam(name, type_=postgresql.ARRAY(sa.Text) if json_as_text else _JSONArray()))
         else:
             parts.append(f"CAST(:{name} AS {_pg_type(c)}[])")
             binds.append(sa.bindparam(name, type_=postgresql.ARRAY(c.type)))
-    names = ", ".join(_q(c.name) for c in columns)
-    return f"unnest({', '.join(parts)}) AS {alias}({names})", binds
+        names.append(_q(c.name))
+        refs[c.name] = f"{alias}.{_q(c.name)}"
+    return f"unnest({', '.join(parts)}) AS {alias}({', '.join(names)})", binds, refs
 
 
 def _q(name: str) -> str:
     return postgresql.dialect().identifier_preparer.quote(name)
 
 
-def _facts_from(joined: str) -> tuple[str, list[Any]]:
+FACT_VARYING = frozenset({"id", "entity_id"})
+"""Fact columns always sent per row (the join key and the fact id)."""
+
+
+def _facts_from(joined: str, constant: frozenset[str]) -> tuple[str, list[Any]]:
     """INSERT the facts whose entity is in the CTE ``joined``; returns their entity ids."""
-    facts_sql, binds = _source("f_", "f", [facts_table.c[c] for c in FACT_COLUMNS], json_as_text=True)
+    facts_sql, binds, refs = _source(
+        "f_", "f", [facts_table.c[c] for c in FACT_COLUMNS], json_as_text=True, constant=constant
+    )
     fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
     return (
         f"INSERT INTO status_transitions ({fcols}) "
-        f"SELECT {', '.join('f.' + _q(c) for c in FACT_COLUMNS)} FROM {facts_sql} "
+        f"SELECT {', '.join(refs[c] for c in FACT_COLUMNS)} FROM {facts_sql} "
         f"JOIN {joined} ON {joined}.id = f.entity_id RETURNING entity_id",
         binds,
     )
 
 
-def insert_rows_then_facts(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> SetStatement:
+_variants: dict[Hashable, int] = {}
+_MAX_VARIANTS = 16
+
+
+def _variant(base: Hashable, row_constant: frozenset[str], fact_constant: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """The constant sets to compile for: as given while a shape has few variants, else none (so a
+    workload whose constant columns keep changing cannot grow the statement caches without bound)."""
+    key = (base, row_constant, fact_constant)
+    if key in _cache:
+        return row_constant, fact_constant
+    if _variants.get(base, 0) >= _MAX_VARIANTS:
+        return frozenset(), frozenset()
+    _variants[base] = _variants.get(base, 0) + 1
+    return row_constant, fact_constant
+
+
+def insert_rows_then_facts(
+    table: sa.Table, columns: tuple[str, ...], if_absent: bool,
+    row_constant: frozenset[str] = frozenset(), fact_constant: frozenset[str] = frozenset(),
+) -> SetStatement:
     """PostgreSQL: insert many rows and, for each row actually inserted, its creation fact.
 
     Returns the ids of the rows inserted (a row ``if_absent`` skipped gets no fact). Parameters:
     :func:`set_params` with the rows' column values and the facts' values.
     """
+    base = ("pg_insert_many", table, columns, if_absent)
+    row_constant, fact_constant = _variant(base, row_constant - {"id"}, fact_constant - FACT_VARYING)
 
     def build() -> SetStatement:
-        rows_sql, row_binds = _source("r_", "r", [table.c[c] for c in columns])
-        facts_sql, fact_binds = _facts_from("new_rows")
+        rows_sql, row_binds, refs = _source("r_", "r", [table.c[c] for c in columns], constant=row_constant)
+        facts_sql, fact_binds = _facts_from("new_rows", fact_constant)
         names = ", ".join(_q(c) for c in columns)
         conflict = " ON CONFLICT DO NOTHING" if if_absent else ""
         sql = (
             f"WITH new_rows AS (INSERT INTO {_q(table.name)} ({names}) "
-            f"SELECT {', '.join('r.' + _q(c) for c in columns)} FROM {rows_sql}{conflict} RETURNING {_q('id')}) "
+            f"SELECT {', '.join(refs[c] for c in columns)} FROM {rows_sql}{conflict} RETURNING {_q('id')}) "
             f"{facts_sql}"
         )
-        return SetStatement(sa.text(sql).bindparams(*row_binds, *fact_binds), "r_")
+        return SetStatement(sa.text(sql).bindparams(*row_binds, *fact_binds), "r_", row_constant, fact_constant)
 
-    return _cached(("pg_insert_many", table, columns, if_absent), build)
+    return _cached((base, row_constant, fact_constant), build)
 
 
-def update_many_then_facts(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> SetStatement:
+def update_many_then_facts(
+    table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...],
+    row_constant: frozenset[str] = frozenset(), fact_constant: frozenset[str] = frozenset(),
+) -> SetStatement:
     """PostgreSQL: per-row compare-and-set updates and, for each row updated, its fact — one statement.
 
     Row keys: ``b_id``, ``b_version``, ``b_status``, ``b_last_fact_id`` (the chain head the fact
-    links to), ``b_<guard>`` and ``n_<column>`` (see
-    :func:`set_params`). Returns the ids of the rows updated.
+    links to), ``b_<guard>`` and ``n_<column>`` (see :func:`set_params`). Returns the ids of the
+    rows updated.
     """
+    base = ("pg_update_many", table, guards, columns)
+    row_constant, fact_constant = _variant(base, row_constant - {"b_id"}, fact_constant - FACT_VARYING)
 
     def build() -> SetStatement:
         keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
                 sa.Column("b_status", table.c.status.type), sa.Column("b_last_fact_id", table.c.last_fact_id.type)]
         keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
         news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
-        values_sql, value_binds = _source("", "v", [*keys, *news])
-        facts_sql, fact_binds = _facts_from("updated")
+        values_sql, value_binds, v = _source("", "v", [*keys, *news], constant=row_constant)
+        facts_sql, fact_binds = _facts_from("updated", fact_constant)
         where = " AND ".join(
-            ["t.id = v.b_id", "t.version = v.b_version", "t.status = v.b_status", "t.last_fact_id = v.b_last_fact_id"]
-            + [f"t.{_q(g)} IS NOT DISTINCT FROM v.{_q('b_' + g)}" for g in guards]
+            [f"t.id = {v['b_id']}", f"t.version = {v['b_version']}", f"t.status = {v['b_status']}",
+             f"t.last_fact_id = {v['b_last_fact_id']}"]
+            + [f"t.{_q(g)} IS NOT DISTINCT FROM {v['b_' + g]}" for g in guards]
         )
-        sets = ", ".join(f"{_q(c)} = v.{_q('n_' + c)}" for c in columns)
+        sets = ", ".join(f"{_q(c)} = {v['n_' + c]}" for c in columns)
         sql = (
             f"WITH updated AS (UPDATE {_q(table.name)} AS t SET {sets} FROM {values_sql} "
             f"WHERE {where} RETURNING t.id) {facts_sql}"
         )
-        return SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "")
+        return SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "", row_constant, fact_constant)
 
-    return _cached(("pg_update_many", table, guards, columns), build)
+    return _cached((base, row_constant, fact_constant), build)
 
 
 def update_if_unchanged_one(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> Any:

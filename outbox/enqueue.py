@@ -30,6 +30,8 @@ ENQUEUE_ACTOR = Actor("system", "enqueue_dispatch")
 _DEDUP_RETRIES = 3
 _CHUNK = 500
 
+_STRICT = json.JSONEncoder(allow_nan=False)  # one encoder, not one per call
+
 _ENQUEUE_ARGS = frozenset(
     {"kind", "deliver_to", "body", "dedup_key", "ack_required", "max_attempts", "expires_at", "session_id",
      "schedule_run_id"}
@@ -69,7 +71,7 @@ def _validate(
         raise DispatchInvalid(f"body must be a JSON object (a dict) or None, got {type(body).__name__}")
     try:
         # Round-trip: refuses values JSON cannot carry (sets, NaN, objects) and non-string keys.
-        text = json.dumps(dict(body), allow_nan=False)
+        text = _STRICT.encode(dict(body))
         decoded = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise DispatchInvalid(f"body must be JSON-serialisable: {exc}") from None

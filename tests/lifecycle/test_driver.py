@@ -383,3 +383,19 @@ async def test_autocommit_keeps_its_connection_after_a_statement_error(pg_book: 
             await db.execute(insert_note(), note(1))
     assert await backend_pid(pg_book) == before
     await works(pg_book, 2)
+
+
+def test_constant_keys_need_the_same_type_and_value_and_skip_json_containers():
+    """L15: a batch column is sent once only when every row holds the same value of the same type;
+    1 and True (equal in Python, different in SQL and JSON) and dicts/lists never count as constant,
+    and the keys named varying are always sent per row."""
+    from statebook.lifecycle.statements import constant_keys
+
+    rows = [
+        {"id": "a", "n": 1, "flag": 1, "note": None, "doc": {"x": 1}, "at": 2.5, "s": "k"},
+        {"id": "b", "n": 1, "flag": True, "note": None, "doc": {"x": 1}, "at": 2.5, "s": "k"},
+        {"id": "c", "n": 1, "flag": 1, "note": None, "doc": {"x": 1}, "at": 2.5, "s": "other"},
+    ]
+    keys = tuple(rows[0])
+    assert constant_keys(rows, keys, frozenset({"id"})) == {"n", "note", "at"}
+    assert constant_keys(rows[:1], keys, frozenset({"id"})) == {"n", "flag", "note", "at", "s"}
