@@ -6,6 +6,8 @@ The command builders here are shared by the single steps and the batched passes 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -13,7 +15,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason
 from statebook.lifecycle.codec import dumps, new_id
-from statebook.lifecycle.driver import driver
+from statebook.lifecycle.driver import Driver, driver
 
 from .errors import DispatchInvalid
 from .schema import dispatch_outbox
@@ -135,6 +137,17 @@ def scan_query(*, now: float, limit: int) -> sa.Select[Any]:
 
 
 _HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
+
+
+@contextlib.asynccontextmanager
+async def _reader(book: Book) -> AsyncIterator[Driver]:
+    """The driver for one read: the bound transaction's, or a pooled connection outside any
+    transaction (a single SELECT reads one consistent snapshot by itself)."""
+    if book.conn is not None:
+        yield await driver(book.conn)
+        return
+    async with book.autocommit() as db:
+        yield db
 _scans: dict[tuple[str, bool], Any] = {}
 
 
@@ -163,8 +176,7 @@ async def scan_heads(
     if limit < 1:
         raise DispatchInvalid(f"limit must be >= 1, got {limit}")
     names = [c.name for c in _columns()] + list(_HEAD)
-    async with book.read() as conn:
-        db = await driver(conn)
+    async with _reader(book) as db:
         rows = await db.fetch(_scan_statement(book.dialect, skip_locked), {"b_now": now, "b_limit": limit})
     return [_with_head(dict(zip(names, r))) for r in rows]
 
@@ -185,8 +197,7 @@ async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, d
             match = t.c.id.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam("b_ids"))))
         stmt = _by_id[book.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(ACTIVE, match)
     names = [c.name for c in _columns()] + list(_HEAD)
-    async with book.read() as conn:
-        db = await driver(conn)
+    async with _reader(book) as db:
         rows = await db.fetch(stmt, {"b_ids": ids if db.postgresql else dumps(ids)})
     return [_with_head(dict(zip(names, r))) for r in rows]
 
