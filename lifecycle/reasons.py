@@ -35,7 +35,8 @@ class Reason:
     evidence: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "evidence", tuple(str(e) for e in self.evidence))
+        if self.evidence or type(self.evidence) is not tuple:  # () needs nothing (the common case)
+            object.__setattr__(self, "evidence", tuple(str(e) for e in self.evidence))
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,8 @@ def scan_query(*, now: float, limit: int) -> sa.Select[Any]:
 
 
 _HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
+_NAMES = (*(c.name for c in _columns()), *_HEAD)
+"""Names of the columns a scan reads, in order."""
 
 
 @contextlib.asynccontextmanager
@@ -175,10 +177,9 @@ async def scan_heads(
     """Like :func:`scan`, with each row's lifecycle columns as ``apply_many(seen=...)`` takes them."""
     if limit < 1:
         raise DispatchInvalid(f"limit must be >= 1, got {limit}")
-    names = [c.name for c in _columns()] + list(_HEAD)
     async with _reader(book) as db:
         rows = await db.fetch(_scan_statement(book.dialect, skip_locked), {"b_now": now, "b_limit": limit})
-    return [_with_head(dict(zip(names, r))) for r in rows]
+    return [_with_head(dict(zip(_NAMES, r))) for r in rows]
 
 
 _by_id: dict[str, Any] = {}
@@ -196,10 +197,9 @@ async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, d
         else:
             match = t.c.id.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam("b_ids"))))
         stmt = _by_id[book.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(ACTIVE, match)
-    names = [c.name for c in _columns()] + list(_HEAD)
     async with _reader(book) as db:
         rows = await db.fetch(stmt, {"b_ids": ids if db.postgresql else dumps(ids)})
-    return [_with_head(dict(zip(names, r))) for r in rows]
+    return [_with_head(dict(zip(_NAMES, r))) for r in rows]
 
 
 def _with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
