@@ -69,17 +69,10 @@ async def create_many(
         fact = stored_values(content, GENESIS)
         prepared.append(({**data, **_projection(content, fact)}, fact))
     firsts: set[int] = set()
-    if book.conn is None:
-        async with book.transaction() as db:
-            inserted = await _create_many_in(db, lc, prepared, chosen_ids, if_absent, firsts)
+    async with book.unit() as unit:
+        inserted = await _create_many_in(unit.db, lc, prepared, chosen_ids, if_absent, firsts)
         if inserted:
-            book.committed(entity_type)
-    else:
-        async with book.begin() as tx:
-            assert tx.conn is not None
-            inserted = await _create_many_in(await driver(tx.conn), lc, prepared, chosen_ids, if_absent, firsts)
-            if inserted:
-                mark_touched(tx.conn, entity_type)
+            unit.wrote.add(entity_type)
     return [
         Outcome("applied", entity_type, row["id"], row["status"], 1, fact["id"], row=row)
         if n in firsts and row["id"] in inserted
@@ -212,13 +205,12 @@ async def apply_many(
                 current[r[0]] = dict(zip(names, r))
         return await _write(book, lc, db, plain, current, outcomes, trusted=set(unseen))
 
-    if book.conn is None and not keyed:
-        async with book.transaction() as db:
-            written = await read_and_write(db)
-        if written:
-            book.committed(entity_type)
+    if not keyed:
+        async with book.unit() as unit:
+            if await read_and_write(unit.db):
+                unit.wrote.add(entity_type)
         return [outcomes[c.entity_id] for c in commands]
-    async with book.begin() as tx:
+    async with book.begin() as tx:  # keyed commands go through apply(), which needs the bound book
         assert tx.conn is not None
         for c in keyed:
             outcomes[c.entity_id] = await apply(tx, c)

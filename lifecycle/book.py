@@ -96,6 +96,25 @@ class Book:
             fairy.close()
 
     @asynccontextmanager
+    async def unit(self) -> AsyncIterator[Unit]:
+        """The engine's writes in one transaction: the bound one (joined), or their own
+        (:meth:`transaction`). ``on_commit`` runs for the entity types added to ``unit.wrote`` once
+        they are committed."""
+        if self.conn is not None:
+            async with self.begin() as tx:
+                assert tx.conn is not None
+                work = Unit(await driver(tx.conn))
+                yield work
+                for entity_type in work.wrote:
+                    mark_touched(tx.conn, entity_type)
+            return
+        async with self.transaction() as db:
+            work = Unit(db)
+            yield work
+        for entity_type in work.wrote:
+            self.committed(entity_type)
+
+    @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Driver]:
         """A write transaction of the engine's own statements on a bare pooled driver connection.
 
@@ -139,6 +158,14 @@ class Book:
         async with self.engine.connect() as conn:
             await conn.execution_options(**{READ_ONLY_OPTION: True})
             yield conn
+
+
+@dataclass
+class Unit:
+    """One unit of the engine's writes (:meth:`Book.unit`): its driver and the entity types written."""
+
+    db: Driver
+    wrote: set[str] = field(default_factory=set)
 
 
 def mark_touched(conn: AsyncConnection, entity_type: str) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from .book import Book, mark_touched
 from .codec import digest, dumps, new_id
-from .driver import Driver, driver
+from .driver import Driver
 from .errors import DuplicateEntity, EntityNotFound, IdempotencyMismatch, TransitionRejected
 from .facts import GENESIS, stored_values
 from .policy import Lifecycle
@@ -196,17 +196,10 @@ async def create(
             return Outcome("conflict", entity_type, entity_id, None, None)
         book.committed(entity_type)
         return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
-    if book.conn is None:
-        async with book.transaction() as db:
-            inserted = await _create_in(db, lc, chosen, row, fact, if_absent)
+    async with book.unit() as unit:
+        inserted = await _create_in(unit.db, lc, chosen, row, fact, if_absent)
         if inserted:
-            book.committed(entity_type)
-    else:
-        async with book.begin() as tx:
-            assert tx.conn is not None
-            inserted = await _create_in(await driver(tx.conn), lc, chosen, row, fact, if_absent)
-            if inserted:
-                mark_touched(tx.conn, entity_type)
+            unit.wrote.add(entity_type)
     if not inserted:
         return Outcome("conflict", entity_type, entity_id, None, None)
     return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)

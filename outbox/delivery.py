@@ -130,28 +130,30 @@ COUNTERS = ("attempted", "delivered", "dead_letter", "expired", "retried")
 _COUNTED = {"delivered": "delivered", "awaiting_ack": "delivered", "retried": "retried", "dead_letter": "dead_letter"}
 
 
-async def claim_due(
-    book: Book, *, now: float, limit: int = 100, actor: Actor = DELIVERY_ACTOR
-) -> tuple[list[Lease], dict[str, int]]:
-    """Scan, settle and claim up to ``limit`` due rows in ONE transaction; the won leases.
+Planned = list[tuple[Command, "str | Lease"]]
 
-    On PostgreSQL the scan locks its rows ``FOR UPDATE SKIP LOCKED``, so concurrent workers claim
-    disjoint rows instead of colliding. Counts ``attempted`` (claims won only), ``expired`` and
-    ``dead_letter`` (lapsed last attempts).
-    """
+
+def _plan(
+    rows: Iterable[tuple[Candidate, dict[str, Any]]], now: float, actor: Actor
+) -> tuple[Planned, dict[str, dict[str, Any]]]:
+    """The settle or claim command for each row read (once per dispatch), and the rows as read."""
+    planned: Planned = []
+    seen: dict[str, dict[str, Any]] = {}
+    for candidate, row in rows:
+        if candidate.dispatch_id in seen:
+            continue
+        settling = settle_command(candidate, now, actor)
+        claiming = None if settling else claim_command(candidate, now, actor)
+        if settling or claiming:
+            planned.append(settling or claiming)  # type: ignore[arg-type]
+            seen[candidate.dispatch_id] = row
+    return planned, seen
+
+
+def _won(planned: Planned, outcomes: list[Any]) -> tuple[list[Lease], dict[str, int]]:
+    """The leases won (with the chain head their claim wrote) and the pass's counters."""
     counts = dict.fromkeys(COUNTERS, 0)
     leases: list[Lease] = []
-    async with book.begin() as tx:
-        planned: list[tuple[Any, str | Lease]] = []
-        seen: dict[str, dict[str, Any]] = {}
-        for candidate, row in await scan_heads(tx, now=now, limit=limit, skip_locked=True):
-            settling = settle_command(candidate, now, actor)
-            claiming = None if settling else claim_command(candidate, now, actor)
-            if settling or claiming:
-                planned.append(settling or claiming)  # type: ignore[arg-type]
-                seen[candidate.dispatch_id] = row
-        # The scan locked and read these rows in this transaction: no second read.
-        outcomes = await apply_many(tx, [command for command, _ in planned], lock="skip_locked", seen=seen)
     for (_, what), outcome in zip(planned, outcomes, strict=True):
         if not outcome.applied:
             continue
@@ -161,6 +163,22 @@ async def claim_due(
         else:
             counts[what] += 1
     return leases, counts
+
+
+async def claim_due(
+    book: Book, *, now: float, limit: int = 100, actor: Actor = DELIVERY_ACTOR
+) -> tuple[list[Lease], dict[str, int]]:
+    """Scan, settle and claim up to ``limit`` due rows in ONE transaction; the won leases.
+
+    On PostgreSQL the scan locks its rows ``FOR UPDATE SKIP LOCKED``, so concurrent workers claim
+    disjoint rows instead of colliding. Counts ``attempted`` (claims won only), ``expired`` and
+    ``dead_letter`` (lapsed last attempts).
+    """
+    async with book.begin() as tx:
+        planned, seen = _plan(await scan_heads(tx, now=now, limit=limit, skip_locked=True), now, actor)
+        # The scan locked and read these rows in this transaction: no second read.
+        outcomes = await apply_many(tx, [command for command, _ in planned], lock="skip_locked", seen=seen)
+    return _won(planned, outcomes)
 
 
 async def claim_offered(
@@ -172,31 +190,12 @@ async def claim_offered(
     a row that changed since is a lost race. On PostgreSQL, with an unbound book and only claims,
     that is ONE statement. Counts as :func:`claim_due` does.
     """
-    counts = dict.fromkeys(COUNTERS, 0)
-    planned: list[tuple[Any, str | Lease]] = []
-    seen: dict[str, dict[str, Any]] = {}
-    for candidate, head in offered:
-        if candidate.dispatch_id in seen:
-            continue
-        settling = settle_command(candidate, now, actor)
-        claiming = None if settling else claim_command(candidate, now, actor)
-        if settling or claiming:
-            planned.append(settling or claiming)  # type: ignore[arg-type]
-            seen[candidate.dispatch_id] = head
-    leases: list[Lease] = []
+    planned, seen = _plan(offered, now, actor)
     if not planned:
-        return leases, counts
+        return [], dict.fromkeys(COUNTERS, 0)
     async with _write_serializer(book):
         outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
-    for (_, what), outcome in zip(planned, outcomes, strict=True):
-        if not outcome.applied:
-            continue
-        if isinstance(what, Lease):
-            leases.append(what.with_head(outcome.version, outcome.fact_id, outcome.chain_hash))
-            counts["attempted"] += 1
-        else:
-            counts[what] += 1
-    return leases, counts
+    return _won(planned, outcomes)
 
 
 _sqlite_locks: weakref.WeakKeyDictionary[Any, dict[Any, asyncio.Lock]] = weakref.WeakKeyDictionary()
