@@ -118,8 +118,9 @@ class Driver:
         args = s.args(params)
         try:
             if self.postgresql:
-                status = await self.raw.execute(s.sql, *args)  # e.g. "INSERT 0 1", "UPDATE 3"
-                return int(status.rpartition(" ")[2] or 0)
+                status = await self.raw.execute(s.sql, *args)  # e.g. "INSERT 0 1", "UPDATE 3", "SET"
+                count = status.rpartition(" ")[2]
+                return int(count) if count.isdigit() else 0
             cursor = await self.raw.execute(s.sql, args)
             return cursor.rowcount
         except Exception as exc:
