@@ -155,6 +155,14 @@ def fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
     return _hash_of(content, prev_hash, [dumps(content[k]) for k in JSON_FIELDS])
 
 
+def legacy_fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
+    """The chain hash of facts written before the stored-text hash (the digest of the previous hash
+    and the canonical JSON of the whole content). verify accepts it, so histories written by earlier
+    versions stay verifiable — through the full check, since the fast screen only knows the current
+    hash."""
+    return digest(prev_hash, dumps(dict(content)))
+
+
 def _hash_of(content: Mapping[str, Any], prev_hash: str, json_texts: Sequence[str]) -> str:
     scalars = dumps_tree([content[k] for k in SCALAR_FIELDS])  # no container, so no cycle to look for
     return digest(prev_hash, scalars, *json_texts)

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from .book import Book
 from .codec import dumps
-from .facts import GENESIS, Fact, decoded, facts_table, fact_hash
+from .facts import GENESIS, Fact, decoded, facts_table, fact_hash, legacy_fact_hash
 from .policy import Lifecycle
 from .screen import Screen, Suspect
 from .sweep import sweep
@@ -131,7 +131,8 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
         if f.prev_fact_id != prev_id or f.prev_hash != prev_hash:
             flag("broken_chain", f"fact {f.id} links to {f.prev_fact_id or 'genesis'!r}, expected {prev_id or 'genesis'!r} (a fact is missing or reordered)", f)
         try:
-            intact = fact_hash(f.content(), f.prev_hash) == f.hash
+            # Facts written before the stored-text hash carry the earlier definition.
+            intact = f.hash in (fact_hash(f.content(), f.prev_hash), legacy_fact_hash(f.content(), f.prev_hash))
         except (TypeError, ValueError):  # a value no fact could have been hashed with
             intact = False
         if not intact:

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Fact, Lifecycle, edges, fold, managed_table
-from statebook.lifecycle.facts import GENESIS, fact_hash, insert_values
+from statebook.lifecycle.facts import GENESIS, fact_hash, insert_values, legacy_fact_hash
 from statebook.lifecycle.replay import check_entity
 
 META = sa.MetaData()
@@ -175,3 +175,25 @@ def test_gated_edge_taken_by_the_wrong_actor_is_forbidden():
     assert ("forbidden_edge", "f4") in [(f.kind, f.fact_id) for f in found]
     ok = chain(*steps, lc=gated, actor="operator")
     assert check_entity(gated, "j1", ok, fold(ok)) == []
+
+
+def rehash_legacy(facts: list[Fact]) -> list[Fact]:
+    """The same history hashed the way statebook did before the stored-text hash."""
+    out: list[Fact] = []
+    prev_hash = GENESIS
+    for f in facts:
+        content = f.content()
+        out.append(dataclasses.replace(f, prev_hash=prev_hash, hash=legacy_fact_hash(content, prev_hash)))
+        prev_hash = out[-1].hash
+    return out
+
+
+def test_histories_hashed_the_earlier_way_still_verify_and_tampering_still_shows():
+    """L8 / L12: facts written before the stored-text hash (legacy_fact_hash) verify; an edit to one of
+    them is still a hash_mismatch, and the two hashes differ, so neither passes for the other."""
+    facts = rehash_legacy(chain(*HAPPY))
+    assert facts[0].hash != chain(*HAPPY)[0].hash
+    assert check_entity(JOB, "j1", facts, dict(fold(facts) or {})) == []
+    edited = list(facts)
+    edited[1] = dataclasses.replace(edited[1], patch={"attempt": 7})
+    assert "hash_mismatch" in kinds(check_entity(JOB, "j1", edited, dict(fold(edited) or {})))
