@@ -179,7 +179,7 @@ async def scan_heads(
         raise DispatchInvalid(f"limit must be >= 1, got {limit}")
     async with _reader(book) as db:
         rows = await db.fetch(_scan_statement(book.dialect, skip_locked), {"b_now": now, "b_limit": limit})
-    return [_with_head(dict(zip(_NAMES, r))) for r in rows]
+    return [with_head(dict(zip(_NAMES, r))) for r in rows]
 
 
 _by_id: dict[str, Any] = {}
@@ -199,10 +199,11 @@ async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, d
         stmt = _by_id[book.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(ACTIVE, match)
     async with _reader(book) as db:
         rows = await db.fetch(stmt, {"b_ids": ids if db.postgresql else dumps(ids)})
-    return [_with_head(dict(zip(_NAMES, r))) for r in rows]
+    return [with_head(dict(zip(_NAMES, r))) for r in rows]
 
 
-def _with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
+def with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
+    """A row read by a scan (payload as text) as its Candidate, and the row for ``apply_many(seen=)``."""
     candidate = Candidate(
         dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
         expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),

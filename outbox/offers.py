@@ -21,13 +21,15 @@ from typing import Any
 
 from statebook.lifecycle import Book
 
-from .attempts import Candidate
+from .attempts import Candidate, with_head
 
 Take = Callable[[str, "tuple[Candidate, dict[str, Any]] | None"], bool]
 """A worker's intake: (dispatch id, candidate and chain head or None) -> accepted."""
 
 _takers: weakref.WeakKeyDictionary[Any, list[Take]] = weakref.WeakKeyDictionary()
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+_SEEN = ("id", "status", "version", "last_fact_id", "chain_hash", "attempt", "next_attempt_at", "claim_id")
+"""The columns a claim or settle compares (``apply_many(seen=)``)."""
 
 
 def subscribe(book: Book, take: Take) -> None:
@@ -47,14 +49,8 @@ def offered_id(payload: Any) -> str | None:
 
 def candidate_of(row: Mapping[str, Any], payload_text: str) -> tuple[Candidate, dict[str, Any]]:
     """A committed row as a scan would read it, and its lifecycle columns for ``apply_many(seen=)``."""
-    candidate = Candidate(
-        dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
-        expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),
-        kind=row["kind"], deliver_to=row["deliver_to"], payload=payload_text,
-    )
-    head = {k: row.get(k) for k in ("id", "status", "version", "last_fact_id", "chain_hash", "attempt",
-                                    "next_attempt_at", "claim_id")}
-    return candidate, head
+    candidate, _ = with_head({**row, "payload": payload_text})
+    return candidate, {k: row.get(k) for k in _SEEN}
 
 
 def offer_created(book: Book, row: Mapping[str, Any], payload_text: Callable[[], str]) -> None:
