@@ -131,18 +131,21 @@ async def _insert_chunk(
         return {r[0] for r in await db.fetch(stmt.statement, params)}
     before = db.raw.total_changes
     await db.executemany(statements.insert_row(db.dialect.name, table, if_absent, columns), [row for row, _ in pairs])
-    if if_absent and db.raw.total_changes - before != len(pairs):
-        # Some were skipped: the rows that went in are those projecting this batch's creation facts.
-        mine = await db.fetch(
-            statements.rows_for_update(db.dialect.name, table, ("id", "last_fact_id"), None),
-            {"b_ids": dumps([row["id"] for row, _ in pairs])},
-        )
-        ours = {fact["id"] for _, fact in pairs}
-        ids = {r[0] for r in mine if r[1] in ours}
+    if if_absent and db.raw.total_changes - before != len(pairs):  # some were skipped
+        ids = await _heads_are(db, table, [(row["id"], fact["id"]) for row, fact in pairs])
     else:
         ids = {row["id"] for row, _ in pairs}
     await db.executemany(statements.insert_fact(), [fact for row, fact in pairs if row["id"] in ids])
     return ids
+
+
+async def _heads_are(db: Driver, table: sa.Table, planned: list[tuple[str, str]]) -> set[str]:
+    """SQLite, after an executemany that fell short: the ids whose row now projects the fact planned
+    for it (entity id, fact id) — exactly the rows the batch wrote."""
+    heads = await db.fetch(statements.rows_for_update(db.dialect.name, table, ("id", "last_fact_id"), None),
+                           {"b_ids": dumps([entity_id for entity_id, _ in planned])})
+    head_of = {head[0]: head[1] for head in heads}
+    return {entity_id for entity_id, fact_id in planned if head_of.get(entity_id) == fact_id}
 
 
 async def apply_many(
@@ -221,7 +224,7 @@ async def apply_many(
 
 async def _write(
     book: Book, lc: Any, db: Driver, plain: Sequence[Command], current: Mapping[str, Mapping[str, Any]],
-    outcomes: dict[str, Outcome], trusted: set[str] | None = None,
+    outcomes: dict[str, Outcome], trusted: set[str],
 ) -> int:
     """Plan each command against its current row and write the applicable ones; rows written.
 
@@ -266,7 +269,7 @@ async def _write(
                 entity_id = params["b_id"]
                 if entity_id in updated:
                     continue
-                if trusted is None or entity_id in trusted:
+                if entity_id in trusted:
                     # Refuse to commit a batch whose facts would not match its rows.
                     raise RuntimeError(f"batch update missed locked row {entity_type} {entity_id}")
                 outcomes[entity_id] = Outcome("conflict", entity_type, entity_id, None, None)
@@ -294,10 +297,7 @@ async def _update_chunk(
     if db.raw.total_changes - before == len(pairs):
         applied = pairs
     else:
-        ids = [p["b_id"] for p, _ in pairs]
-        heads = await db.fetch(statements.rows_for_update("sqlite", table, ("id", "last_fact_id"), None),
-                               {"b_ids": dumps(ids)})
-        head_of = {head[0]: head[1] for head in heads}
-        applied = [(p, fact) for p, fact in pairs if head_of.get(p["b_id"]) == fact["id"]]
+        written = await _heads_are(db, table, [(p["b_id"], fact["id"]) for p, fact in pairs])
+        applied = [(p, fact) for p, fact in pairs if p["b_id"] in written]
     await db.executemany(statements.insert_fact(), [fact for _, fact in applied])
     return {p["b_id"] for p, _ in applied}

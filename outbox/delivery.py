@@ -45,6 +45,7 @@ from .transport import ArgvTransport, Transport, TransportResult
 
 __all__ = [
     "CLAIM_LEASE_SECONDS", "COUNTERS", "Candidate", "Lease", "backoff_seconds", "claim", "claim_due", "claim_offered",
+    "deliver_offered",
     "deliver_due_dispatches", "execute", "expire", "finalize", "finalize_all", "next_due", "run_leases", "scan",
     "settle",
 ]
@@ -319,6 +320,29 @@ async def deliver_due_dispatches(
     clock: Callable[[], float] = (lambda: now) if now is not None else book.clock.now
     async with _write_serializer(book):
         leases, counts = await claim_due(book, now=clock(), limit=batch_size, actor=actor)
+    return await _run_and_count(book, leases, counts, transport, concurrency, clock, actor)
+
+
+async def deliver_offered(
+    book: Book,
+    offered: list[tuple[Candidate, dict[str, Any]]],
+    *,
+    transport: Transport,
+    concurrency: int = 8,
+    actor: Actor = DELIVERY_ACTOR,
+) -> dict[str, int]:
+    """:func:`deliver_due_dispatches` for rows already read (an offer): claim them, send, record."""
+    if book.conn is not None:
+        raise DispatchInvalid("deliver_offered runs transports; pass an unbound book, not a transaction")
+    clock = book.clock.now
+    leases, counts = await claim_offered(book, offered, now=clock(), actor=actor)
+    return await _run_and_count(book, leases, counts, transport, concurrency, clock, actor)
+
+
+async def _run_and_count(
+    book: Book, leases: list[Lease], counts: dict[str, int], transport: Transport, concurrency: int,
+    clock: Callable[[], float], actor: Actor,
+) -> dict[str, int]:
     if leases:
         ran = await run_leases(book, leases, transport, concurrency=concurrency, now=clock, actor=actor)
         for key in ("delivered", "dead_letter", "retried"):

@@ -91,10 +91,13 @@ async def _existing_ids(tx: Book, keys: Iterable[str]) -> dict[str, str]:
     return found
 
 
+_NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
+
+
 async def notify(tx: Book, payload: str = "") -> None:
     """On PostgreSQL, ``NOTIFY statebook_dispatch`` when ``tx`` commits (a wake-up for workers)."""
     if tx.dialect == "postgresql" and tx.conn is not None:
-        await tx.conn.execute(sa.text("SELECT pg_notify(:channel, :payload)"), {"channel": NOTIFY_CHANNEL, "payload": payload})
+        await tx.conn.execute(_NOTIFY, {"channel": NOTIFY_CHANNEL, "payload": payload})
 
 
 def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
@@ -219,9 +222,6 @@ async def _enqueue_many(tx: Book, prepared: list[dict[str, Any]]) -> tuple[list[
             created = created or made
             first_with_key[key] = index
     return [i for i in ids if i is not None], created
-
-
-_NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
 
 
 async def _enqueue_fresh(book: Book, prepared: list[dict[str, Any]]) -> list[str]:

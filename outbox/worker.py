@@ -23,7 +23,7 @@ from statebook.lifecycle import Actor, Book
 
 from .admin import apply_retention
 from .attempts import Candidate, read_candidates
-from .delivery import COUNTERS, DELIVERY_ACTOR, claim_offered, deliver_due_dispatches, next_due, run_leases
+from .delivery import COUNTERS, DELIVERY_ACTOR, deliver_due_dispatches, deliver_offered, next_due
 from .offers import offered_id, subscribe, unsubscribe
 from .errors import DispatchInvalid
 from .transport import Transport
@@ -122,11 +122,8 @@ class DeliveryWorker:
             self._own, transport=self.transport, batch_size=self.batch_size, concurrency=self.concurrency,
             actor=self.actor,
         )
-        for key, value in counts.items():
-            self.totals[key] += value
         await self._retention_if_due()
-        self.passes += 1
-        return counts
+        return self._counted(counts)
 
     async def run_offered(self, offered: dict[str, tuple[Candidate, dict[str, Any]] | None]) -> dict[str, int]:
         """Claim and deliver offered dispatches (read by key when the offer named only an id)."""
@@ -134,13 +131,11 @@ class DeliveryWorker:
         named = [dispatch_id for dispatch_id, hint in offered.items() if hint is None]
         if named:
             hinted += await read_candidates(self._own, named)
-        now = self.book.clock.now
-        leases, counts = await claim_offered(self._own, hinted, now=now(), actor=self.actor)
-        if leases:
-            ran = await run_leases(self._own, leases, self.transport, concurrency=self.concurrency, now=now,
-                                   actor=self.actor)
-            for key in ("delivered", "dead_letter", "retried"):
-                counts[key] += ran[key]
+        return self._counted(await deliver_offered(
+            self._own, hinted, transport=self.transport, concurrency=self.concurrency, actor=self.actor
+        ))
+
+    def _counted(self, counts: dict[str, int]) -> dict[str, int]:
         for key, value in counts.items():
             self.totals[key] += value
         self.passes += 1

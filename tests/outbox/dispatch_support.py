@@ -46,6 +46,18 @@ class Recorder:
         return [json.loads(p)["dispatch_id"] for _, p in self.calls]
 
 
+class Signalled(Recorder):
+    """A recorder that also sets an event on every call (a test can wait for the first send)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called = asyncio.Event()
+
+    async def __call__(self, deliver_to: str, payload: str) -> TransportResult | bool:
+        self.called.set()
+        return await super().__call__(deliver_to, payload)
+
+
 def failing(error: str = "boom") -> Callable[[str, int], TransportResult]:
     return lambda _to, _n: TransportResult(False, error)
 

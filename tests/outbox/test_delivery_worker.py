@@ -22,22 +22,10 @@ from statebook.outbox import (
     get_dispatch,
 )
 
-from dispatch_support import Recorder, failing, row
+from dispatch_support import Recorder, Signalled, failing, row
 
 TICK = 30.0
 WAIT = 10.0
-
-
-class Signalled(Recorder):
-    """A recorder that sets an event on every call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.called = asyncio.Event()
-
-    async def __call__(self, deliver_to: str, payload: str):
-        self.called.set()
-        return await super().__call__(deliver_to, payload)
 
 
 async def _started(worker: DeliveryWorker) -> asyncio.Task:

@@ -7,35 +7,24 @@ same payload bytes, a lost race when the row moved (O5, O7, O14).
 from __future__ import annotations
 
 import asyncio
-import json
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, verify
+from statebook.lifecycle import verify
 from statebook.outbox import DeliveryWorker, enqueue_dispatch
 from statebook.outbox.attempts import read_candidates, scan_heads
 from statebook.outbox.delivery import claim_offered, deliver_due_dispatches
 from statebook.outbox.offers import offered_id
 
-from dispatch_support import Recorder, facts, row
+from dispatch_support import Recorder, Signalled, facts, row
 
 WAIT = 10.0
-
-
-class Counting(Recorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.called = asyncio.Event()
-
-    async def __call__(self, deliver_to: str, payload: str):
-        self.called.set()
-        return await super().__call__(deliver_to, payload)
 
 
 async def test_an_idle_worker_claims_the_offered_row_and_sends_the_stored_bytes(book):
     """O14: an enqueue through the worker's book is offered to it; it claims and delivers that row, the
     payload it sends is byte for byte the stored text, and the history is the usual one."""
-    rec = Counting()
+    rec = Signalled()
     worker = DeliveryWorker(book, rec.transport, tick_seconds=30.0)
     task = asyncio.ensure_future(worker.run_until_stopped())
     try:
