@@ -1,146 +1,38 @@
-"""``create``, ``transition`` and ``purge``: the only code that writes status or facts.
+"""``create``, ``transition`` and ``purge`` (and their batch forms): the only code that writes status or facts.
 
-Each runs in ONE transaction: a compare-and-set on the row (status, version and guard columns in
-the UPDATE's WHERE clause — the authority, not the prior read), the row's projection, and the
-appended fact. A conflict writes nothing; a command the policy forbids raises before any write.
+Every command runs the same way (specs/lifecycle.md L4, L5, L16): the policy checks it before any
+write; the rows it moves are read in the command's unit — locked on PostgreSQL, under the single
+writer on SQLite, or taken as the caller ``seen`` them; :mod:`.plan` makes each fact and the row
+it projects; the book's :class:`~.store.Store` writes rows and facts in ONE transaction with the
+compare-and-set (version, status, chain head, guards) in the statement's WHERE clause. A conflict
+writes nothing. A single command is a batch of one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
-
-from .book import Book, mark_touched
-from .codec import digest, dumps, new_id
-from .driver import Driver
-from .errors import DuplicateEntity, EntityNotFound, IdempotencyMismatch, TransitionRejected
-from .facts import GENESIS, stored_values
+from .book import Book
+from .codec import new_id
+from .errors import (
+    ConstraintViolation, DuplicateEntity, EntityNotFound, IdempotencyMismatch, StorageError, TransitionRejected,
+)
+from .plan import HEAD, Command, NewEntity, Outcome, applied, conflict, matches, plan_create, plan_purge, plan_transition
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .schema import data_column_names
-from . import statements
+from .store import RowWrite, Store, Unit
 
-_CAS_RETRIES = 8
+__all__ = ["Command", "NewEntity", "Outcome", "apply", "apply_many", "create", "create_many", "purge",
+           "purge_many", "transition"]
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """The result of a command: ``applied`` (with the fact written) or ``conflict`` (nothing written)."""
-
-    kind: Literal["applied", "conflict"]
-    entity_type: str
-    entity_id: str
-    status: str | None
-    version: int | None
-    fact_id: str | None = None
-    replayed: bool = False
-    row: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
-    chain_hash: str | None = field(default=None, compare=False, repr=False)
-    """The hash of the fact written (the row's new chain head), when applied by a batch."""
-
-    @property
-    def applied(self) -> bool:
-        return self.kind == "applied"
-
-    @property
-    def conflict(self) -> bool:
-        return self.kind == "conflict"
+BATCH = 500
+"""Rows per statement: plans are chunked so a statement's parameters stay bounded."""
 
 
-@dataclass(frozen=True)
-class Command:
-    """One requested transition."""
-
-    entity_type: str
-    entity_id: str
-    target: str
-    reason: Reason
-    actor: Actor
-    expected: tuple[str, ...]
-    guards: Mapping[str, Any] = field(default_factory=dict)
-    patch: Mapping[str, Any] = field(default_factory=dict)
-    idempotency_key: str | None = None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-    def digest(self) -> str:
-        return digest(
-            dumps(
-                {
-                    "entity": [self.entity_type, self.entity_id],
-                    "target": self.target,
-                    "reason": [self.reason.code, self.reason.summary, list(self.reason.evidence)],
-                    "actor": [self.actor.type, self.actor.id],
-                    "expected": sorted(self.expected),
-                    "guards": dict(self.guards),
-                    "patch": dict(self.patch),
-                }
-            )
-        )
-
-
-def _fact_content(
-    lc: Lifecycle,
-    *,
-    entity_id: str,
-    prev_fact_id: str,
-    previous: str | None,
-    status: str | None,
-    version: int,
-    reason: Reason,
-    actor: Actor,
-    at: float,
-    patch: Mapping[str, Any],
-    metadata: Mapping[str, Any],
-    idempotency_key: str | None,
-    command_digest: str | None,
-) -> dict[str, Any]:
-    return {
-        "id": new_id(),
-        "entity_type": lc.entity_type,
-        "entity_id": entity_id,
-        "prev_fact_id": prev_fact_id,
-        "previous_status": previous,
-        "status": status,
-        "version": version,
-        "reason_code": reason.code,
-        "reason_summary": reason.summary,
-        "evidence_refs": list(reason.evidence),
-        "actor_type": actor.type,
-        "actor_id": actor.id,
-        "at": at,
-        "patch": dict(patch),
-        "metadata": dict(metadata),
-        "idempotency_key": idempotency_key,
-        "command_digest": command_digest,
-        "policy_fingerprint": lc.fingerprint,
-    }
-
-
-def _projection(content: dict[str, Any], hashed: dict[str, Any]) -> dict[str, Any]:
-    """Lifecycle column values the fact projects onto its row."""
-    return {
-        "status": content["status"],
-        "version": content["version"],
-        "updated_at": content["at"],
-        "status_reason_code": content["reason_code"],
-        "status_reason_summary": content["reason_summary"],
-        "last_fact_id": content["id"],
-        "chain_hash": hashed["hash"],
-    }
-
-
-def _insert(dialect: str, table: sa.Table) -> Any:
-    if dialect == "postgresql":
-        return postgresql.insert(table)
-    if dialect == "sqlite":
-        return sqlite.insert(table)
-    return sa.insert(table)
-
-
+# -- create -----------------------------------------------------------------------------------------
 async def create(
     book: Book,
     entity_type: str,
@@ -156,112 +48,98 @@ async def create(
 ) -> Outcome:
     """Insert an entity and its first fact (previous status NULL) in one transaction.
 
-    ``fresh_id=True`` says the caller drew the id with :func:`codec.new_id` just now, so it cannot
-    belong to a purged history and the probe for one is skipped.
-
     ``values`` are the data columns (``id`` may be among them or given as ``entity_id``). With
     ``if_absent=True`` a row that would violate a unique constraint (its id or e.g. a dedup key) is
     not inserted and a ``conflict`` outcome is returned instead of an error — nothing is written.
+    ``fresh_id=True`` says the caller drew the id with :func:`codec.new_id` just now, so it cannot
+    belong to a purged history and the probe for one is skipped.
     """
-    lc = book.policy(entity_type)
-    lc.check_reason(reason.code)
-    if status not in lc.initial:
-        raise TransitionRejected(
-            f"{entity_type}: {status!r} is not an initial status (initial: {', '.join(sorted(lc.initial))})",
-            rule="initial",
-        )
     data = dict(values)
-    # A freshly generated id cannot collide with a purged history; a caller's id might.
-    chosen = None if fresh_id else entity_id or data.get("id")
-    entity_id = entity_id or data.get("id") or new_id()
-    data["id"] = entity_id
-    unknown = [] if data.keys() <= data_column_names(lc.table) else sorted(data.keys() - data_column_names(lc.table))
-    if unknown:
-        raise TransitionRejected(
-            f"{entity_type}: {', '.join(unknown)} are not data columns of table {lc.table.name!r}", rule="patch"
-        )
-    content = _fact_content(
-        lc, entity_id=entity_id, prev_fact_id=GENESIS, previous=None, status=status, version=1, reason=reason,
-        actor=actor, at=book.clock.now(), patch=data, metadata=metadata or {}, idempotency_key=None,
-        command_digest=None,
-    )
-    fact = stored_values(content, GENESIS)
-    row = {**data, **_projection(content, fact)}
-    if book.conn is None and book.dialect == "postgresql" and chosen is None:
-        # A generated id needs no history probe, so the whole create is one statement: run it in
-        # autocommit (one round trip, no BEGIN/COMMIT); a single statement is atomic by itself.
-        async with book.autocommit() as db:
-            inserted = await _insert_row_and_fact(db, lc, row, fact, if_absent)
-        if not inserted:
-            return Outcome("conflict", entity_type, entity_id, None, None)
-        book.committed(entity_type)
-        return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
-    async with book.unit() as unit:
-        inserted = await _create_in(unit.db, lc, chosen, row, fact, if_absent)
+    if entity_id is not None:
+        data["id"] = entity_id
+    [outcome] = await _create(book, entity_type, [NewEntity(data, status, reason, actor, metadata)], if_absent,
+                              trust_ids=fresh_id)
+    return outcome
+
+
+async def create_many(
+    book: Book, entity_type: str, items: Sequence[NewEntity], *, if_absent: bool = False
+) -> list[Outcome]:
+    """Insert many entities and their first facts in one transaction (outcomes in input order).
+
+    With ``if_absent=True`` rows hitting a unique constraint are skipped (``conflict`` outcomes).
+    """
+    return await _create(book, entity_type, items, if_absent, trust_ids=False)
+
+
+async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_absent: bool, *,
+                  trust_ids: bool) -> list[Outcome]:
+    lc = book.policy(entity_type)
+    at = book.clock.now()
+    columns = data_column_names(lc.table)
+    plans: list[RowWrite] = []
+    chosen: list[str] = []  # caller-chosen ids may belong to a purged history; generated ones cannot
+    for item in items:
+        lc.check_reason(item.reason.code)
+        if item.status not in lc.initial:
+            raise TransitionRejected(
+                f"{entity_type}: {item.status!r} is not an initial status (initial: {', '.join(sorted(lc.initial))})",
+                rule="initial",
+            )
+        data = dict(item.values)
+        if data.get("id") is None:
+            data["id"] = new_id()
+        elif not trust_ids:
+            chosen.append(data["id"])
+        if not data.keys() <= columns:
+            unknown = ", ".join(sorted(data.keys() - columns))
+            raise TransitionRejected(f"{entity_type}: {unknown} are not data columns of table {lc.table.name!r}",
+                                     rule="patch")
+        plans.append(plan_create(lc, data, item, at))
+    store = book.store
+    tried: list[RowWrite] = []
+    taken: set[str] = set()
+    for write in plans:
+        if if_absent and write.entity_id in taken:
+            continue  # a repeated id in one batch: the first is tried, the rest are conflicts
+        taken.add(write.entity_id)
+        tried.append(write)
+    groups = _groups(tried, lambda w: tuple(w.values))
+    async with unit_of(book, one_statement=not chosen and _one_statement(groups)) as unit:
+        purged = await _histories(store, unit, entity_type, chosen)
+        if purged and not if_absent:
+            raise DuplicateEntity(f"{entity_type} {sorted(purged)[0]!r} has a history (it was purged); "
+                                  "ids are not reused")
+        inserted: set[str] = set()
+        for group in groups:
+            for chunk in _chunks([w for w in group if w.entity_id not in purged]):
+                try:
+                    inserted |= await store.insert(unit, lc.table, chunk, if_absent=if_absent,
+                                                   notify=lc.notify_channel)
+                except ConstraintViolation as exc:
+                    if if_absent or not exc.unique:
+                        raise
+                    raise DuplicateEntity(f"{entity_type}: a row could not be inserted: {exc}") from exc
         if inserted:
             unit.wrote.add(entity_type)
-    if not inserted:
-        return Outcome("conflict", entity_type, entity_id, None, None)
-    return Outcome("applied", entity_type, entity_id, status, 1, fact["id"], row=row)
+    first = {id(w) for w in tried}
+    return [
+        Outcome("applied", entity_type, w.entity_id, w.values["status"], 1, w.fact["id"], row=w.values,
+                chain_hash=w.fact["hash"])
+        if id(w) in first and w.entity_id in inserted
+        else conflict(entity_type, w.entity_id)
+        for w in plans
+    ]
 
 
-async def _create_in(
-    db: Driver, lc: Lifecycle, chosen: str | None, row: dict[str, Any], fact: dict[str, Any], if_absent: bool
-) -> bool:
-    """The create's writes in an open transaction; False when ``if_absent`` skipped it."""
-    if chosen is not None and await db.fetch(statements.first_fact_of(), {"b_type": lc.entity_type, "b_id": chosen}):
-        if if_absent:
-            return False
-        raise DuplicateEntity(f"{lc.entity_type} {chosen!r} has a history (it was purged); ids are not reused")
-    return await _insert_row_and_fact(db, lc, row, fact, if_absent)
+async def _histories(store: Store, unit: Unit, entity_type: str, ids: list[str]) -> set[str]:
+    found: set[str] = set()
+    for start in range(0, len(ids), BATCH):
+        found |= await store.histories(unit, entity_type, ids[start : start + BATCH])
+    return found
 
 
-async def _insert_row_and_fact(
-    db: Driver, lc: Lifecycle, row: dict[str, Any], fact: dict[str, Any], if_absent: bool
-) -> bool:
-    """Insert a new row and its creation fact; False when ``if_absent`` skipped the row."""
-    try:
-        if db.postgresql:
-            # One round trip: the fact is inserted from the row insert's RETURNING, so a skipped
-            # row (if_absent) inserts no fact.
-            stmt = statements.insert_row_then_fact(lc.table, tuple(row), if_absent, lc.notify_channel)
-            params = {f"r_{k}": v for k, v in row.items()}
-            params.update({f"f_{k}": fact[k] for k in statements.FACT_COLUMNS})
-            return await db.execute(stmt, params) == 1
-        if await db.execute(statements.insert_row(db.dialect.name, lc.table, if_absent, tuple(row)), row) == 0:
-            return False
-        await db.execute(statements.insert_fact(), fact)
-        return True
-    except sa.exc.IntegrityError as exc:
-        if if_absent or not unique_violation(exc):
-            raise
-        raise DuplicateEntity(f"{lc.entity_type} {row['id']!r} could not be inserted: {exc.orig}") from exc
-
-
-def unique_violation(exc: sa.exc.IntegrityError) -> bool:
-    """A unique constraint refused the insert (not NOT NULL, CHECK or a foreign key)."""
-    orig = exc.orig
-    return type(orig).__name__ == "UniqueViolationError" or "UNIQUE constraint failed" in str(orig) or (
-        getattr(orig, "sqlstate", None) == "23505"
-    )
-
-
-async def _replayed(conn: Any, cmd: Command) -> Outcome | None:
-    found = (
-        await conn.execute(
-            statements.fact_by_key(), {"b_type": cmd.entity_type, "b_id": cmd.entity_id, "b_key": cmd.idempotency_key}
-        )
-    ).first()
-    if found is None:
-        return None
-    if found.command_digest != cmd.digest():
-        raise IdempotencyMismatch(
-            f"idempotency key {cmd.idempotency_key!r} was already used on {cmd.entity_type} {cmd.entity_id} "
-            "for a different command; use a new key for a new command"
-        )
-    return Outcome("applied", cmd.entity_type, cmd.entity_id, found.status, found.version, found.id, replayed=True)
-
-
+# -- transition -------------------------------------------------------------------------------------
 async def transition(
     book: Book,
     entity_type: str,
@@ -291,54 +169,114 @@ async def transition(
 
 
 async def apply(book: Book, cmd: Command) -> Outcome:
-    lc = book.policy(cmd.entity_type)
-    lc.check_command(
-        cmd.expected, cmd.target, actor_type=cmd.actor.type, patch=cmd.patch, guard=cmd.guards,
-        reason_code=cmd.reason.code,
-    )
-    table = lc.table
-    guard_names = tuple(cmd.guards)
-    read = statements.read_for_transition(table, guard_names)
-    async with book.begin() as tx:
-        conn = tx.conn
-        assert conn is not None
-        if cmd.idempotency_key is not None:
-            earlier = await _replayed(conn, cmd)
-            if earlier is not None:
-                return earlier
-        for _ in range(_CAS_RETRIES):
-            current = (await conn.execute(read, {"b_id": cmd.entity_id})).first()
-            if current is None:
-                raise EntityNotFound(f"{cmd.entity_type} {cmd.entity_id!r} does not exist")
-            if current.status not in cmd.expected or any(
-                getattr(current, g) != v for g, v in cmd.guards.items()
-            ):
-                if cmd.idempotency_key is not None:
-                    earlier = await _replayed(conn, cmd)
-                    if earlier is not None:
-                        return earlier
-                return Outcome("conflict", cmd.entity_type, cmd.entity_id, current.status, current.version)
-            version = current.version + 1
-            content = _fact_content(
-                lc, entity_id=cmd.entity_id, prev_fact_id=current.last_fact_id, previous=current.status,
-                status=cmd.target, version=version, reason=cmd.reason, actor=cmd.actor, at=book.clock.now(),
-                patch=cmd.patch, metadata=cmd.metadata, idempotency_key=cmd.idempotency_key,
-                command_digest=cmd.digest() if cmd.idempotency_key is not None else None,
+    """Apply one command (a batch of one); a missing entity raises :class:`EntityNotFound`."""
+    [outcome] = await _apply(book, [cmd], lock="wait", seen={}, missing_raises=True)
+    return outcome
+
+
+async def apply_many(
+    book: Book,
+    commands: Sequence[Command],
+    *,
+    lock: Literal["wait", "skip_locked"] = "wait",
+    seen: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Outcome]:
+    """Apply transitions of one entity type to distinct entities in one transaction.
+
+    Each command is checked against the policy first (a forbidden one raises, nothing written). Rows
+    whose status or guards no longer match — or, with ``lock="skip_locked"``, rows another
+    transaction holds — get a ``conflict`` outcome; the rest are applied.
+
+    ``seen`` maps entity ids to their rows as the caller last read them (``status``, ``version``,
+    ``last_fact_id``, ``chain_hash`` and the guarded columns) — e.g. the row a claim just wrote.
+    Those rows are not read again: the compare-and-set decides, so a row changed since is a
+    ``conflict``. Keyed commands (with an idempotency key) are always read under lock.
+    """
+    if not commands:
+        return []
+    return await _apply(book, commands, lock=lock, seen=seen or {}, missing_raises=False)
+
+
+async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"],
+                 seen: Mapping[str, Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
+    entity_type = commands[0].entity_type
+    lc = book.policy(entity_type)
+    ids = [c.entity_id for c in commands]
+    if len(set(ids)) != len(ids) or any(c.entity_type != entity_type for c in commands):
+        raise ValueError("apply_many takes commands for distinct entities of one entity type")
+    for c in commands:
+        lc.check_command(c.expected, c.target, actor_type=c.actor.type, patch=c.patch, guard=c.guards,
+                         reason_code=c.reason.code)
+    keyed = [c for c in commands if c.idempotency_key is not None]
+    unseen = [c.entity_id for c in commands if c.entity_id not in seen or c.idempotency_key is not None]
+    store = book.store
+    shape_of = _update_shape
+    whole = not unseen and _one_statement(_groups(commands, lambda c: (tuple(c.guards), tuple(c.patch))))
+    outcomes: dict[str, Outcome] = {}
+    async with unit_of(book, one_statement=whole) as unit:
+        current: dict[str, Mapping[str, Any]] = {k: v for k, v in seen.items()}
+        guard_cols = sorted({g for c in commands for g in c.guards})
+        for chunk in _chunks(unseen):
+            for row in await store.rows(unit, lc.table, ("id", *HEAD, *guard_cols), chunk, lock=lock):
+                current[row["id"]] = row
+        if keyed:
+            await _replays(store, unit, keyed, current, outcomes)
+        writes: list[tuple[Command, RowWrite]] = []
+        at = book.clock.now()
+        for c in commands:
+            if c.entity_id in outcomes:
+                continue
+            row = current.get(c.entity_id)
+            if row is None and missing_raises:
+                raise EntityNotFound(f"{entity_type} {c.entity_id!r} does not exist")
+            if not matches(c, row):
+                outcomes[c.entity_id] = conflict(entity_type, c.entity_id, row)
+                continue
+            writes.append((c, plan_transition(lc, c, row, at)))  # type: ignore[arg-type]
+        trusted = set(unseen)
+        for group in _groups(writes, lambda cw: shape_of(cw[1])):
+            for chunk in _chunks(group):
+                updated = await store.update(unit, lc.table, [w for _, w in chunk])
+                for c, w in chunk:
+                    if c.entity_id in updated:
+                        outcomes[c.entity_id] = applied(c, w)
+                    elif c.entity_id in trusted:
+                        # Read under lock in this unit: a miss means the facts would not match the rows.
+                        raise StorageError(f"compare-and-set missed locked row {entity_type} {c.entity_id}")
+                    else:
+                        outcomes[c.entity_id] = conflict(entity_type, c.entity_id)
+                if updated:
+                    unit.wrote.add(entity_type)
+    return [outcomes[c.entity_id] for c in commands]
+
+
+async def _replays(store: Store, unit: Unit, keyed: list[Command], current: Mapping[str, Mapping[str, Any]],
+                   outcomes: dict[str, Outcome]) -> None:
+    """Keyed commands whose key already produced a fact: the original outcome, or a mismatch.
+
+    Runs after the rows are locked, so a racing command with the same key has committed (or not
+    begun) by now: exactly one applies, the other replays (L9).
+    """
+    found = await store.facts_by_key(unit, keyed[0].entity_type, [(c.entity_id, c.idempotency_key or "")
+                                                                  for c in keyed])
+    for c in keyed:
+        fact = found.get((c.entity_id, c.idempotency_key or ""))
+        if fact is None:
+            continue
+        if fact["command_digest"] != c.digest():
+            raise IdempotencyMismatch(
+                f"idempotency key {c.idempotency_key!r} was already used on {c.entity_type} {c.entity_id} "
+                "for a different command; use a new key for a new command"
             )
-            fact = stored_values(content, current.chain_hash)
-            values = {**cmd.patch, **_projection(content, fact)}
-            params = {f"n_{c}": v for c, v in values.items()}
-            params.update({f"b_{g}": v for g, v in cmd.guards.items()})
-            params.update(b_id=cmd.entity_id, b_version=current.version, b_expected=list(cmd.expected))
-            result = await conn.execute(statements.update_if_unchanged(table, guard_names, tuple(values)), params)
-            if result.rowcount == 1:
-                await conn.execute(statements.insert_fact(), fact)
-                mark_touched(conn, cmd.entity_type)
-                return Outcome("applied", cmd.entity_type, cmd.entity_id, cmd.target, version, fact["id"])
-            # Lost the compare-and-set to a concurrent writer: re-read and decide again.
-        return Outcome("conflict", cmd.entity_type, cmd.entity_id, None, None)
+        outcomes[c.entity_id] = Outcome("applied", c.entity_type, c.entity_id, fact["status"], fact["version"],
+                                        fact["id"], replayed=True)
 
 
+def _update_shape(write: RowWrite) -> tuple[Any, ...]:
+    return (write.guards, tuple(write.values))
+
+
+# -- purge ------------------------------------------------------------------------------------------
 async def purge(
     book: Book,
     entity_type: str,
@@ -354,41 +292,102 @@ async def purge(
     Only purgeable statuses (the terminal ones unless declared otherwise) are accepted without
     ``force``. The history stays: ``verify`` accepts facts of a missing row that ends in a tombstone.
     """
+    [outcome] = await _purge(book, entity_type, [entity_id], reason=reason, actor=actor, expected=expected,
+                             force=force, missing_raises=True)
+    return outcome
+
+
+async def purge_many(
+    book: Book,
+    entity_type: str,
+    entity_ids: Sequence[str],
+    *,
+    reason: Reason,
+    actor: Actor,
+    expected: Iterable[str] | str | None = None,
+    force: bool = False,
+) -> list[Outcome]:
+    """:func:`purge` for many rows of one type in one transaction, set-based (a bounded number of
+    statements per :data:`BATCH` rows). A row that is missing or not in ``expected`` is a conflict."""
+    if len(set(entity_ids)) != len(entity_ids):
+        raise ValueError("purge_many takes distinct entity ids")
+    if not entity_ids:
+        return []
+    return await _purge(book, entity_type, entity_ids, reason=reason, actor=actor, expected=expected, force=force,
+                        missing_raises=False)
+
+
+async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, reason: Reason, actor: Actor,
+                 expected: Iterable[str] | str | None, force: bool, missing_raises: bool) -> list[Outcome]:
     lc = book.policy(entity_type)
     lc.check_reason(reason.code)
-    table = lc.table
-    async with book.begin() as tx:
-        conn = tx.conn
-        assert conn is not None
-        current = (
-            await conn.execute(
-                sa.select(table.c.status, table.c.version, table.c.last_fact_id, table.c.chain_hash).where(
-                    table.c.id == entity_id
+    allowed = (expected,) if isinstance(expected, str) else tuple(expected or lc.statuses)
+    store = book.store
+    outcomes: dict[str, Outcome] = {}
+    async with unit_of(book) as unit:
+        current: dict[str, Mapping[str, Any]] = {}
+        for chunk in _chunks(list(entity_ids)):
+            for row in await store.rows(unit, lc.table, ("id", *HEAD), chunk, lock="wait"):
+                current[row["id"]] = row
+        at = book.clock.now()
+        writes: list[RowWrite] = []
+        for entity_id in entity_ids:
+            row = current.get(entity_id)
+            if row is None:
+                if missing_raises:
+                    raise EntityNotFound(f"{entity_type} {entity_id!r} does not exist")
+                outcomes[entity_id] = conflict(entity_type, entity_id)
+                continue
+            if row["status"] not in allowed:
+                outcomes[entity_id] = conflict(entity_type, entity_id, row)
+                continue
+            _check_purgeable(lc, entity_id, row["status"], force)
+            writes.append(plan_purge(lc, entity_id, row, reason, actor, at, force))
+        for chunk in _chunks(writes):
+            deleted = await store.delete(unit, lc.table, chunk)
+            for w in chunk:
+                outcomes[w.entity_id] = (
+                    Outcome("applied", entity_type, w.entity_id, None, w.fact["version"], w.fact["id"])
+                    if w.entity_id in deleted else conflict(entity_type, w.entity_id)
                 )
-            )
-        ).first()
-        if current is None:
-            raise EntityNotFound(f"{entity_type} {entity_id!r} does not exist")
-        allowed = (expected,) if isinstance(expected, str) else tuple(expected or lc.statuses)
-        if current.status not in allowed:
-            return Outcome("conflict", entity_type, entity_id, current.status, current.version)
-        if not force and current.status not in (lc.purgeable or ()):
-            raise TransitionRejected(
-                f"{entity_type} {entity_id} is {current.status!r}, which is not purgeable "
-                f"({', '.join(sorted(lc.purgeable or ())) or 'none'}); pass force=True to purge it anyway",
-                rule="purge",
-            )
-        content = _fact_content(
-            lc, entity_id=entity_id, prev_fact_id=current.last_fact_id, previous=current.status, status=None,
-            version=current.version + 1, reason=reason, actor=actor, at=book.clock.now(), patch={},
-            metadata={"forced": force} if force else {}, idempotency_key=None, command_digest=None,
+            if deleted:
+                unit.wrote.add(entity_type)
+    return [outcomes[entity_id] for entity_id in entity_ids]
+
+
+def _check_purgeable(lc: Lifecycle, entity_id: str, status: str, force: bool) -> None:
+    if not force and status not in (lc.purgeable or ()):
+        raise TransitionRejected(
+            f"{lc.entity_type} {entity_id} is {status!r}, which is not purgeable "
+            f"({', '.join(sorted(lc.purgeable or ())) or 'none'}); pass force=True to purge it anyway",
+            rule="purge",
         )
-        fact = stored_values(content, current.chain_hash)
-        result = await conn.execute(
-            sa.delete(table).where(table.c.id == entity_id, table.c.version == current.version)
-        )
-        if result.rowcount != 1:
-            return Outcome("conflict", entity_type, entity_id, None, None)
-        await conn.execute(statements.insert_fact(), fact)
-        mark_touched(conn, entity_type)
-    return Outcome("applied", entity_type, entity_id, None, content["version"], fact["id"])
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+@asynccontextmanager
+async def unit_of(book: Book, *, one_statement: bool = False) -> AsyncIterator[Unit]:
+    """The one unit of work of the engine: joins the book's transaction, or runs its own and then
+    announces what it wrote (``Book.on_commit``) once that has committed."""
+    async with book.store.unit(book.conn, one_statement=one_statement) as unit:
+        yield unit
+    if book.conn is None:
+        for entity_type in unit.wrote:
+            book.committed(entity_type)
+
+
+def _groups(items: Iterable[Any], key: Any) -> list[list[Any]]:
+    """Items grouped by statement shape, in first-seen order."""
+    groups: dict[Any, list[Any]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return list(groups.values())
+
+
+def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), BATCH):
+        yield items[start : start + BATCH]
+
+
+def _one_statement(groups: list[list[Any]]) -> bool:
+    return len(groups) == 1 and len(groups[0]) <= BATCH

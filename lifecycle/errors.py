@@ -48,3 +48,28 @@ class IdempotencyMismatch(StatebookError):
 
 class DuplicateEntity(StatebookError):
     """``create`` was asked to insert an id that already exists."""
+
+
+class StorageError(StatebookError):
+    """The database refused or failed a statement in a way statebook did not plan for.
+
+    ``orig`` is the driver's exception (for logs; it is not part of the contract).
+    """
+
+    def __init__(self, message: str, *, orig: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.orig = orig
+
+
+class StorageUnavailable(StorageError):
+    """The database could not be reached or stayed busy: the connection was lost, the server is down,
+    or SQLite's lock was held past the busy timeout. Nothing of the failed unit was committed; retry."""
+
+
+class ConstraintViolation(StorageError):
+    """A constraint of the schema (NOT NULL, CHECK, a foreign key, a unique index) refused a write;
+    nothing of the unit was committed. ``unique`` tells a unique index from the others."""
+
+    def __init__(self, message: str, *, orig: BaseException | None = None, unique: bool = False) -> None:
+        super().__init__(message, orig=orig)
+        self.unique = unique

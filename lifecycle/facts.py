@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from .codec import digest, dumps, dumps_tree, loads
 from .schema import metadata
+from .store import store_for
 
 GENESIS = ""
 """``prev_fact_id`` and ``prev_hash`` of an entity's first fact."""
@@ -196,18 +197,7 @@ async def tail(conn: Any, cursor: Cursor = Cursor(), *, limit: int = 1000) -> tu
     flight (``pg_snapshot_xmin``) are returned, ordered by (transaction id, seq): a fact that commits
     later always sorts after the cursor. On SQLite writes are serialised, so seq order suffices.
     """
-    t = facts_table
-    if conn.dialect.name == "postgresql":
-        horizon = sa.text("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-        query = (
-            sa.select(t)
-            .where(sa.tuple_(t.c.tx_id, t.c.seq) > sa.tuple_(sa.literal(cursor.tx_id), sa.literal(cursor.seq)))
-            .where(t.c.tx_id < sa.select(horizon).scalar_subquery())
-            .order_by(t.c.tx_id, t.c.seq)
-            .limit(limit)
-        )
-    else:
-        query = sa.select(t).where(t.c.seq > cursor.seq).order_by(t.c.seq).limit(limit)
+    query = store_for(conn.engine).tail_query(cursor, limit)
     rows = (await conn.execute(query)).fetchall()
     found = [Fact.from_row(r) for r in rows]
     if found:

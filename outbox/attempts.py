@@ -6,16 +6,13 @@ The command builders here are shared by the single steps and the batched passes 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason
-from statebook.lifecycle.codec import dumps, new_id
-from statebook.lifecycle.driver import Driver, driver
+from statebook.lifecycle.codec import new_id
 
 from .errors import DispatchInvalid
 from .schema import dispatch_outbox
@@ -117,14 +114,6 @@ def _columns() -> list[Any]:
     ]
 
 
-def _candidate(row: Any) -> Candidate:
-    return Candidate(
-        dispatch_id=row.id, status=row.status, attempt=row.attempt, next_attempt_at=row.next_attempt_at,
-        expires_at=row.expires_at, max_attempts=row.max_attempts, ack_required=bool(row.ack_required),
-        kind=row.kind, deliver_to=row.deliver_to, payload=row.payload,
-    )
-
-
 def scan_query(*, now: float, limit: int) -> sa.Select[Any]:
     """The due-row query: served by ``idx_dispatch_outbox_due`` in (next_attempt_at, id) order."""
     t = dispatch_outbox
@@ -137,69 +126,48 @@ def scan_query(*, now: float, limit: int) -> sa.Select[Any]:
 
 
 _HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
-_NAMES = (*(c.name for c in _columns()), *_HEAD)
-"""Names of the columns a scan reads, in order."""
 
 
-@contextlib.asynccontextmanager
-async def _reader(book: Book) -> AsyncIterator[Driver]:
-    """The driver for one read: the bound transaction's, or a pooled connection outside any
-    transaction (a single SELECT reads one consistent snapshot by itself)."""
-    if book.conn is not None:
-        yield await driver(book.conn)
-        return
-    async with book.autocommit() as db:
-        yield db
-_scans: dict[tuple[str, bool], Any] = {}
-
-
-def _scan_statement(dialect: str, skip_locked: bool) -> Any:
-    """The scan with bound ``b_now``/``b_limit`` (one compiled shape), plus each row's chain head."""
-    key = (dialect, skip_locked)
-    stmt = _scans.get(key)
-    if stmt is None:
-        t = dispatch_outbox
-        stmt = (
-            sa.select(*_columns(), *(t.c[c] for c in _HEAD))
-            .where(ACTIVE, t.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
-            .order_by(t.c.next_attempt_at, t.c.id)
-            .limit(sa.bindparam("b_limit", type_=sa.Integer))
-        )
-        if skip_locked and dialect == "postgresql":
-            stmt = stmt.with_for_update(skip_locked=True, of=t)
-        stmt = _scans[key] = stmt
-    return stmt
+_SCAN = (
+    sa.select(*_columns(), *(dispatch_outbox.c[c] for c in _HEAD))
+    .where(ACTIVE, dispatch_outbox.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
+    .order_by(dispatch_outbox.c.next_attempt_at, dispatch_outbox.c.id)
+    .limit(sa.bindparam("b_limit", type_=sa.Integer))
+)
+"""The scan with bound ``b_now``/``b_limit`` (one compiled shape), plus each row's chain head."""
 
 
 async def scan_heads(
     book: Book, *, now: float, limit: int, skip_locked: bool = False
 ) -> list[tuple[Candidate, dict[str, Any]]]:
-    """Like :func:`scan`, with each row's lifecycle columns as ``apply_many(seen=...)`` takes them."""
+    """Like :func:`scan`, with each row's lifecycle columns as ``apply_many(seen=...)`` takes them.
+
+    With ``skip_locked`` the rows are locked (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) until the
+    bound transaction ends, so concurrent workers pick disjoint rows.
+    """
     if limit < 1:
         raise DispatchInvalid(f"limit must be >= 1, got {limit}")
-    async with _reader(book) as db:
-        rows = await db.fetch(_scan_statement(book.dialect, skip_locked), {"b_now": now, "b_limit": limit})
-    return [with_head(dict(zip(_NAMES, r))) for r in rows]
+    store = book.store
+    async with store.reader(book.conn) as unit:
+        rows = await store.select(unit, _SCAN, {"b_now": now, "b_limit": limit},
+                                  lock="skip_locked" if skip_locked else None)
+    return [with_head(r) for r in rows]
 
 
-_by_id: dict[str, Any] = {}
+_by_ids: dict[str, Any] = {}
 
 
 async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, dict[str, Any]]]:
     """The pending or delivering rows among ``ids``, read by key, as :func:`scan_heads` returns them."""
-    stmt = _by_id.get(book.dialect)
-    if stmt is None:
+    store = book.store
+    query = _by_ids.get(store.dialect)
+    if query is None:
         t = dispatch_outbox
-        if book.dialect == "postgresql":
-            from sqlalchemy.dialects import postgresql
-
-            match: Any = t.c.id == sa.any_(sa.bindparam("b_ids", type_=postgresql.ARRAY(t.c.id.type)))
-        else:
-            match = t.c.id.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam("b_ids"))))
-        stmt = _by_id[book.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(ACTIVE, match)
-    async with _reader(book) as db:
-        rows = await db.fetch(stmt, {"b_ids": ids if db.postgresql else dumps(ids)})
-    return [with_head(dict(zip(_NAMES, r))) for r in rows]
+        query = _by_ids[store.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(
+            ACTIVE, store.ids_in(t.c.id, "b_ids"))
+    async with store.reader(book.conn) as unit:
+        rows = await store.select(unit, query, {"b_ids": store.ids_value(ids)})
+    return [with_head(r) for r in rows]
 
 
 def with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
@@ -215,19 +183,10 @@ def with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
 async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = False) -> list[Candidate]:
     """Due rows: pending or lease-lapsed delivering with ``next_attempt_at <= now``.
 
-    Ordered by (next_attempt_at, id), at most ``limit``. With ``skip_locked`` on PostgreSQL the rows
-    are locked ``FOR UPDATE SKIP LOCKED`` until the bound transaction ends, so concurrent workers
-    pick disjoint rows (see :func:`statebook.outbox.delivery.claim_due`).
+    Ordered by (next_attempt_at, id), at most ``limit``; ``skip_locked`` as in :func:`scan_heads`
+    (see :func:`statebook.outbox.delivery.claim_due`).
     """
-    if limit < 1:
-        raise DispatchInvalid(f"limit must be >= 1, got {limit}")
-    t = dispatch_outbox
-    query = scan_query(now=now, limit=limit)
-    if skip_locked and book.dialect == "postgresql":
-        query = query.with_for_update(skip_locked=True, of=t)
-    async with book.read() as conn:
-        rows = (await conn.execute(query)).fetchall()
-    return [_candidate(r) for r in rows]
+    return [candidate for candidate, _ in await scan_heads(book, now=now, limit=limit, skip_locked=skip_locked)]
 
 
 async def next_due(book: Book) -> float | None:

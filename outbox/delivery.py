@@ -17,9 +17,7 @@ are recorded together in the next transaction, each still its own transition.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -194,24 +192,8 @@ async def claim_offered(
     planned, seen = _plan(offered, now, actor)
     if not planned:
         return [], dict.fromkeys(COUNTERS, 0)
-    async with _write_serializer(book):
-        outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
+    outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
     return _won(planned, outcomes)
-
-
-_sqlite_locks: weakref.WeakKeyDictionary[Any, dict[Any, asyncio.Lock]] = weakref.WeakKeyDictionary()
-
-
-def _write_serializer(book: Book) -> contextlib.AbstractAsyncContextManager[Any]:
-    """SQLite has one writer: queue this process's delivery writes instead of busy-polling the lock."""
-    if book.dialect != "sqlite":
-        return contextlib.nullcontext()
-    per_loop = _sqlite_locks.setdefault(book.engine.sync_engine, {})
-    loop = asyncio.get_running_loop()
-    lock = per_loop.get(loop)
-    if lock is None:
-        lock = per_loop[loop] = asyncio.Lock()
-    return lock
 
 
 async def finalize_all(
@@ -230,15 +212,13 @@ async def _finalize_group(
 ) -> list[Finalized | None]:
     if len({lease.dispatch_id for lease, _ in done}) == len(done):
         try:
-            async with _write_serializer(book):
-                return list(await finalize_all(book, done, now=now(), actor=actor))
+            return list(await finalize_all(book, done, now=now(), actor=actor))
         except Exception:
             log.warning("group finalization failed; finalizing one by one", exc_info=True)
     outcomes: list[Finalized | None] = []
     for lease, result in done:
         try:
-            async with _write_serializer(book):
-                outcomes.append(await finalize(book, lease, result, now=now(), actor=actor))
+            outcomes.append(await finalize(book, lease, result, now=now(), actor=actor))
         except Exception:
             # The row stays delivering; its lease lapses and a later scan reclaims it.
             log.exception("could not finalize dispatch %s attempt %s", lease.dispatch_id, lease.attempt)
@@ -318,8 +298,7 @@ async def deliver_due_dispatches(
     if transport is None:
         transport = ArgvTransport(notify_template)
     clock: Callable[[], float] = (lambda: now) if now is not None else book.clock.now
-    async with _write_serializer(book):
-        leases, counts = await claim_due(book, now=clock(), limit=batch_size, actor=actor)
+    leases, counts = await claim_due(book, now=clock(), limit=batch_size, actor=actor)
     return await _run_and_count(book, leases, counts, transport, concurrency, clock, actor)
 
 

@@ -91,13 +91,12 @@ async def _existing_ids(tx: Book, keys: Iterable[str]) -> dict[str, str]:
     return found
 
 
-_NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
-
-
 async def notify(tx: Book, payload: str = "") -> None:
-    """On PostgreSQL, ``NOTIFY statebook_dispatch`` when ``tx`` commits (a wake-up for workers)."""
-    if tx.dialect == "postgresql" and tx.conn is not None:
-        await tx.conn.execute(_NOTIFY, {"channel": NOTIFY_CHANNEL, "payload": payload})
+    """Wake workers listening on ``statebook_dispatch`` when ``tx`` commits (PostgreSQL ``NOTIFY``;
+    nothing on SQLite, whose workers are woken in process)."""
+    store = tx.store
+    async with store.unit(tx.conn) as unit:
+        await store.notify(unit, NOTIFY_CHANNEL, payload)
 
 
 def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
@@ -242,9 +241,6 @@ async def _enqueue_fresh(book: Book, prepared: list[dict[str, Any]]) -> list[str
         else:  # a generated id that already existed (128 random bits: practically never): draw another, alone
             dispatch_id, _ = await _enqueue_one(book, args)
             ids.append(dispatch_id)
-    if book.dialect == "postgresql":
-        async with book.autocommit() as db:
-            await db.execute(_NOTIFY, {"channel": NOTIFY_CHANNEL, "payload": ""})
     return ids
 
 

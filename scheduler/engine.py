@@ -172,18 +172,13 @@ class SchedulerEngine:
             await self._isolated("reaper", reaper)
 
     async def _checkpoint_if_due(self, now: float) -> None:
-        if self.book.dialect != "sqlite":
-            return
         if self._last_checkpoint is None:
             self._last_checkpoint = now
             return
         if now - self._last_checkpoint < self.cfg.checkpoint_interval_seconds:
             return
         self._last_checkpoint = now
-        async with self.book.engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            driver = raw.driver_connection  # aiosqlite: outside SQLAlchemy's BEGIN IMMEDIATE
-            await driver.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        await self.book.store.maintain()  # SQLite: a WAL checkpoint; PostgreSQL: nothing
 
     # -- recovery -----------------------------------------------------------------------------
     def _owner_gone(self, daemon_id: str | None) -> bool:

@@ -68,8 +68,7 @@ async def lock_due(tx: Book, due: Sequence[Mapping[str, Any]]) -> list[Mapping[s
     assert tx.conn is not None
     query = (sa.select(s.c.id, s.c.status, s.c.version, s.c.next_fire_at)
              .where(s.c.id.in_([row["id"] for row in due])).order_by(s.c.id))
-    if tx.dialect == "postgresql":
-        query = query.with_for_update()  # in id order: two evaluators lock overlapping sets without deadlock
+    query = tx.store.lock_rows(query, "wait")  # in id order: two evaluators lock overlapping sets without deadlock
     locked = {row.id: row for row in await tx.conn.execute(query)}
     out: list[Mapping[str, Any] | None] = []
     changed: list[str] = []

@@ -19,7 +19,6 @@ from unittest import mock
 
 import sqlalchemy as sa
 
-import statebook.lifecycle.batch as lifecycle_batch
 import statebook.lifecycle.engine as lifecycle_engine
 from statebook.lifecycle import Book
 from statebook.outbox.schema import dispatch_outbox
@@ -120,7 +119,7 @@ def deterministic_ids() -> Iterator[None]:
     def new_id() -> str:
         return f"{next(numbers):032x}"
 
-    with mock.patch.object(lifecycle_engine, "new_id", new_id), mock.patch.object(lifecycle_batch, "new_id", new_id):
+    with mock.patch.object(lifecycle_engine, "new_id", new_id):
         yield
 
 

@@ -1,8 +1,8 @@
-"""The driver layer (lifecycle/driver.py) and ``Book.autocommit`` (lifecycle/book.py), on both backends.
+"""The backends' shared driver layer (adapters/persistence.py) and their units of work, on both backends.
 
 Hot-path statements are compiled once by SQLAlchemy and run on the asyncpg / aiosqlite connection under
 a SQLAlchemy connection. These tests hold the layer to its promises: one compiled shape per statement and
-dialect, values bound in a statement sent with it, exact row counts, driver errors raised as SQLAlchemy's,
+dialect, values bound in a statement sent with it, exact row counts, driver errors raised as statebook's own (L17),
 statements joining the transaction of the connection they came from, and — on PostgreSQL — an autocommit
 connection that a cancelled or broken statement leaves out of the pool rather than handed out again.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,11 +24,41 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statebook.adapters.db import connect
 from statebook.adapters.registry import builtin_registry
-from statebook.lifecycle import Book
-from statebook.lifecycle import driver as driver_module
-from statebook.lifecycle import statements
+from statebook.adapters.persistence import Driver
+from statebook.adapters.postgres import PostgresStore, _constant_keys
+from statebook.adapters.sqlite import SQLiteStore, _insert
+from statebook.lifecycle import Book, ConstraintViolation, StorageError
 from statebook.lifecycle.book import READ_ONLY_OPTION
-from statebook.lifecycle.driver import driver, shape
+from statebook.lifecycle.store import store_for
+
+
+@asynccontextmanager
+async def autocommit(book: Book) -> AsyncIterator[Driver]:
+    """A driver on a bare pooled connection outside any transaction (the store's reader unit)."""
+    async with book.store.reader(None) as unit:
+        yield unit.handle
+
+
+@asynccontextmanager
+async def transaction(book: Book) -> AsyncIterator[Driver]:
+    """The store's own write unit (BEGIN ... COMMIT on a bare pooled connection)."""
+    async with book.store.own_unit(False) as unit:
+        yield unit.handle
+
+
+async def driver(conn: Any) -> Driver:
+    """The driver of a SQLAlchemy connection, joined to its transaction (as a bound unit is)."""
+    store = store_for(conn.engine)
+    return Driver(store, await store.joined(conn))
+
+
+_STORES = {"postgresql": PostgresStore(SimpleNamespace(dialect=PGDialect_asyncpg())),  # type: ignore[arg-type]
+           "sqlite": SQLiteStore(SimpleNamespace(dialect=SQLiteDialect_aiosqlite()))}  # type: ignore[arg-type]
+"""Stores over bare dialects: enough to compile shapes (no connection is made)."""
+
+
+def shape(dialect: Any, statement: Any) -> Any:
+    return _STORES[dialect.name].shape(statement)
 
 META = sa.MetaData()
 notes = sa.Table(
@@ -43,6 +75,12 @@ def insert_note() -> Any:
     """INSERT one note; parameters ``b_id``, ``b_tag``, ``b_body`` (built per test: see test_shape_*)."""
     return sa.insert(notes).values(id=sa.bindparam("b_id", type_=sa.Integer), tag=sa.bindparam("b_tag", type_=sa.Text),
                                    body=sa.bindparam("b_body", type_=sa.JSON))
+
+
+def pg_insert(table: sa.Table, columns: tuple[str, ...]) -> Any:
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql.insert(table).values({c: sa.bindparam(c, type_=table.c[c].type) for c in columns}).on_conflict_do_nothing()
 
 
 def note(n: int, tag: str | None = None, body: Any = None) -> dict[str, Any]:
@@ -101,7 +139,7 @@ async def peek(engine: AsyncEngine) -> dict[int, tuple[str, Any]]:
 
 
 async def backend_pid(book: Book) -> int:
-    async with book.autocommit() as db:
+    async with autocommit(book) as db:
         ((pid,),) = await db.fetch(sa.select(sa.func.pg_backend_pid()), {})
     return pid
 
@@ -120,7 +158,7 @@ async def wait_until_running(watcher: AsyncEngine, pid: int, text: str) -> None:
 
 async def works(book: Book, n: int) -> None:
     """The engine serves a write through the driver and a transaction through SQLAlchemy."""
-    async with book.autocommit() as db:
+    async with autocommit(book) as db:
         assert await db.execute(insert_note(), note(n)) == 1
     async with book.engine.begin() as conn:
         assert (await conn.execute(sa.select(notes.c.tag).where(notes.c.id == n))).scalar_one() == f"t{n}"
@@ -152,7 +190,7 @@ def test_a_cached_shape_serves_only_its_own_statement(monkeypatch):
     first = sa.select(notes.c.id).where(notes.c.id == sa.bindparam("b_id"))
     second = sa.delete(notes).where(notes.c.tag == sa.bindparam("b_tag"))
     planted = shape(dialect, first)
-    monkeypatch.setitem(driver_module._shapes, (id(second), dialect.name), planted)
+    monkeypatch.setitem(_STORES["postgresql"]._shapes, id(second), (first, planted))
     found = shape(dialect, second)
     assert found is not planted and found.sql.startswith("DELETE") and found.names == ("b_tag",)
 
@@ -182,7 +220,7 @@ async def test_execute_returns_the_rows_it_wrote(engine: AsyncEngine):
         db = await driver(conn)
         await db.executemany(insert_note(), [note(1), note(2), note(3)])
         await db.executemany(insert_note(), [])
-        if_absent = statements.insert_row(conn.dialect.name, notes, True, COLUMNS)
+        if_absent = _insert(notes, COLUMNS, True) if conn.dialect.name == "sqlite" else pg_insert(notes, COLUMNS)
         assert await db.execute(if_absent, {"id": 1, "tag": "t9", "body": [9]}) == 0
         assert await db.execute(if_absent, {"id": 4, "tag": "t4", "body": [4]}) == 1
         assert await db.execute(update, {"b_min": 3}) == 2
@@ -191,11 +229,11 @@ async def test_execute_returns_the_rows_it_wrote(engine: AsyncEngine):
     assert await peek(engine) == {2: ("t2", [2]), 3: ("t3!", [3]), 4: ("t4!", [4])}
 
 
-async def test_driver_errors_are_sqlalchemy_errors(engine: AsyncEngine, backend: str):
-    """L5 / L15: a constraint violation from the driver is raised as sqlalchemy.exc.IntegrityError (the
+async def test_driver_errors_are_statebook_errors(engine: AsyncEngine, backend: str):
+    """L5 / L17: a constraint violation from the driver is raised as ConstraintViolation (the
     driver's exception in ``orig``) and rolls back everything its transaction wrote; another failure is a
-    sqlalchemy.exc.DBAPIError. The pool's one connection serves the next transaction."""
-    with pytest.raises(sa.exc.IntegrityError) as excinfo:
+    StorageError. The pool's one connection serves the next transaction."""
+    with pytest.raises(ConstraintViolation) as excinfo:
         async with engine.begin() as conn:
             db = await driver(conn)
             await db.execute(insert_note(), note(1))
@@ -207,15 +245,15 @@ async def test_driver_errors_are_sqlalchemy_errors(engine: AsyncEngine, backend:
     else:
         assert isinstance(excinfo.value.orig, sqlite3.IntegrityError)
     assert await peek(engine) == {}
-    with pytest.raises(sa.exc.IntegrityError):
+    with pytest.raises(ConstraintViolation):
         async with engine.begin() as conn:
             db = await driver(conn)
             await db.execute(insert_note(), note(1))
             await db.fetch(insert_note().returning(notes.c.id), note(1))
-    with pytest.raises(sa.exc.DBAPIError) as excinfo:
+    with pytest.raises(StorageError) as excinfo:
         async with engine.begin() as conn:
             await (await driver(conn)).fetch(sa.text("SELECT * FROM driver_no_such_table"), {})
-    assert not isinstance(excinfo.value, sa.exc.IntegrityError)
+    assert not isinstance(excinfo.value, ConstraintViolation)
     assert await peek(engine) == {}
     async with engine.begin() as conn:
         await (await driver(conn)).execute(insert_note(), note(1))
@@ -249,39 +287,39 @@ async def test_driver_statements_join_the_transaction_of_their_connection(engine
 
 
 async def test_autocommit_runs_each_statement_on_its_own(engine: AsyncEngine):
-    """L5: ``Book.autocommit`` yields a driver outside any transaction — what it wrote is committed before
+    """L5: the store's reader unit yields a driver outside any transaction — what it wrote is committed before
     the block ends, and a failing statement after it takes nothing back."""
     book = Book(engine, builtin_registry())
-    async with book.autocommit() as db:
+    async with autocommit(book) as db:
         assert await db.execute(insert_note(), note(1)) == 1
         assert await peek(engine) == {1: ("t1", [1])}
-    with pytest.raises(sa.exc.IntegrityError):
-        async with book.autocommit() as db:
+    with pytest.raises(ConstraintViolation):
+        async with autocommit(book) as db:
             await db.execute(insert_note(), note(2))
             await db.execute(insert_note(), note(3, tag="t1"))
     assert set(await peek(engine)) == {1, 2}
 
 
 async def test_book_transaction_commits_or_rolls_back_as_one(engine: AsyncEngine):
-    """L5: ``Book.transaction`` (an unbound book's own unit of work on a bare driver connection) keeps its
+    """L5: the store's own unit (an unbound book's own unit of work on a bare driver connection) keeps its
     statements invisible until COMMIT, and any exception rolls them all back — after which the next
     transaction runs (on SQLite the write lock was let go)."""
     book = Book(engine, builtin_registry())
-    async with book.transaction() as db:
+    async with transaction(book) as db:
         await db.execute(insert_note(), note(1))
         await db.execute(insert_note(), note(2))
         assert await peek(engine) == {}
     assert set(await peek(engine)) == {1, 2}
-    with pytest.raises(sa.exc.IntegrityError):
-        async with book.transaction() as db:
+    with pytest.raises(ConstraintViolation):
+        async with transaction(book) as db:
             await db.execute(insert_note(), note(3))
             await db.execute(insert_note(), note(4, tag="t1"))
     with pytest.raises(RuntimeError, match="caller"):
-        async with book.transaction() as db:
+        async with transaction(book) as db:
             await db.execute(insert_note(), note(5))
             raise RuntimeError("caller")
     assert set(await peek(engine)) == {1, 2}
-    async with book.transaction() as db:
+    async with transaction(book) as db:
         await db.execute(insert_note(), note(6))
     assert set(await peek(engine)) == {1, 2, 6}
 
@@ -294,7 +332,7 @@ async def test_autocommit_drops_a_cancelled_connection(pg_book: Book, watcher: A
     before = await backend_pid(pg_book)
 
     async def sleeper() -> None:
-        async with pg_book.autocommit() as db:
+        async with autocommit(pg_book) as db:
             await db.fetch(sa.select(sa.func.pg_sleep(10)), {})
 
     task = asyncio.create_task(sleeper())
@@ -314,7 +352,7 @@ async def test_book_transaction_cancelled_writes_nothing_and_drops_its_connectio
     before = await backend_pid(pg_book)
 
     async def unit() -> None:
-        async with pg_book.transaction() as db:
+        async with transaction(pg_book) as db:
             await db.execute(insert_note(), note(1))
             await db.fetch(sa.select(sa.func.pg_sleep(10)), {})
 
@@ -334,7 +372,7 @@ async def test_autocommit_cancelled_by_wait_for_leaves_a_working_pool(pg_book: B
     """L5: the same through asyncio.wait_for's timeout: the caller gets TimeoutError, later operations on
     the engine (driver and SQLAlchemy) work."""
     async def sleeper() -> None:
-        async with pg_book.autocommit() as db:
+        async with autocommit(pg_book) as db:
             await db.fetch(sa.select(sa.func.pg_sleep(10)), {})
 
     with pytest.raises(TimeoutError):
@@ -347,7 +385,7 @@ async def test_autocommit_cancelled_by_wait_for_leaves_a_working_pool(pg_book: B
 async def broken_statement(book: Book, watcher: AsyncEngine) -> int:
     """Check out the autocommit connection, have the server terminate it, and once the driver has noticed,
     send a statement on it (which raises). The terminated backend's pid."""
-    async with book.autocommit() as db:
+    async with autocommit(book) as db:
         ((pid,),) = await db.fetch(sa.select(sa.func.pg_backend_pid()), {})
         async with watcher.connect() as conn:
             assert (await conn.execute(sa.select(sa.func.pg_terminate_backend(pid)))).scalar_one()
@@ -376,10 +414,10 @@ async def test_autocommit_keeps_its_connection_after_a_statement_error(pg_book: 
     """L5: an error the statement itself caused (here a unique violation) leaves the connection sound: it
     goes back to the pool and serves the next operation."""
     before = await backend_pid(pg_book)
-    async with pg_book.autocommit() as db:
+    async with autocommit(pg_book) as db:
         await db.execute(insert_note(), note(1))
-    with pytest.raises(sa.exc.IntegrityError):
-        async with pg_book.autocommit() as db:
+    with pytest.raises(ConstraintViolation):
+        async with autocommit(pg_book) as db:
             await db.execute(insert_note(), note(1))
     assert await backend_pid(pg_book) == before
     await works(pg_book, 2)
@@ -389,7 +427,7 @@ def test_constant_keys_need_the_same_type_and_value_and_skip_json_containers():
     """L15: a batch column is sent once only when every row holds the same value of the same type;
     1 and True (equal in Python, different in SQL and JSON) and dicts/lists never count as constant,
     and the keys named varying are always sent per row."""
-    from statebook.lifecycle.statements import constant_keys
+    constant_keys = _constant_keys
 
     rows = [
         {"id": "a", "n": 1, "flag": 1, "note": None, "doc": {"x": 1}, "at": 2.5, "s": "k"},

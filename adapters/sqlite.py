@@ -1,0 +1,201 @@
+"""The SQLite storage backend (aiosqlite): one writer, queued in-process.
+
+SQLite has a single writer. Every write unit of the process — the engine's own, ``Book.begin``,
+the scheduler's, the delivery worker's — first takes this store's writer queue (one per database
+per event loop), then ``BEGIN IMMEDIATE``: writers of one process wait in line instead of in
+SQLite's busy handler, which sleeps in growing steps (up to 100 ms). Another process still meets
+the busy timeout (``adapters.db``). Because the writer is exclusive, rows read in a write unit
+cannot change before its statements run: no row locks exist or are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.util import greenlet_spawn
+
+from statebook.lifecycle.codec import dumps
+from statebook.lifecycle.store import RowWrite, Unit, register_backend
+
+from .persistence import SQLStore
+
+
+class SQLiteStore(SQLStore):
+    dialect = "sqlite"
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self._queues: dict[asyncio.AbstractEventLoop, _WriterQueue] = {}
+
+    # -- driver --------------------------------------------------------------------------------------
+    async def driver_fetch(self, raw: Any, sql: str, args: list[Any]) -> list[Any]:
+        cursor = await raw.execute(sql, args)
+        return await cursor.fetchall()
+
+    async def driver_execute(self, raw: Any, sql: str, args: list[Any]) -> int:
+        cursor = await raw.execute(sql, args)
+        return cursor.rowcount
+
+    def closed(self, raw: Any) -> bool:
+        try:
+            raw.in_transaction  # noqa: B018 - raises once the connection is closed
+        except Exception:  # noqa: BLE001
+            return True
+        return False
+
+    async def release(self, fairy: Any) -> None:
+        await greenlet_spawn(fairy.close)  # the pool's bookkeeping runs in SQLAlchemy's greenlet
+
+    # -- units ---------------------------------------------------------------------------------------
+    def writer(self) -> _WriterQueue:
+        """This process's queue of writers on the database (per event loop)."""
+        loop = asyncio.get_running_loop()
+        queue = self._queues.get(loop)
+        if queue is None:
+            queue = self._queues[loop] = _WriterQueue()
+        return queue
+
+    @asynccontextmanager
+    async def own_unit(self, one_statement: bool) -> AsyncIterator[Unit]:
+        async with self.writer().turn():
+            fairy = await self.engine.raw_connection()
+            async with self.transaction_on(fairy, "BEGIN IMMEDIATE") as work:
+                yield work
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncConnection]:
+        # adapters.db's "begin" listener sends BEGIN IMMEDIATE when the transaction opens.
+        async with self.writer().turn(), self.engine.begin() as conn:
+            yield conn
+
+    async def joined(self, conn: AsyncConnection) -> Any:
+        return (await conn.get_raw_connection()).driver_connection
+
+    # -- statements ----------------------------------------------------------------------------------
+    def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
+        return column.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam(name))))
+
+    def ids_value(self, ids: Sequence[str]) -> Any:
+        return dumps(list(ids))
+
+    async def insert(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite], *, if_absent: bool,
+                     notify: str | None = None) -> set[str]:
+        if not writes:
+            return set()
+        db = unit.handle
+        columns = tuple(writes[0].values)
+        stmt = self.cached(("insert", table, columns, if_absent), lambda: _insert(table, columns, if_absent))
+        before = db.raw.total_changes
+        await db.executemany(stmt, [w.values for w in writes])
+        if if_absent and db.raw.total_changes - before != len(writes):  # some rows were skipped
+            ids = await self._heads_are(unit, table, writes)
+        else:
+            ids = {w.entity_id for w in writes}
+        await db.executemany(self.insert_fact(), [w.fact for w in writes if w.entity_id in ids])
+        return ids
+
+    async def update(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        """executemany reports only a total: when it falls short, the rows whose head is now this
+        batch's fact are the ones updated (the writer is ours, so nothing else moved them)."""
+        if not writes:
+            return set()
+        db = unit.handle
+        guards, columns = writes[0].guards, tuple(writes[0].values)
+        stmt = self.cached(("update", table, guards, columns), lambda: _update(table, guards, columns))
+        before = db.raw.total_changes
+        await db.executemany(stmt, [_update_params(w) for w in writes])
+        if db.raw.total_changes - before == len(writes):
+            ids = {w.entity_id for w in writes}
+        else:
+            ids = await self._heads_are(unit, table, writes)
+        await db.executemany(self.insert_fact(), [w.fact for w in writes if w.entity_id in ids])
+        return ids
+
+    async def delete(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        if not writes:
+            return set()
+        db = unit.handle
+        stmt = self.cached(("delete", table), lambda: sa.delete(table).where(
+            table.c.id == sa.bindparam("b_id"), table.c.version == sa.bindparam("b_version"),
+            table.c.last_fact_id == sa.bindparam("b_last_fact_id")))
+        before = db.raw.total_changes
+        await db.executemany(stmt, [{"b_id": w.entity_id, "b_version": w.expect["version"],
+                                     "b_last_fact_id": w.expect["last_fact_id"]} for w in writes])
+        ids = {w.entity_id for w in writes}
+        if db.raw.total_changes - before != len(writes):
+            ids -= {r["id"] for r in await self.rows(unit, table, ("id",), sorted(ids))}
+        await db.executemany(self.insert_fact(), [w.fact for w in writes if w.entity_id in ids])
+        return ids
+
+    async def _heads_are(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        """The ids whose row now projects the fact planned for it: exactly the rows the batch wrote."""
+        heads = await self.rows(unit, table, ("id", "last_fact_id"), [w.entity_id for w in writes])
+        head_of = {r["id"]: r["last_fact_id"] for r in heads}
+        return {w.entity_id for w in writes if head_of.get(w.entity_id) == w.fact["id"]}
+
+    async def maintain(self) -> None:
+        """Checkpoint and truncate the WAL (outside any transaction)."""
+        fairy = await self.engine.raw_connection()
+        try:
+            await fairy.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            await self.release(fairy)
+
+
+class _WriterQueue:
+    """An asyncio lock that the task holding it may enter again (a nested unit of the same writer
+    then proceeds to SQLite's own lock, as it would without the queue, instead of deadlocking)."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._holder: asyncio.Task[Any] | None = None
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        me = asyncio.current_task()
+        if me is not None and me is self._holder:
+            yield
+            return
+        async with self._lock:
+            self._holder = me
+            try:
+                yield
+            finally:
+                self._holder = None
+
+
+def _insert(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> Any:
+    stmt = sqlite.insert(table).values({c: sa.bindparam(c, type_=table.c[c].type) for c in columns})
+    return stmt.on_conflict_do_nothing() if if_absent else stmt
+
+
+def _update(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+    """The compare-and-set UPDATE of one row: version, status, chain head and guards still as read."""
+    return (
+        sa.update(table)
+        .where(
+            table.c.id == sa.bindparam("b_id"),
+            table.c.version == sa.bindparam("b_version"),
+            table.c.status == sa.bindparam("b_status"),
+            table.c.last_fact_id == sa.bindparam("b_last_fact_id"),
+            # NULL-safe: a guard may expect "still unset" (SQLite IS).
+            *(table.c[g].is_not_distinct_from(sa.bindparam(f"b_{g}", type_=table.c[g].type)) for g in guards),
+        )
+        .values({c: sa.bindparam(f"n_{c}", type_=table.c[c].type) for c in columns})
+    )
+
+
+def _update_params(w: RowWrite) -> dict[str, Any]:
+    params = {f"n_{c}": v for c, v in w.values.items()}
+    params.update({f"b_{k}": v for k, v in w.expect.items()})
+    params["b_id"] = w.entity_id
+    return params
+
+
+register_backend("sqlite", SQLiteStore)

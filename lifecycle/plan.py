@@ -1,0 +1,183 @@
+"""The records of a command and how the engine plans one: the fact it appends and the row it leaves.
+
+Planning is pure: it reads no database and writes nothing. :mod:`.engine` plans every command with
+these functions and hands the plans (:class:`~.store.RowWrite`) to the book's store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .codec import digest, dumps, new_id
+from .facts import GENESIS as GENESIS_ID, stored_values
+from .policy import Lifecycle
+from .reasons import Actor, Reason
+from .store import RowWrite
+
+HEAD = ("status", "version", "last_fact_id", "chain_hash")
+"""The lifecycle columns a compare-and-set reads: the row's status and its chain head."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of a command: ``applied`` (with the fact written) or ``conflict`` (nothing written)."""
+
+    kind: Literal["applied", "conflict"]
+    entity_type: str
+    entity_id: str
+    status: str | None
+    version: int | None
+    fact_id: str | None = None
+    replayed: bool = False
+    row: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    chain_hash: str | None = field(default=None, compare=False, repr=False)
+    """The hash of the fact written (the row's new chain head)."""
+
+    @property
+    def applied(self) -> bool:
+        return self.kind == "applied"
+
+    @property
+    def conflict(self) -> bool:
+        return self.kind == "conflict"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One requested transition."""
+
+    entity_type: str
+    entity_id: str
+    target: str
+    reason: Reason
+    actor: Actor
+    expected: tuple[str, ...]
+    guards: Mapping[str, Any] = field(default_factory=dict)
+    patch: Mapping[str, Any] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def digest(self) -> str:
+        return digest(
+            dumps(
+                {
+                    "entity": [self.entity_type, self.entity_id],
+                    "target": self.target,
+                    "reason": [self.reason.code, self.reason.summary, list(self.reason.evidence)],
+                    "actor": [self.actor.type, self.actor.id],
+                    "expected": sorted(self.expected),
+                    "guards": dict(self.guards),
+                    "patch": dict(self.patch),
+                }
+            )
+        )
+
+
+@dataclass(frozen=True)
+class NewEntity:
+    """One row for :func:`.engine.create_many`."""
+
+    values: Mapping[str, Any]
+    status: str
+    reason: Reason
+    actor: Actor
+    metadata: Mapping[str, Any] | None = None
+
+
+def fact_content(
+    lc: Lifecycle, *, entity_id: str, prev_fact_id: str, previous: str | None, status: str | None, version: int,
+    reason: Reason, actor: Actor, at: float, patch: Mapping[str, Any], metadata: Mapping[str, Any],
+    idempotency_key: str | None = None, command_digest: str | None = None,
+) -> dict[str, Any]:
+    """The hashed fields of a new fact (``facts.HASHED_FIELDS``)."""
+    return {
+        "id": new_id(),
+        "entity_type": lc.entity_type,
+        "entity_id": entity_id,
+        "prev_fact_id": prev_fact_id,
+        "previous_status": previous,
+        "status": status,
+        "version": version,
+        "reason_code": reason.code,
+        "reason_summary": reason.summary,
+        "evidence_refs": list(reason.evidence),
+        "actor_type": actor.type,
+        "actor_id": actor.id,
+        "at": at,
+        "patch": dict(patch),
+        "metadata": dict(metadata),
+        "idempotency_key": idempotency_key,
+        "command_digest": command_digest,
+        "policy_fingerprint": lc.fingerprint,
+    }
+
+
+def projection(content: Mapping[str, Any], fact: Mapping[str, Any]) -> dict[str, Any]:
+    """The lifecycle column values a fact projects onto its row."""
+    return {
+        "status": content["status"],
+        "version": content["version"],
+        "updated_at": content["at"],
+        "status_reason_code": content["reason_code"],
+        "status_reason_summary": content["reason_summary"],
+        "last_fact_id": content["id"],
+        "chain_hash": fact["hash"],
+    }
+
+
+def plan_create(lc: Lifecycle, data: Mapping[str, Any], item: NewEntity, at: float) -> RowWrite:
+    """The insert of a new row (``data`` holds its id) and its creation fact (previous status NULL)."""
+    content = fact_content(
+        lc, entity_id=data["id"], prev_fact_id=GENESIS_ID, previous=None, status=item.status, version=1,
+        reason=item.reason, actor=item.actor, at=at, patch=data, metadata=item.metadata or {},
+    )
+    fact = stored_values(content, GENESIS_ID)
+    return RowWrite(data["id"], {**data, **projection(content, fact)}, fact)
+
+
+def plan_transition(lc: Lifecycle, cmd: Command, row: Mapping[str, Any], at: float) -> RowWrite:
+    """The compare-and-set update of ``row`` (as read) to ``cmd.target``, and its fact."""
+    keyed = cmd.idempotency_key is not None
+    content = fact_content(
+        lc, entity_id=cmd.entity_id, prev_fact_id=row["last_fact_id"], previous=row["status"], status=cmd.target,
+        version=row["version"] + 1, reason=cmd.reason, actor=cmd.actor, at=at, patch=cmd.patch,
+        metadata=cmd.metadata, idempotency_key=cmd.idempotency_key, command_digest=cmd.digest() if keyed else None,
+    )
+    fact = stored_values(content, row["chain_hash"])
+    return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact, _expect(row, cmd.guards),
+                    tuple(cmd.guards))
+
+
+def plan_purge(lc: Lifecycle, entity_id: str, row: Mapping[str, Any], reason: Reason, actor: Actor, at: float,
+               forced: bool) -> RowWrite:
+    """The compare-and-set delete of ``row`` and its tombstone fact (status NULL)."""
+    content = fact_content(
+        lc, entity_id=entity_id, prev_fact_id=row["last_fact_id"], previous=row["status"], status=None,
+        version=row["version"] + 1, reason=reason, actor=actor, at=at, patch={},
+        metadata={"forced": True} if forced else {},
+    )
+    fact = stored_values(content, row["chain_hash"])
+    return RowWrite(entity_id, {}, fact, _expect(row, {}))
+
+
+def _expect(row: Mapping[str, Any], guards: Mapping[str, Any]) -> dict[str, Any]:
+    return {"version": row["version"], "status": row["status"], "last_fact_id": row["last_fact_id"], **guards}
+
+
+def matches(cmd: Command, row: Mapping[str, Any] | None) -> bool:
+    """Does ``row`` (as read) satisfy the command's expected statuses and guards?"""
+    return row is not None and row["status"] in cmd.expected and all(row[g] == v for g, v in cmd.guards.items())
+
+
+def applied(cmd: Command, write: RowWrite) -> Outcome:
+    fact = write.fact
+    return Outcome("applied", cmd.entity_type, cmd.entity_id, cmd.target, fact["version"], fact["id"],
+                   chain_hash=fact["hash"])
+
+
+def conflict(entity_type: str, entity_id: str, row: Mapping[str, Any] | None = None) -> Outcome:
+    return Outcome("conflict", entity_type, entity_id, None if row is None else row["status"],
+                   None if row is None else row["version"])
+

@@ -1,0 +1,162 @@
+"""The storage port: the few operations a backend implements for the engine (specs/lifecycle.md L16).
+
+The engine decides everything — policy checks, the compare-and-set conditions, each fact and the
+row it projects — and hands the plan to ONE :class:`Store`. A backend (``statebook.adapters.sqlite``,
+``statebook.adapters.postgres``) turns plans into statements; every line of dialect-specific SQL
+lives there, never in ``lifecycle/``, ``outbox/`` or ``scheduler/``. A single command is a batch of
+one: create, transition, batches, purge and idempotent replay all pass through the same methods.
+
+Plans are plain values (:class:`RowWrite`), so a backend needs no knowledge of lifecycles:
+
+- ``insert``: new rows and their creation facts; a row a unique constraint refuses is skipped
+  (``if_absent``) or raises :class:`~.errors.DuplicateEntity`. Returns the ids inserted.
+- ``update``: per row, ``UPDATE ... WHERE id, version, status, last_fact_id and every guard still
+  match`` and, for each row that matched, its fact. Returns the ids updated.
+- ``delete``: the same compare-and-set as a DELETE (purge), with the tombstone facts.
+
+A :class:`Unit` is one transaction of the engine's statements (or, on PostgreSQL, a single
+statement in autocommit). A backend serialises its own writers where its database needs it
+(SQLite: one writer queue per database file, shared by every part of the process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+import weakref
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    from .facts import Cursor
+
+Lock = Literal["wait", "skip_locked"] | None
+"""How a read that precedes writes holds its rows: ``wait`` for them, ``skip_locked`` rows another
+transaction holds, or None (no row locks). SQLite's single writer makes every choice ``None``."""
+
+
+@dataclass(frozen=True)
+class RowWrite:
+    """One planned row write and the fact that records it.
+
+    ``values`` are the row's new column values (insert: every column; update: the patch and the
+    lifecycle columns), ``expect`` the compare-and-set condition: ``version``, ``status``,
+    ``last_fact_id`` and the guarded columns as the plan read them (empty for an insert).
+    ``fact`` is the stored form of the fact (``facts.stored_values``).
+    """
+
+    entity_id: str
+    values: Mapping[str, Any]
+    fact: Mapping[str, Any]
+    expect: Mapping[str, Any] = field(default_factory=dict)
+    guards: tuple[str, ...] = ()
+
+
+@dataclass
+class Unit:
+    """One unit of the engine's work: a backend's open transaction (``handle``) and what it wrote.
+
+    ``wrote`` collects entity types; the Book runs its ``on_commit`` callbacks for them once the
+    unit's transaction has committed (wake-ups that must never fire for a rolled-back write).
+    """
+
+    handle: Any
+    wrote: set[str] = field(default_factory=set)
+
+
+class Store(Protocol):
+    """What the engine needs of a database. Implemented once per backend; see the module docstring."""
+
+    dialect: str
+    """``"sqlite"`` or ``"postgresql"``: for messages and metrics, never for a branch outside adapters."""
+
+    engine: AsyncEngine
+
+    def unit(
+        self, bound: AsyncConnection | None, *, one_statement: bool = False
+    ) -> AbstractAsyncContextManager[Unit]:
+        """A write unit: joins ``bound``'s transaction, or runs its own (committed on exit, rolled
+        back on an exception). ``one_statement`` promises a single statement (PostgreSQL may run it
+        in autocommit)."""
+
+    def reader(self, bound: AsyncConnection | None) -> AbstractAsyncContextManager[Unit]:
+        """A unit for reads only: ``bound``'s transaction, or one consistent snapshot."""
+
+    def begin(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """A SQLAlchemy connection in a new write transaction of this backend (``Book.begin``)."""
+
+    async def histories(self, unit: Unit, entity_type: str, ids: Sequence[str]) -> set[str]:
+        """The ids among ``ids`` that already have facts (a purged history: never reused)."""
+
+    async def rows(
+        self, unit: Unit, table: sa.Table, columns: Sequence[str], ids: Sequence[str], *, lock: Lock = None
+    ) -> list[dict[str, Any]]:
+        """``columns`` of the rows whose id is in ``ids`` (any order)."""
+
+    async def facts_by_key(
+        self, unit: Unit, entity_type: str, keys: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """The facts that (entity id, idempotency key) pairs produced: id, status, version, digest."""
+
+    async def insert(
+        self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite], *, if_absent: bool,
+        notify: str | None = None,
+    ) -> set[str]:
+        """Insert rows and their creation facts; the ids inserted. ``notify`` names a channel told
+        each new id on commit (PostgreSQL ``NOTIFY``; nothing on SQLite)."""
+
+    async def update(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        """Compare-and-set updates and the facts of the rows updated; the ids updated."""
+
+    async def delete(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        """Compare-and-set deletes and their tombstone facts; the ids deleted."""
+
+    async def select(self, unit: Unit, query: sa.Select[Any], params: Mapping[str, Any] | None = None, *,
+                     lock: Lock = None) -> list[dict[str, Any]]:
+        """Rows of a dialect-neutral query as mappings; ``lock`` applies to the rows read. The query
+        is compiled once and kept: build it once (with bind parameters), not per call."""
+
+    def lock_rows(self, query: sa.Select[Any], lock: Lock) -> sa.Select[Any]:
+        """``query`` with its rows locked as ``lock`` says (unchanged where the backend has no row locks)."""
+
+    def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
+        """``column IN (the list bound as name)``, as one compiled shape for every list length."""
+
+    def ids_value(self, ids: Sequence[str]) -> Any:
+        """The value to bind for :meth:`ids_in`."""
+
+    async def notify(self, unit: Unit | None, channel: str, payload: str) -> None:
+        """Tell listeners on ``channel`` (after ``unit`` commits, or now). No-op without LISTEN."""
+
+    def tail_query(self, cursor: Cursor, limit: int) -> sa.Select[Any]:
+        """Facts committed after ``cursor``, in an order no later commit can jump ahead of."""
+
+    async def maintain(self) -> None:
+        """Periodic housekeeping the backend needs (SQLite: a WAL checkpoint)."""
+
+
+_factories: dict[str, Callable[[AsyncEngine], Store]] = {}
+_stores: weakref.WeakKeyDictionary[Any, Store] = weakref.WeakKeyDictionary()
+
+
+def register_backend(dialect: str, factory: Callable[[AsyncEngine], Store]) -> None:
+    """Make ``factory`` the store of engines of ``dialect`` (``statebook.adapters`` registers both)."""
+    _factories[dialect] = factory
+
+
+def store_for(engine: AsyncEngine) -> Store:
+    """The one store of ``engine`` (made on first use, kept while the engine lives)."""
+    key = engine.sync_engine
+    found = _stores.get(key)
+    if found is None:
+        factory = _factories.get(engine.dialect.name)
+        if factory is None:
+            raise LookupError(
+                f"no statebook storage backend for {engine.dialect.name!r}; open the database with "
+                "statebook.adapters.db.open_book or connect (SQLite and PostgreSQL are supported)"
+            )
+        found = _stores[key] = factory(engine)
+    return found
