@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionRejected, purge, transition
+from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionRejected, purge, purge_many, transition
 
 from .enqueue import notify
 from .errors import DispatchInvalid
@@ -96,10 +96,23 @@ async def purge_dispatch(
     return outcome.applied
 
 
+PURGE_BATCH = 500
+"""Rows per purge transaction: a bulk purge is set-based, a bounded transaction at a time."""
+
+Progress = Callable[[int, int], None]
+"""Called with (rows done, rows in all) after each batch of a bulk purge."""
+
+
 async def _purge_matching(
-    book: Book, statuses: Iterable[str], before: float, *, dry_run: bool, force: bool, reason: Reason, actor: Actor
+    book: Book, statuses: Iterable[str], before: float, *, dry_run: bool, force: bool, reason: Reason, actor: Actor,
+    progress: Progress | None = None,
 ) -> list[tuple[str, str]]:
-    """(id, status) of each row purged, or that would be with ``dry_run``."""
+    """(id, status) of each row purged, or that would be with ``dry_run``.
+
+    The rows are listed once, then purged :data:`PURGE_BATCH` at a time, each batch one set-based
+    ``purge_many`` in its own transaction (O5: each row still gets its tombstone fact). A row that
+    changed or vanished since it was listed is left alone (a conflict).
+    """
     t = dispatch_outbox
     wanted = list(statuses)
     query = (
@@ -108,17 +121,17 @@ async def _purge_matching(
         .order_by(t.c.updated_at, t.c.id)
     )
     async with book.read() as conn:
-        rows = (await conn.execute(query)).fetchall()
+        rows = [(r.id, r.status) for r in await conn.execute(query)]
     if dry_run:
-        return [(r.id, r.status) for r in rows]
-    purged = []
-    for r in rows:
-        try:
-            outcome = await purge(book, "dispatch", r.id, reason=reason, actor=actor, expected=r.status, force=force)
-        except EntityNotFound:
-            continue  # purged concurrently
-        if outcome.applied:
-            purged.append((r.id, r.status))
+        return rows
+    purged: list[tuple[str, str]] = []
+    for start in range(0, len(rows), PURGE_BATCH):
+        chunk = rows[start : start + PURGE_BATCH]
+        outcomes = await purge_many(book, "dispatch", [dispatch_id for dispatch_id, _ in chunk], reason=reason,
+                                    actor=actor, expected=wanted, force=force)
+        purged += [pair for pair, outcome in zip(chunk, outcomes, strict=True) if outcome.applied]
+        if progress is not None:
+            progress(start + len(chunk), len(rows))
     return purged
 
 
@@ -130,6 +143,7 @@ async def purge_dispatches(
     dry_run: bool = False,
     force: bool = False,
     actor: Actor = OPERATOR_ACTOR,
+    progress: Progress | None = None,
 ) -> list[str]:
     """Purge rows in ``statuses`` (default: the terminal ones) last changed before ``before``.
 
@@ -152,6 +166,7 @@ async def purge_dispatches(
     purged = await _purge_matching(
         book, chosen, before, dry_run=dry_run, force=force,
         reason=Reason("dispatch.purged.operator", f"bulk purge of {', '.join(chosen)} before {before}"), actor=actor,
+        progress=progress,
     )
     return [dispatch_id for dispatch_id, _ in purged]
 
@@ -163,6 +178,7 @@ async def apply_retention(
     delivered_days: float = 7,
     failed_days: float = 30,
     actor: Actor = RETENTION_ACTOR,
+    progress: Progress | None = None,
 ) -> dict[str, int]:
     """Purge delivered/acked rows settled more than ``delivered_days`` ago and dead_letter/expired
     rows settled more than ``failed_days`` ago. Returns the number purged per status."""
@@ -172,7 +188,8 @@ async def apply_retention(
     for statuses, days in ((("delivered", "acked"), delivered_days), (("dead_letter", "expired"), failed_days)):
         reason = Reason("dispatch.purged.retention", f"retention: settled more than {days:g} day(s) ago")
         for _, status in await _purge_matching(
-            book, statuses, now - days * DAY, dry_run=False, force=False, reason=reason, actor=actor
+            book, statuses, now - days * DAY, dry_run=False, force=False, reason=reason, actor=actor,
+            progress=progress,
         ):
             counts[status] += 1
     return counts

@@ -7,9 +7,12 @@ capabilities, so ``ls`` and ``show`` mask them (in the row and in the payload) u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import json
 import os
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,14 +167,35 @@ def purge_cmd(
     cutoff = parse_time(before, "--before")
 
     async def bulk(book: Book) -> list[str]:
-        return await purge_dispatches(
-            book, statuses=status or None, before=cutoff, dry_run=dry_run, force=force, actor=operator()
-        )
+        with progress_bar("purging", enabled=not dry_run) as tick:
+            return await purge_dispatches(
+                book, statuses=status or None, before=cutoff, dry_run=dry_run, force=force, actor=operator(),
+                progress=tick,
+            )
 
     ids = run(with_book(bulk)())
     for did in ids:
         typer.echo(did)
     typer.echo(f"{'would purge' if dry_run else 'purged'} {len(ids)} dispatch(es)", err=True)
+
+
+@contextlib.contextmanager
+def progress_bar(what: str, *, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on standard error when it is a terminal (nothing otherwise): yields the
+    ``progress(done, total)`` callback a long operation reports to."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield tick
 
 
 @dispatch_app.command("deliver")

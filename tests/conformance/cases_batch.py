@@ -7,6 +7,7 @@ import asyncio
 from collections import Counter
 
 import pytest
+import sqlalchemy as sa
 
 from statebook.lifecycle import (
     Book,
@@ -19,6 +20,7 @@ from statebook.lifecycle import (
     create_many,
     history,
     purge,
+    purge_many,
     replay,
     transition,
     verify,
@@ -35,6 +37,7 @@ from .support import (
     new_task,
     row,
     task_values,
+    tasks,
 )
 
 
@@ -168,3 +171,57 @@ class BatchCases:
         assert applied == Counter(ids)
         assert await count_facts(book) == 2 * len(ids)
         assert (await verify(book)).ok
+
+
+class PurgeManyCases:
+    """L5 / L16: ``purge_many`` is ``purge`` a batch at a time — one tombstone per row, a bounded number of
+    statements, and a row that changed or vanished is a conflict that writes nothing."""
+
+    async def test_purge_many_tombstones_each_row_with_few_statements(self, book: Book, monkeypatch):
+        """L16: 1,200 rows purge in three batches with a bounded number of statements each (not one
+        transaction per row), each row leaving its tombstone; verify still holds."""
+        from statebook.adapters.persistence import Driver
+
+        await create_many(book, "task", [NewEntity(task_values(f"t{n}"), "open", CREATED, SYSTEM) for n in range(1200)])
+        async with book.read() as conn:
+            ids = sorted(r.id for r in await conn.execute(sa.select(tasks.c.id)))
+        sent: list[str] = []
+        for name in ("fetch", "execute", "executemany"):
+            method = getattr(Driver, name)
+
+            async def spy(self, statement, params, _method=method):
+                sent.append(name)
+                return await _method(self, statement, params)
+
+            monkeypatch.setattr(Driver, name, spy)
+        outcomes = await purge_many(book, "task", ids, reason=PURGED, actor=OPERATOR, force=True)
+        assert all(o.applied and o.status is None for o in outcomes)
+        assert len(sent) <= 3 * 4, f"{len(sent)} statements for 1,200 rows: the purge is not set-based"
+        monkeypatch.undo()
+        async with book.read() as conn:
+            assert (await conn.execute(sa.select(sa.func.count()).select_from(tasks))).scalar_one() == 0
+        assert [f.status for f in await history(book, "task", ids[0])] == ["open", None]
+        assert (await verify(book)).ok
+
+    async def test_purge_many_leaves_rows_that_moved_or_vanished(self, book: Book):
+        """L5: rows missing or not in an expected status are conflicts; the others purge; nothing half-done."""
+        for name in ("a", "b", "c"):
+            await new_task(book, name)
+        await transition(book, "task", "b", "working", expected="open", guards={"attempt": 0},
+                         patch={"attempt": 1}, reason=STARTED, actor=SYSTEM)
+        outcomes = await purge_many(book, "task", ["a", "b", "gone", "c"], reason=PURGED, actor=OPERATOR,
+                                    expected="open", force=True)
+        assert [o.kind for o in outcomes] == ["applied", "conflict", "conflict", "applied"]
+        assert await row(book, "a") is None and await row(book, "c") is None
+        assert (await row(book, "b"))["status"] == "working"
+        assert (await verify(book)).ok
+
+    async def test_purge_many_refuses_a_live_row_without_force_and_writes_nothing(self, book: Book):
+        """L5: one non-purgeable row refuses the whole batch before anything is deleted."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        await transition(book, "task", "a", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        with pytest.raises(TransitionRejected):
+            await purge_many(book, "task", ["a", "b"], reason=PURGED, actor=OPERATOR)
+        assert await row(book, "a") is not None and await row(book, "b") is not None
+        assert await count_facts(book) == 3

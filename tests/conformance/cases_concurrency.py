@@ -14,9 +14,9 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statebook.lifecycle import Book, Cursor, Fact, create, history, tail, transition, verify
+from statebook.lifecycle import Book, Cursor, EntityNotFound, Fact, create, history, purge, tail, transition, verify
 
-from .support import CREATED, REFUSED, SYSTEM, new_task, row, start, task_values
+from .support import CREATED, PURGED, REFUSED, STARTED, SYSTEM, new_task, row, start, task_values
 
 MakeEngine = Callable[[], AsyncEngine]
 
@@ -113,6 +113,53 @@ class RaceCases:
                                                                     ("applied", True): self.RACERS - 1}
         assert len({o.fact_id for o in outcomes}) == 1
         assert len(await history(book, "task", "t1")) == 2
+
+    async def test_keyed_retry_while_the_first_is_uncommitted_replays(self, book: Book, more_engines: MakeEngine):
+        """L9 / L14: a keyed command is retried on another connection while the first one's transaction is still
+        open, and its target is still one of the command's expected statuses (so a re-read alone would match
+        again). When the first commits, the retry is that outcome replayed — never a second fact, never an
+        error from the idempotency index."""
+        await new_task(book, "t1")
+
+        def keyed(on: Book):
+            return transition(on, "task", "t1", "working", expected=("open", "working"), guards={"attempt": 0},
+                              reason=STARTED, actor=SYSTEM, idempotency_key="k-1")
+
+        holder = Book(more_engines(), book.registry, book.clock)
+        retrier = Book(more_engines(), book.registry, book.clock)
+        async with holder.begin() as tx:
+            first = await keyed(tx)
+            retry = asyncio.create_task(keyed(retrier))
+            await asyncio.sleep(0.3)  # let the retry reach the row (it must wait there, not decide)
+            assert not retry.done(), "the retry must wait for the open transaction"
+        second = await retry
+        assert first.applied and not first.replayed
+        assert second.applied and second.replayed and second.fact_id == first.fact_id
+        assert len(await history(book, "task", "t1")) == 2
+        assert (await verify(book)).ok
+
+    async def test_purges_racing_transitions_never_half_write(self, book: Book, more_engines: MakeEngine):
+        """L5 / L14: purges and transitions of the same rows, racing on separate connections: each pair ends
+        with exactly one winner — the row purged (the transition then a conflict or EntityNotFound) or moved
+        (the purge then a conflict) — never a constraint error, and the history verifies."""
+        names = [f"r{n}" for n in range(10)]
+        for name in names:
+            await new_task(book, name)
+        racer = Book(more_engines(), book.registry, book.clock)
+
+        async def move(name: str) -> str:
+            try:
+                return (await start(racer, name)).kind
+            except EntityNotFound:
+                return "gone"
+
+        async def drop(name: str) -> str:
+            return (await purge(racer, "task", name, reason=PURGED, actor=SYSTEM, expected="open", force=True)).kind
+
+        results = await asyncio.gather(*(asyncio.gather(move(n), drop(n)) for n in names))
+        for moved, dropped in results:
+            assert (moved == "applied") != (dropped == "applied"), (moved, dropped)
+        assert (await verify(book)).ok
 
     async def test_racing_creates_of_one_id(self, book: Book, more_engines: MakeEngine):
         """L14 / L5: concurrent if_absent creates of one id: one applied, the others conflict, one fact."""

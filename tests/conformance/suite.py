@@ -25,7 +25,7 @@ from statebook.adapters.db import connect, reset_schema
 from statebook.lifecycle import Book, FakeClock
 
 from .cases_audit import AuditCases
-from .cases_batch import BatchCases
+from .cases_batch import BatchCases, PurgeManyCases
 from .cases_commands import CommandCases
 from .cases_concurrency import ConcurrentWriterCases, RaceCases, SerialWriterCases, TailCases
 from .cases_driver import DriverCases
@@ -71,6 +71,7 @@ class ConformanceFixtures:
 
 
 class LifecycleConformance(
-    ConformanceFixtures, CommandCases, IdempotencyCases, BatchCases, AuditCases, TailCases, RaceCases, DriverCases
+    ConformanceFixtures, CommandCases, IdempotencyCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases,
+    DriverCases
 ):
     """Every backend-neutral case (L3-L14). Add ConcurrentWriterCases or SerialWriterCases for your backend."""
