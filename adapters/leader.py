@@ -70,7 +70,9 @@ class SqliteDaemonLock:
     """An exclusive lock file next to the database; a second daemon on the same file refuses to start."""
 
     def __init__(self, db_path: str) -> None:
-        self.path = f"{os.path.abspath(db_path)}.daemon.lock"
+        # realpath, not abspath: a symlink (to the file or to a directory on its path) names the same
+        # database, so it must name the same lock.
+        self.path = f"{os.path.realpath(db_path)}.daemon.lock"
         self._fd: int | None = None
 
     def acquire(self) -> None:

@@ -122,3 +122,24 @@ def test_second_daemon_process_is_refused(tmp_path):
         lock.release()
     assert proc.returncode == 2
     assert "another statebook daemon is already running" in proc.stderr
+
+
+async def test_sqlite_daemon_lock_sees_through_a_symlink(tmp_path):
+    """S10: the one-daemon lock is named after the file itself, so a symlink to the database is the same database."""
+    db = tmp_path / "s.db"
+    book = await open_book(f"sqlite:///{db}")
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    via_dir = tmp_path / "dirlink"
+    via_dir.symlink_to(tmp_path, target_is_directory=True)
+    try:
+        first = SqliteDaemonLock(str(db))
+        first.acquire()
+        try:
+            for other in (link, via_dir / "s.db"):
+                with pytest.raises(ConfigError, match="another statebook daemon is already running"):
+                    SqliteDaemonLock(str(other)).acquire()
+        finally:
+            first.release()
+    finally:
+        await book.engine.dispose()
