@@ -1,5 +1,8 @@
 """``statebook run``: settings → book → leadership → SchedulerEngine + dispatch delivery, until a signal.
 
+Leadership (``adapters/leader.py``) is a lease shared by every daemon on the database; this daemon's
+id is its holder name and the owner of the runs it fires.
+
 Delivery runs in its own task beside the engine (a slow transport never delays a fire), woken by
 committed dispatches in this process and otherwise by the tick. Schedules listed in the settings
 (``[[scheduler.schedules]]``) are created at start unless a schedule of that name exists.
@@ -20,7 +23,7 @@ from pydantic import ValidationError
 
 from statebook.lifecycle import Book, history, verify
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
-from statebook.scheduler.engine import SchedulerEngine
+from statebook.scheduler.engine import SchedulerEngine, new_daemon_id
 from statebook.scheduler.schema import schedule_runs, schedules
 from statebook.scheduler.store import create_schedule, find_schedule
 
@@ -134,10 +137,12 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     book = await open_book(settings.db)
     leader = None
     try:
-        leader = leadership_for(book.engine)
+        daemon_id = new_daemon_id()
+        leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
         await seed_schedules(book, settings)
         delivery = Delivery(book, settings)
-        engine = SchedulerEngine(book, settings, leader=leader, poller=GitHubPoller.from_settings(settings.scheduler))
+        engine = SchedulerEngine(book, settings, leader=leader, daemon_id=daemon_id,
+                                 poller=GitHubPoller.from_settings(settings.scheduler))
         if tty:
             engine.on_tick = lambda e: print("\r" + status_line(e).ljust(100), end="", flush=True)
         stop = asyncio.Event()
@@ -162,7 +167,5 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
         return await summary(book)
     finally:
         if leader is not None:
-            release = leader.release()
-            if asyncio.iscoroutine(release):
-                await release
+            await leader.release()
         await book.engine.dispose()

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -49,6 +49,9 @@ class LauncherSettings(_Section):
 class SchedulerSettings(_Section):
     timezone: str = "UTC"
     tick_seconds: float = Field(30, gt=0)
+    lease_seconds: float = Field(90, gt=0)
+    """scheduler leadership: a standby takes over once the leader's heartbeat (renewed every tick) is
+    this old; runs of a daemon whose heartbeat is this old are reaped (specs/scheduler.md S14-S17)"""
     max_concurrent: int = Field(4, ge=1)
     invocation_deadline_seconds: float = Field(7200, gt=0)
     reaper_interval_seconds: float = Field(300, gt=0)
@@ -59,6 +62,14 @@ class SchedulerSettings(_Section):
     github_token: str | None = None
     schedules: list[dict[str, Any]] = []
     """schedules upserted by name when the daemon starts (``[[scheduler.schedules]]`` tables)"""
+
+    @model_validator(mode="after")
+    def _lease_outlives_a_tick(self) -> SchedulerSettings:
+        if self.lease_seconds <= self.tick_seconds:
+            raise ValueError(f"lease_seconds ({self.lease_seconds:g}) must be longer than tick_seconds "
+                             f"({self.tick_seconds:g}), or the leader loses its lease between two renewals; "
+                             "three ticks or more is a good lease")
+        return self
 
 
 class Settings(_Section):

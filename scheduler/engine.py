@@ -10,12 +10,13 @@ on a committed schedule change in this process (new schedule, manual fire) or a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -24,6 +25,7 @@ from statebook.lifecycle import Book, Clock, Reason, transition
 from . import admission as gates
 from . import evaluation
 from .execution import Executor, Spawner
+from .leadership import Leader, LeadershipLost, Unfenced
 from .occurrence import claim, exhaust
 from .polling import GithubPolling, Poller
 from .runs import SCHEDULER, finalize_run, open_run
@@ -36,10 +38,6 @@ log = logging.getLogger("statebook.scheduler")
 
 _LIVE_DAEMONS: set[str] = set()
 """daemon ids of engines alive in this process (a run owned by another id of this pid is orphaned)."""
-
-
-class Leader(Protocol):
-    async def is_leader(self) -> bool: ...
 
 
 class CapacityExhausted(ScheduleError):
@@ -60,8 +58,8 @@ class SchedulerEngine:
         self.book = book.with_clock(clock) if clock is not None else book
         self.cfg = settings.scheduler
         lcfg = settings.launcher
-        self.daemon_id = daemon_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.leader = leader
+        self.daemon_id = daemon_id or new_daemon_id()
+        self.leader: Leader = leader if leader is not None else Unfenced()
         self.slots = gates.Slots(self.cfg.max_concurrent)
         self.executor = Executor(
             self.book, daemon_id=self.daemon_id, deadline=self.cfg.invocation_deadline_seconds,
@@ -89,8 +87,9 @@ class SchedulerEngine:
         """Recover orphaned runs, then (as leader) handle missed fires; then start the loop."""
         _LIVE_DAEMONS.add(self.daemon_id)
         self.book.on_commit.append(self._on_commit)
+        leading = await self._leading()
         await self.recover()
-        if await self._leading():
+        if leading:
             await self.check_missed_fires()
         if loop:
             self._task = asyncio.create_task(self._loop(), name="statebook-scheduler")
@@ -139,7 +138,8 @@ class SchedulerEngine:
                 pass
 
     async def _leading(self) -> bool:
-        leading = True if self.leader is None else await self.leader.is_leader()
+        """Ask leadership once per tick (this renews the daemon's heartbeat and the lease, S14)."""
+        leading = await self.leader.is_leader()
         if leading and not self._was_leader and self._task is not None:
             log.info("daemon %s took over schedule evaluation", self.daemon_id)
         self._was_leader = leading
@@ -159,9 +159,19 @@ class SchedulerEngine:
     async def _isolated(self, what: str, fn: Callable[[], Awaitable[Any]]) -> None:
         try:
             await fn()
+        except LeadershipLost:
+            raise  # not a failure of this concern: the whole evaluation stops (S16)
         except Exception:  # noqa: BLE001 - one concern failing never stops the others
             self.stats["errors"] += 1
             log.exception("scheduler concern %r failed", what)
+
+    @contextlib.asynccontextmanager
+    async def fenced(self) -> AsyncIterator[Book]:
+        """A write transaction for a fire: its first statement is the leadership fence (S16), so a
+        daemon that lost the lease writes nothing (``LeadershipLost``, rolled back)."""
+        async with writing(self.book) as tx:
+            await self.leader.fence(tx)
+            yield tx
 
     async def _reap_if_due(self, now: float) -> None:
         if self._last_reap is not None and now - self._last_reap < self.cfg.reaper_interval_seconds:
@@ -202,19 +212,31 @@ class SchedulerEngine:
         return False
 
     async def recover(self) -> int:
-        """Runs left ``running`` by a daemon that is gone end ``failed`` (daemon_died); never left forever."""
+        """Runs left ``running`` by a daemon that is gone end ``failed`` (daemon_died); never left forever.
+
+        Gone: a dead pid on this host (any engine sees it), or — seen by the leader — a heartbeat older
+        than the lease, on any host (S3, S17)."""
         q = sa.select(schedule_runs.c.id, schedule_runs.c.daemon_id, schedule_runs.c.schedule_id).where(
             schedule_runs.c.status == "running"
         )
         async with reading(self.book) as conn:
             rows = list(await conn.execute(q))
+        others = {r.daemon_id for r in rows if r.daemon_id and r.daemon_id != self.daemon_id
+                  and r.daemon_id not in _LIVE_DAEMONS}
+        stale = await self.leader.stale_owners(others) if others and self._was_leader else set()
         count = 0
         for row in rows:
-            if row.id in self.executor.current or not self._owner_gone(row.daemon_id):
+            if row.id in self.executor.current:
+                continue
+            if row.daemon_id in stale:
+                why = f"the heartbeat of daemon {row.daemon_id} is older than the lease; the run was not observed to end"
+            elif self._owner_gone(row.daemon_id):
+                why = f"daemon {row.daemon_id} is gone; the run was not observed to end"
+            else:
                 continue
             out = await finalize_run(self.book, row.id, "failed", reason=Reason(
-                "schedule_run.failed.daemon_died", f"daemon {row.daemon_id} is gone; the run was not observed to end",
-                (f"daemon:{row.daemon_id}",)), patch={"error_detail": "owning daemon died"})
+                "schedule_run.failed.daemon_died", why, (f"daemon:{row.daemon_id}",)),
+                patch={"error_detail": "owning daemon died"})
             count += out.applied
         if count:
             log.warning("recovered %d run(s) left running by a daemon that died", count)
@@ -252,6 +274,14 @@ class SchedulerEngine:
         self._deferred_now = False
         if not await self._leading():
             return 0
+        try:
+            return await self._evaluate_due(now)
+        except LeadershipLost as exc:  # S16: the lease was taken over while we were not looking
+            log.warning("%s", exc)
+            self._was_leader = False
+            return 0
+
+    async def _evaluate_due(self, now: float) -> int:
         async with reading(self.book) as conn:
             due = [dict(r._mapping) for r in await conn.execute(self._active_due(now))]
         timed: list[dict[str, Any]] = []
@@ -280,6 +310,8 @@ class SchedulerEngine:
         if len(rows) > 1:
             try:
                 return await self._decide_and_write(rows, now)
+            except LeadershipLost:
+                raise
             except Exception:  # noqa: BLE001 - nothing was written; each schedule alone, isolated
                 self.stats["fallbacks"] += 1
                 log.warning("evaluating %d due schedules together failed; one by one", len(rows), exc_info=True)
@@ -306,7 +338,7 @@ class SchedulerEngine:
     async def _decide_and_write(self, due: list[dict[str, Any]], now: float) -> list[evaluation.Decision]:
         return await evaluation.decide_and_write(
             self.book, due, now, zone=self.cfg.timezone, slots=self.slots, deferrals=self.deferrals,
-            record_every=self.cfg.deferred_record_every, daemon_id=self.daemon_id)
+            record_every=self.cfg.deferred_record_every, daemon_id=self.daemon_id, fence=self.leader.fence)
 
     def _start(self, decisions: list[evaluation.Decision]) -> None:
         """After the commit: count, remember deferrals and launch the fires (outside any transaction)."""
@@ -351,7 +383,8 @@ class SchedulerEngine:
         return gates.over_budget(s, *await gates.spent(self.book, s["id"]))
 
     async def _advance(self, s: Mapping[str, Any], due: float, nxt: float | None, code: str, summary: str) -> str:
-        out = await claim(self.book, s, due, nxt, fired=False, reason=Reason(code, summary))
+        async with self.fenced() as tx:
+            out = await claim(tx, s, due, nxt, fired=False, reason=Reason(code, summary))
         return code.rsplit(".", 1)[1] if out.applied else "conflict"
 
     async def _defer(self, s: Mapping[str, Any], due: float, context: Mapping[str, Any]) -> None:
@@ -360,16 +393,24 @@ class SchedulerEngine:
         self.stats["deferred"] += 1
         self._deferred_now = True
         if gates.deferral_recorded(count, self.cfg.deferred_record_every):
-            await open_run(self.book, s, status="skipped", context={**context, "deferrals": count},
-                           daemon_id=self.daemon_id, occurrence_at=due, reason=Reason(
-                               "schedule_run.skipped.deferred_capacity",
-                               f"all {self.slots.limit} slots busy; deferral {count}, the fire stays due"))
+            async with self.fenced() as tx:
+                await open_run(tx, s, status="skipped", context={**context, "deferrals": count},
+                               daemon_id=self.daemon_id, occurrence_at=due, reason=Reason(
+                                   "schedule_run.skipped.deferred_capacity",
+                                   f"all {self.slots.limit} slots busy; deferral {count}, the fire stays due"))
 
     async def _claim_and_open(self, s: Mapping[str, Any], due: float | None, nxt: float | None,
-                              context: Mapping[str, Any], extra: Mapping[str, Any], run_reason: str) -> str | None:
-        """Claim (or, for a manual fire, lock) the schedule and open the run in ONE transaction (S1, S6)."""
+                              context: Mapping[str, Any], extra: Mapping[str, Any], run_reason: str, *,
+                              fence: bool = True) -> str | None:
+        """Claim (or, for a manual fire, lock) the schedule and open the run in ONE transaction (S1, S6).
+
+        Fenced (S16) unless it is an operator's manual fire, which needs no leadership; the run's
+        trigger context records the lease epoch it was fired under."""
         try:
             async with writing(self.book) as tx:
+                epoch = await self.leader.fence(tx) if fence else None
+                if epoch is not None:
+                    context = {**context, "leader_epoch": epoch}
                 if due is not None:
                     out = await claim(tx, s, due, nxt, extra=extra, reason=Reason(
                         "schedule.active.fire_claimed", f"occurrence {due} claimed by {self.daemon_id}"))
@@ -386,7 +427,8 @@ class SchedulerEngine:
                                       reason=Reason(run_reason, f"{context.get('trigger')} fire"))
         except _Abort:
             if s["status"] == "active":
-                await exhaust(self.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
+                async with (self.fenced() if fence else writing(self.book)) as tx:
+                    await exhaust(tx, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
             return None
 
     def _launch(self, s: Mapping[str, Any], run_id: str, context: Mapping[str, Any], handle: gates.SlotHandle) -> None:
@@ -426,7 +468,7 @@ class SchedulerEngine:
             raise CapacityExhausted(f"all {self.slots.limit} global slots are busy; try again when a run ends")
         context = {"trigger": "manual", "schedule": s["name"], "fired_at": self.book.clock.now()}
         try:
-            run_id = await self._claim_and_open(s, None, None, context, {}, "schedule_run.running.manual")
+            run_id = await self._claim_and_open(s, None, None, context, {}, "schedule_run.running.manual", fence=False)
         except BaseException:
             handle.release()
             raise
@@ -441,8 +483,12 @@ class SchedulerEngine:
         now = self.book.clock.now() if now is None else now
         async with reading(self.book) as conn:
             due = [dict(r._mapping) for r in await conn.execute(self._active_due(now, limit=100_000))]
-        for s in due:
-            await self._isolated(f"missed fire {s['name']}", lambda s=s: self._missed(s, now))
+        try:
+            for s in due:
+                await self._isolated(f"missed fire {s['name']}", lambda s=s: self._missed(s, now))
+        except LeadershipLost as exc:
+            log.warning("%s", exc)
+            self._was_leader = False
         return len(due)
 
     async def _missed(self, s: dict[str, Any], now: float) -> None:
@@ -454,7 +500,7 @@ class SchedulerEngine:
         evidence = (f"occurrence_at:{due}", f"missed:{count}", f"detected_at:{now}")
         context = {"trigger": "missed_fire", "occurrence_at": due, "missed": count, "schedule": s["name"]}
         if s["missed_fire_policy"] == "skip":
-            async with writing(self.book) as tx:
+            async with self.fenced() as tx:
                 out = await claim(tx, s, due, nxt, fired=False, reason=Reason(
                     "schedule.active.missed_fire", f"{count} occurrence(s) missed while down; skipped", evidence))
                 if out.applied:
@@ -463,25 +509,37 @@ class SchedulerEngine:
                                        "schedule_run.skipped.missed_fire", f"{count} occurrence(s) missed", evidence))
             return
         # run_once: reserve the next fire time first; only the reserver launches the recovery run.
-        out = await claim(self.book, s, due, nxt, fired=True, reason=Reason(
-            "schedule.active.missed_fire", f"{count} occurrence(s) missed; one recovery run", evidence))
+        async with self.fenced() as tx:
+            out = await claim(tx, s, due, nxt, fired=True, reason=Reason(
+                "schedule.active.missed_fire", f"{count} occurrence(s) missed; one recovery run", evidence))
         if out.conflict:
             return
         over = await self._over_budget(s)
         if over:
-            await exhaust(self.book, {**s, "next_fire_at": nxt}, "schedule.exhausted.budget", over)
+            async with self.fenced() as tx:
+                await exhaust(tx, {**s, "next_fire_at": nxt}, "schedule.exhausted.budget", over)
             return
         handle = self.slots.try_take()
         if handle is None:
-            await open_run(self.book, s, status="skipped", context=context, daemon_id=self.daemon_id, occurrence_at=due,
-                           reason=Reason("schedule_run.skipped.deferred_capacity", "no slot for the recovery run"))
+            async with self.fenced() as tx:
+                await open_run(tx, s, status="skipped", context=context, daemon_id=self.daemon_id, occurrence_at=due,
+                               reason=Reason("schedule_run.skipped.deferred_capacity", "no slot for the recovery run"))
             return
         fresh = {**s, "next_fire_at": nxt, "status": out.status}
-        run_id = await self._claim_and_open(fresh, None, None, context, {}, "schedule_run.running.recovery")
+        try:
+            run_id = await self._claim_and_open(fresh, None, None, context, {}, "schedule_run.running.recovery")
+        except BaseException:
+            handle.release()
+            raise
         if run_id is None:
             handle.release()
             return
         self._launch(s, run_id, context, handle)
+
+
+def new_daemon_id() -> str:
+    """``host:pid:random`` — the host and pid let an engine on the same host tell a dead owner (S3)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 async def _touch(tx: Book, s: Mapping[str, Any], why: str) -> Any:

@@ -18,7 +18,7 @@ Launches happen after the commit, outside the transaction (the engine's job).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,13 +88,18 @@ async def lock_due(tx: Book, due: Sequence[Mapping[str, Any]]) -> list[Mapping[s
 
 async def decide_and_write(book: Book, due: Sequence[Mapping[str, Any]], now: float, *, zone: str | None,
                            slots: gates.Slots, deferrals: Mapping[str, int], record_every: int,
-                           daemon_id: str) -> list[Decision]:
+                           daemon_id: str, fence: Callable[[Book], Awaitable[int | None]] | None = None,
+                           ) -> list[Decision]:
     """Steps 1-4 above in one transaction; the committed decisions in due order (fires hold their
     slots, not yet launched). On an error nothing is written, every slot taken is given back and the
-    error propagates."""
+    error propagates.
+
+    ``fence`` (the leadership's, S16) runs first in the transaction; the epoch it returns is recorded
+    in the trigger context of every run fired."""
     decisions: list[Decision] = []
     try:
         async with writing(book) as tx:
+            epoch = await fence(tx) if fence is not None else None
             current = await lock_due(tx, due)
             inputs = await gates.read_inputs(tx, [s for s in current if s is not None], now)
             for stale, s in zip(due, current, strict=True):
@@ -102,7 +107,7 @@ async def decide_and_write(book: Book, due: Sequence[Mapping[str, Any]], now: fl
                     decisions.append(Decision(stale, "conflict"))
                     continue
                 decisions.append(decide(s, inputs, now=now, zone=zone, slots=slots, deferrals=deferrals,
-                                        record_every=record_every, daemon_id=daemon_id))
+                                        record_every=record_every, daemon_id=daemon_id, epoch=epoch))
             await write(tx, decisions)
     except BaseException:
         for d in decisions:
@@ -112,11 +117,13 @@ async def decide_and_write(book: Book, due: Sequence[Mapping[str, Any]], now: fl
 
 
 def decide(s: Mapping[str, Any], inputs: gates.GateInputs, *, now: float, zone: str | None, slots: gates.Slots,
-           deferrals: Mapping[str, int], record_every: int, daemon_id: str) -> Decision:
+           deferrals: Mapping[str, int], record_every: int, daemon_id: str, epoch: int | None = None) -> Decision:
     """The gates in the seed's order for one due schedule (S5); takes a slot for a fire."""
     due = s["next_fire_at"]
     nxt = following(s, due, now, zone)
     context: dict[str, Any] = {"trigger": s["trigger_type"], "occurrence_at": due, "schedule": s["name"]}
+    if epoch is not None:
+        context["leader_epoch"] = epoch
     extra: dict[str, Any] = {}
     cfg = s.get("threshold_config")
     if cfg:

@@ -238,7 +238,8 @@ class GithubPolling:
 
     async def _finish(self, s: Mapping[str, Any], due: float, nxt: float | None, code: str, summary: str,
                       patch: Mapping[str, Any], *, fired: int = 0) -> str:
-        out = await claim(self.engine.book, s, due, nxt, fired=False, extra=patch, reason=Reason(code, summary))
+        async with self.engine.fenced() as tx:
+            out = await claim(tx, s, due, nxt, fired=False, extra=patch, reason=Reason(code, summary))
         if out.conflict:
             return "conflict"
         return "fired" if fired else code.rsplit(".", 1)[1]
@@ -251,16 +252,19 @@ class GithubPolling:
             return "overlap"
         over = await eng._over_budget(s)
         if over:
-            await exhaust(eng.book, s, "schedule.exhausted.budget", over)
+            async with eng.fenced() as tx:
+                await exhaust(tx, s, "schedule.exhausted.budget", over)
             return "exhausted"
         if s.get("max_runs") is not None and await gates.top_level_runs(eng.book, s["id"]) >= s["max_runs"]:
-            await exhaust(eng.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
+            async with eng.fenced() as tx:
+                await exhaust(tx, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
             return "exhausted"
         try:
             # Capacity first: the cursor only moves for an event that fires.
             outcome = await eng.fire_in_slot(s, due, context, lambda: self._claim_event(s, due, cursor, event_id, context))
         except _Abort:
-            await exhaust(eng.book, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
+            async with eng.fenced() as tx:
+                await exhaust(tx, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
             return "exhausted"
         return "capacity" if outcome == "deferred" else outcome
 
@@ -269,6 +273,9 @@ class GithubPolling:
         """Move the cursor to ``event_id`` and open its run in ONE transaction (S1, S13); None on conflict."""
         eng = self.engine
         async with writing(eng.book) as tx:
+            epoch = await eng.leader.fence(tx)  # S16
+            if epoch is not None:
+                context = {**context, "leader_epoch": epoch}
             out = await transition(
                 tx, "schedule", s["id"], "active", expected="active", actor=SCHEDULER,
                 guards={"next_fire_at": due, "github_cursor": cursor},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import managed_table
+from statebook.lifecycle import managed_table, metadata
 
 SCHEDULE_STATUSES = ("active", "paused", "exhausted", "deleted")
 RUN_STATUSES = (
@@ -108,3 +108,26 @@ schedule_runs = managed_table(
     sa.Index("ix_schedule_runs_parent", "chain_parent_id"),
     statuses=RUN_STATUSES,
 )
+
+# Coordination tables, not lifecycles (specs/scheduler.md S14): a heartbeat is renewed on every tick,
+# and a fact per renewal would grow every history without bound while saying nothing about a
+# schedule. What a leadership did is recorded where it matters: each run it fires carries its epoch.
+scheduler_leases = sa.Table(
+    "scheduler_leases",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+    sa.Column("acquired_at", sa.Float, nullable=False),
+)
+"""one row per lease (``scheduler``): who leads, under which fencing epoch, last renewed when"""
+
+scheduler_daemons = sa.Table(
+    "scheduler_daemons",
+    metadata,
+    sa.Column("daemon_id", sa.Text, primary_key=True),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+)
+"""one row per running daemon (leader or standby), renewed every tick: runs of a stale one are reaped"""

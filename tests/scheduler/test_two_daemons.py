@@ -1,4 +1,4 @@
-"""No double fire (S1), leadership on PostgreSQL and the single-daemon lock on SQLite (S10)."""
+"""No double fire (S1) and the single-daemon lock on SQLite (S10); the lease is in test_leadership.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.adapters.errors import ConfigError
-from statebook.adapters.leader import PostgresLeader, SqliteDaemonLock, leadership_for
+from statebook.adapters.leader import SqliteDaemonLock, leadership_for
 from statebook.lifecycle import Book, FakeClock, verify
 from statebook.scheduler.engine import SchedulerEngine
 
@@ -52,55 +52,19 @@ async def test_two_engines_on_one_postgres_fire_every_occurrence_once(pg_url):
         await b_book.engine.dispose()
 
 
-@pytest.mark.postgres
-async def test_advisory_lock_leader_and_standby_takeover(pg_url):
-    """S10: only the lock holder evaluates schedules; when its session ends the standby takes over."""
-    clock = FakeClock(1_800_000_000)
-    a_book = await open_book(pg_url, clock=clock)
-    await reset_schema(a_book.engine)
-    b_book = Book(connect(pg_url), a_book.registry, clock)
-    try:
-        s = await make(a_book, interval_sec=5)
-        lead_a, lead_b = PostgresLeader(a_book.engine), PostgresLeader(b_book.engine)
-        a = SchedulerEngine(a_book, settings(), clock=clock, launcher=FakeSpawner(), leader=lead_a)
-        b = SchedulerEngine(b_book, settings(), clock=clock, launcher=FakeSpawner(), leader=lead_b)
-        await a.start(loop=False)
-        await b.start(loop=False)
-        assert lead_a.holding and not lead_b.holding
-        for _ in range(3):
-            clock.advance(5)
-            await b.tick()
-            await a.tick()
-            await a.wait_idle()
-        assert a.stats["fired"] == 3 and b.stats["fired"] == 0
-        await lead_a.release()  # the leader's session ends (a dead daemon's connection closes)
-        await a.stop()
-        for _ in range(3):
-            clock.advance(5)
-            await b.tick()
-            await b.wait_idle()
-        assert b.stats["fired"] == 3
-        occurrences = [r["occurrence_at"] for r in await runs_of(a_book, s["id"])]
-        assert len(occurrences) == 6 == len(set(occurrences))
-        await b.stop()
-        await lead_b.release()
-    finally:
-        await a_book.engine.dispose()
-        await b_book.engine.dispose()
-
-
 async def test_second_sqlite_daemon_refuses_to_start(tmp_path):
     """S10: a second daemon on the same SQLite file is refused with a clear message; released locks free it."""
     db = tmp_path / "s.db"
     book = await open_book(f"sqlite:///{db}")
     try:
-        first = leadership_for(book.engine)
+        first = leadership_for(book, "h:1:a", lease_seconds=90)
+        assert await first.is_leader()
         with pytest.raises(ConfigError, match="another statebook daemon is already running"):
-            leadership_for(book.engine)
-        first.release()
-        again = leadership_for(book.engine)
+            leadership_for(book, "h:2:b", lease_seconds=90)
+        await first.release()
+        again = leadership_for(book, "h:2:b", lease_seconds=90)
         assert await again.is_leader()
-        again.release()
+        await again.release()
     finally:
         await book.engine.dispose()
 
@@ -122,3 +86,24 @@ def test_second_daemon_process_is_refused(tmp_path):
         lock.release()
     assert proc.returncode == 2
     assert "another statebook daemon is already running" in proc.stderr
+
+
+async def test_sqlite_daemon_lock_sees_through_a_symlink(tmp_path):
+    """S10: the one-daemon lock is named after the file itself, so a symlink to the database is the same database."""
+    db = tmp_path / "s.db"
+    book = await open_book(f"sqlite:///{db}")
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    via_dir = tmp_path / "dirlink"
+    via_dir.symlink_to(tmp_path, target_is_directory=True)
+    try:
+        first = SqliteDaemonLock(str(db))
+        first.acquire()
+        try:
+            for other in (link, via_dir / "s.db"):
+                with pytest.raises(ConfigError, match="another statebook daemon is already running"):
+                    SqliteDaemonLock(str(other)).acquire()
+        finally:
+            first.release()
+    finally:
+        await book.engine.dispose()

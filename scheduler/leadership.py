@@ -1,0 +1,49 @@
+"""What the engine asks of leadership (S10, S14-S17): lead or stand by, fence a fire, tell stale owners.
+
+The composition root injects an implementation (``adapters/leader.py``: a lease row with a heartbeat
+and a fencing epoch). The engine calls :meth:`Leader.is_leader` once per tick — which is also when a
+daemon's heartbeat is renewed —, :meth:`Leader.fence` as the first statement of every transaction
+that writes for a fire, and :meth:`Leader.stale_owners` when it reaps runs. Without an injected
+leader (tests, ``statebook schedule fire``) the engine always leads and fences nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from statebook.lifecycle import Book
+
+from .store import ScheduleError
+
+
+class LeadershipLost(ScheduleError):
+    """The lease this daemon fired under was taken over; the transaction rolls back and writes nothing."""
+
+
+class Leader(Protocol):
+    async def is_leader(self) -> bool:
+        """Renew this daemon's heartbeat and the lease (or take a stale lease over); True while leading."""
+        ...
+
+    async def fence(self, tx: Book) -> int | None:
+        """Inside ``tx``: the epoch this daemon leads under, held until ``tx`` ends; LeadershipLost if
+        the lease has another holder or epoch now."""
+        ...
+
+    async def stale_owners(self, owners: Iterable[str]) -> set[str]:
+        """The daemons among ``owners`` whose heartbeat is older than the lease (their runs may be reaped)."""
+        ...
+
+
+class Unfenced:
+    """Always the leader; fences nothing and knows no heartbeats (one engine, no coordination)."""
+
+    async def is_leader(self) -> bool:
+        return True
+
+    async def fence(self, tx: Book) -> int | None:
+        return None
+
+    async def stale_owners(self, owners: Iterable[str]) -> set[str]:
+        return set()
