@@ -1,6 +1,6 @@
 """``create``, ``transition`` and ``purge`` (and their batch forms): the only code that writes status or facts.
 
-Every command runs the same way (specs/lifecycle.md L4, L5, L16): the policy checks it before any
+Every command runs the same way (specs/lifecycle.md L4, L5, L17): the policy checks it before any
 write; the rows it moves are read in the command's unit — locked on PostgreSQL, under the single
 writer on SQLite, or taken as the caller ``seen`` them; :mod:`.plan` makes each fact and the row
 it projects; the book's :class:`~.store.Store` writes rows and facts in ONE transaction with the

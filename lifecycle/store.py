@@ -1,4 +1,4 @@
-"""The storage port: the few operations a backend implements for the engine (specs/lifecycle.md L16).
+"""The storage port: the few operations a backend implements for the engine (specs/lifecycle.md L17).
 
 The engine decides everything — policy checks, the compare-and-set conditions, each fact and the
 row it projects — and hands the plan to ONE :class:`Store`. A backend (``statebook.adapters.sqlite``,

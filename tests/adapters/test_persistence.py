@@ -2,7 +2,7 @@
 
 Hot-path statements are compiled once by SQLAlchemy and run on the asyncpg / aiosqlite connection under
 a SQLAlchemy connection. These tests hold the layer to its promises: one compiled shape per statement and
-dialect, values bound in a statement sent with it, exact row counts, driver errors raised as statebook's own (L17),
+dialect, values bound in a statement sent with it, exact row counts, driver errors raised as statebook's own (L18),
 statements joining the transaction of the connection they came from, and — on PostgreSQL — an autocommit
 connection that a cancelled or broken statement leaves out of the pool rather than handed out again.
 """
@@ -230,7 +230,7 @@ async def test_execute_returns_the_rows_it_wrote(engine: AsyncEngine):
 
 
 async def test_driver_errors_are_statebook_errors(engine: AsyncEngine, backend: str):
-    """L5 / L17: a constraint violation from the driver is raised as ConstraintViolation (the
+    """L5 / L18: a constraint violation from the driver is raised as ConstraintViolation (the
     driver's exception in ``orig``) and rolls back everything its transaction wrote; another failure is a
     StorageError. The pool's one connection serves the next transaction."""
     with pytest.raises(ConstraintViolation) as excinfo:

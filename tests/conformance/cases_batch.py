@@ -174,11 +174,11 @@ class BatchCases:
 
 
 class PurgeManyCases:
-    """L5 / L16: ``purge_many`` is ``purge`` a batch at a time — one tombstone per row, a bounded number of
+    """L5 / L17: ``purge_many`` is ``purge`` a batch at a time — one tombstone per row, a bounded number of
     statements, and a row that changed or vanished is a conflict that writes nothing."""
 
     async def test_purge_many_tombstones_each_row_with_few_statements(self, book: Book, monkeypatch):
-        """L16: 1,200 rows purge in three batches with a bounded number of statements each (not one
+        """L17: 1,200 rows purge in three batches with a bounded number of statements each (not one
         transaction per row), each row leaving its tombstone; verify still holds."""
         from statebook.adapters.persistence import Driver
 

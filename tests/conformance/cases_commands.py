@@ -349,7 +349,7 @@ class CommandCases:
                    "version": 2, "prev_fact_id": first.id, "prev_hash": first.hash, "hash": "x" * 64}
         await execute(book, sa.insert(facts_table).values(planted))
         before = await row(book, "t1")
-        with pytest.raises(ConstraintViolation):  # ours, not the driver's (L17)
+        with pytest.raises(ConstraintViolation):  # ours, not the driver's (L18)
             await start(book, "t1")
         assert await row(book, "t1") == before
 
