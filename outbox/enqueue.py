@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_many
-from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.codec import dumps, new_id
 
 from .errors import DispatchInvalid
 from .offers import offer_created
@@ -133,16 +133,10 @@ def _reason(kind: str) -> Reason:
     return Reason("dispatch.pending.enqueued", f"enqueued kind={kind}")
 
 
-_payload_text: dict[str, Any] = {}
-
-
-def _stored_payload(book: Book, payload: Any) -> str:
-    """The text the payload column stores for ``payload`` (its bind processor on this dialect)."""
-    dialect = book.engine.dialect
-    process = _payload_text.get(dialect.name)
-    if process is None:
-        process = _payload_text[dialect.name] = dispatch_outbox.c.payload.type.dialect_impl(dialect).bind_processor(dialect)
-    return process(payload)
+def _stored_payload(payload: Any) -> str:
+    """The text the payload column stores for ``payload``: its canonical JSON (adapters.db gives every
+    engine ``codec.dumps`` as its JSON serializer)."""
+    return dumps(payload)
 
 
 async def _enqueue_one(tx: Book, args: dict[str, Any], *, offer: bool = False) -> tuple[str, bool]:
@@ -162,7 +156,7 @@ async def _enqueue_one(tx: Book, args: dict[str, Any], *, offer: bool = False) -
         if outcome.applied:
             if offer and outcome.row is not None:
                 row = outcome.row
-                offer_created(tx, row, lambda: _stored_payload(tx, row["payload"]))
+                offer_created(tx, row, lambda: _stored_payload(row["payload"]))
             return values["id"], True
         # With a key: another producer committed it after our first look (on PostgreSQL our insert
         # waited for that commit), and a fresh statement now sees its id. Without one: an id
