@@ -90,6 +90,11 @@ class Install:
     def stamp(self) -> Path:
         return self.root / "baseline.json"
 
+    @property
+    def short(self) -> str:
+        """The commit's id and subject, cut to fit a log line."""
+        return self.subject if len(self.subject) <= 72 else self.subject[:71] + "…"
+
     def describe(self) -> dict[str, Any]:
         return {"rev": self.rev, "sha": self.sha, "subject": self.subject, "python": str(self.python),
                 "kept_in": str(self.root) if self.keep else None}
@@ -111,14 +116,14 @@ class Install:
     def build(self, log: Callable[[str], None]) -> None:
         with contextlib.suppress(OSError, ValueError):
             if json.loads(self.stamp.read_text())["sha"] == self.sha and self.python.exists():
-                log(f"baseline {self.subject}: reusing the install in {self.root}")
+                log(f"baseline {self.short}: reusing the install in {self.root}")
                 return
         for stale in (self.tree, self.venv, self.stamp):
             if stale.is_dir():
                 shutil.rmtree(stale)
             else:
                 stale.unlink(missing_ok=True)
-        log(f"baseline {self.subject}: exporting {self.sha[:12]} and installing it into {self.venv}")
+        log(f"baseline {self.short}: exporting {self.sha[:12]} and installing it into {self.venv}")
         archive = subprocess.run(["git", "archive", "--format=tar", self.sha], cwd=REPO_DIR, capture_output=True)
         if archive.returncode != 0:
             raise BaselineError(f"git archive {self.sha} failed: {archive.stderr.decode(errors='replace')}")

@@ -66,8 +66,9 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
 
         ctx.sides = Sides(sys.executable, str(baseline.python), pg["statebook"], pg[BASELINE_DATABASE],
                           files.dir / "sides", log)
-        log(f"baseline: {baseline.subject} ({baseline.sha[:12]}), compared in {', '.join(COMPARED)}; "
-            f"order alternates per round")
+        compared = [w for w in only if w in COMPARED]
+        log(f"baseline {baseline.short}: compared in {', '.join(compared) or 'none of the selected workloads'}"
+            f"{'' if compared else ' (only ' + ', '.join(COMPARED) + ' compare)'}; order alternates per round")
     runners = {
         "W1": workloads.w1, "W2": workloads.w2, "W3": workloads.w3, "W4": workloads.w4, "W5": workloads.w5,
         "W6": lambda c: scheduler_side.w6({"postgresql": pg["w6"], "sqlite": f"sqlite:///{c.sqlite_path('w6')}"},
@@ -96,7 +97,7 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     table = render_table(lines)
     print("\n" + table + "\n", flush=True)
     if baseline is not None:
-        print(f"baseline = {baseline.subject} ({baseline.sha[:12]}); working tree = {REPO}; 'baseline' is its "
+        print(f"baseline = {baseline.short} ({baseline.sha[:12]}); working tree = {REPO}; 'baseline' is its "
               "figure (its ratio against the same peer/floor), 'vs baseline' = working / baseline in the "
               "line's unit", flush=True)
         for name, why in sorted(ctx.sides.errors.items()):
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--baseline {args.baseline}: {exc}", file=sys.stderr)
                 return 2
         return _run(args, sizes, only, install)
+    except KeyboardInterrupt:
+        log("interrupted; the baseline install, SQLite files and child processes are cleaned up")
+        return 130
     finally:
         if install is not None:
             install.cleanup()
