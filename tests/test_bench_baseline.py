@@ -16,11 +16,15 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent / "bench"
+_PATH = list(sys.path)
 sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 import baseline  # noqa: E402
+import child  # noqa: E402
 import run  # noqa: E402
-from common import Line, render_table, round_order  # noqa: E402
+from common import Line, interleave, render_table, round_order  # noqa: E402
+
+sys.path[:] = _PATH  # the bench's flat module names stay out of the rest of the session's imports
 
 OLD_HEADER = ("| workload | backend | statebook | peer/floor | ratio | target | result | client CPU/op |")
 
@@ -92,8 +96,6 @@ def sides(tmp_path: Path) -> baseline.Sides:
 
 
 def test_sides_pair_each_statebook_contender_and_keep_the_others(tmp_path: Path) -> None:
-    from common import interleave
-
     order: list[str] = []
 
     async def peer() -> float:
@@ -130,8 +132,6 @@ def test_a_baseline_that_cannot_serve_a_request_is_na_and_not_asked_again(tmp_pa
     remote = baseline.Remote("enqueue_batches", "postgresql", {"total": 10, "batch": 5}, lambda _n, sec: 10 / sec)
 
     async def go() -> dict[str, list[float]]:
-        from common import interleave
-
         async with s.contenders([("statebook-pg-batch", None)], {"statebook-pg-batch": remote},
                                 children=(work, base)) as (contenders, alternate):
             return await interleave(3, contenders, lambda _: None, None, alternate)
@@ -234,6 +234,4 @@ def test_a_child_whose_install_lacks_the_drivers_imports_says_so(tmp_path: Path)
 
 
 def test_both_processes_use_the_same_reply_mark() -> None:
-    import child
-
     assert child.MARK == baseline.MARK
