@@ -295,8 +295,9 @@ class Sides:
             except ChildError as exc:
                 if strict:
                     raise RuntimeError(f"{key} (working tree, in its child process): {exc}") from exc
+                if str(exc) not in self.errors.values():  # each reason is logged once
+                    self.log(f"    {key}: n/a ({exc})")
                 self.errors[key] = str(exc)
-                self.log(f"    {key}: n/a ({exc})")
                 return math.nan
             METER.cpu = cpu
             return remote.figure(key, value)

@@ -100,8 +100,11 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
         print(f"baseline = {baseline.short} ({baseline.sha[:12]}); working tree = {REPO}; 'baseline' is its "
               "figure (its ratio against the same peer/floor), 'vs baseline' = working / baseline in the "
               "line's unit", flush=True)
-        for name, why in sorted(ctx.sides.errors.items()):
-            print(f"  n/a {name}: {why}", flush=True)
+        reasons: dict[str, list[str]] = {}
+        for name, why in ctx.sides.errors.items():
+            reasons.setdefault(why, []).append(name.removesuffix("@baseline"))
+        for why, names in reasons.items():
+            print(f"  baseline n/a for {', '.join(names)}: {why}", flush=True)
         print(flush=True)
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": host,
