@@ -164,7 +164,7 @@ def test_the_working_trees_failure_is_an_error_not_na(tmp_path: Path) -> None:
 
 def fake_lines() -> list[Line]:
     compared = Line("W1 enqueue single (2,000)", "postgresql", "enq/s", 2_200.0, "pgqueuer", 4_000.0, 0.55,
-                    ">= 1x", False, compared=True, baseline=2_000.0)
+                    ">= 1x", False, cpu_us=(150.0, 60.0), compared=True, baseline=2_000.0, baseline_cpu_us=160.0)
     na = Line("W3 latency (LISTEN) p50", "postgresql", "ms", 2.0, "pgqueuer", 2.0, 1.0, "<= 20 ms", True,
               compared=True, baseline_note="n/a (ImportError: listen)")
     alone = Line("W3 latency (commit hook) p50", "sqlite", "ms", 1.2, target="<= 20 ms", passed=True,
@@ -181,6 +181,7 @@ def test_the_table_has_a_baseline_and_a_vs_baseline_column() -> None:
     assert cells[0] == ["workload", "backend", "statebook", "peer/floor", "ratio", "baseline", "vs baseline",
                         "target", "result", "client CPU/op"]
     assert cells[1][4:7] == ["0.55x", "2,000 enq/s (0.50x)", "1.10x"]
+    assert cells[1][9] == "150 / 60 us, baseline 160 us"
     assert cells[2][5:7] == ["n/a", "n/a"]
     assert cells[3][5:7] == ["1.5 ms", "0.80x"]
     assert cells[4][5:7] == ["-", "-"]

@@ -320,6 +320,8 @@ def render_table(lines: Sequence[Line]) -> str:
         row: tuple[str, ...] = (ln.workload, ln.backend, _fmt(ln.statebook, ln.unit) if ln.statebook is not None
                                 else (ln.note or "n/a"), ref, ratio, ln.target or "-", ln.verdict, cpu)
         if with_baseline:
+            if ln.cpu_us and ln.baseline_cpu_us is not None:  # the steadier figure on a loaded machine
+                row = (*row[:-1], f"{row[-1]}, baseline {ln.baseline_cpu_us:,.0f} us")
             row = (*row[:5], *_baseline_cells(ln), *row[5:])
         rows.append(row)
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
