@@ -25,5 +25,10 @@ run: venv
 test: venv
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
+# `make bench BASELINE=main` also measures git revision main (installed in a temporary virtualenv)
+# in the same rounds (tests/bench/run.py --baseline); BENCH_ARGS passes more options, e.g. --only W1,W2,W3.
+BASELINE ?=
+BENCH_ARGS ?=
 bench: venv
-	$(VENV)/bin/pip install -q -e ".[test,bench]" && $(VENV)/bin/python tests/bench/run.py
+	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
+	$(VENV)/bin/python tests/bench/run.py $(if $(BASELINE),--baseline $(BASELINE)) $(BENCH_ARGS)

@@ -83,6 +83,14 @@ class Line:
     samples: dict[str, list[float]] = field(default_factory=dict)
     cpu_us: tuple[float, float] | None = None
     """Client CPU per operation, microseconds: (statebook, reference)."""
+    compared: bool = False
+    """Set by a ``--baseline`` run on every line it measured the baseline for (see baseline.py)."""
+    baseline: float | None = None
+    """The baseline revision's median in the line's unit (None: not compared, or n/a)."""
+    baseline_note: str = ""
+    """Why a compared line has no baseline figure (the child's error)."""
+    baseline_cpu_us: float | None = None
+    """The baseline's client CPU per operation, microseconds (in its own process)."""
 
     @property
     def verdict(self) -> str:
@@ -90,8 +98,28 @@ class Line:
             return "n/a" if self.statebook is None else "info"
         return "PASS" if self.passed else "FAIL"
 
+    @property
+    def baseline_ratio(self) -> float | None:
+        """The baseline's figure against the same reference as ``ratio``."""
+        if self.baseline is None or not self.other or self.ratio is None:
+            return None
+        return self.baseline / self.other
+
+    @property
+    def vs_baseline(self) -> float | None:
+        """Working tree / baseline in the line's unit (above 1 is better for rates, worse for times)."""
+        if self.baseline is None or not self.baseline or self.statebook is None:
+            return None
+        return self.statebook / self.baseline
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "verdict": self.verdict}
+        out = {**asdict(self), "verdict": self.verdict}
+        if self.compared:
+            out.update(baseline_ratio=self.baseline_ratio, vs_baseline=self.vs_baseline)
+        else:  # a run without --baseline writes the lines it always wrote
+            for key in ("compared", "baseline", "baseline_note", "baseline_cpu_us"):
+                del out[key]
+        return out
 
 
 class Meter:
@@ -144,15 +172,33 @@ def cpu_per_op(cpu: dict[str, list[float]], sb: str, ref: str, n_sb: int, n_ref:
     return median(cpu[sb]) / n_sb * 1e6, median(cpu[ref]) / (n_ref or n_sb) * 1e6
 
 
+def round_order(contenders: Sequence[tuple[str, Any]], r: int,
+                alternate: Sequence[tuple[str, str]] = ()) -> list[tuple[str, Any]]:
+    """The contenders of round ``r`` (0-based): as given, with each ``alternate`` pair swapped in odd rounds.
+
+    A ``--baseline`` run pairs every statebook contender with its baseline (working tree first in
+    rounds 1, 3, ..., baseline first in rounds 2, 4, ...), so neither side always runs warmer.
+    """
+    order = list(contenders)
+    if r % 2:
+        at = {name: i for i, (name, _) in enumerate(order)}
+        for a, b in alternate:
+            i, j = at[a], at[b]
+            order[i], order[j] = order[j], order[i]
+    return order
+
+
 async def interleave(rounds: int, contenders: Sequence[tuple[str, Callable[[], Awaitable[float]]]],
-                     log: Callable[[str], None], cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+                     log: Callable[[str], None], cpu: dict[str, list[float]] | None = None,
+                     alternate: Sequence[tuple[str, str]] = ()) -> dict[str, list[float]]:
     """Run each contender once per round, in order (A B A B ...); collect one figure per run.
 
     With ``cpu`` each run's client CPU in its measured region (see :data:`METER`) is collected too.
+    ``alternate``: pairs of contender names whose order swaps every other round (:func:`round_order`).
     """
     out: dict[str, list[float]] = {name: [] for name, _ in contenders}
     for r in range(rounds):
-        for name, run in contenders:
+        for name, run in round_order(contenders, r, alternate):
             METER.cpu = 0.0
             value = await run()
             out[name].append(value)
@@ -247,15 +293,37 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:,.0f} {unit}"
 
 
+def _baseline_cells(ln: Line) -> tuple[str, str]:
+    """The ``baseline`` and ``vs baseline`` cells of a line."""
+    if not ln.compared:
+        return "-", "-"
+    if ln.baseline is None or ln.baseline != ln.baseline:
+        return "n/a", "n/a"  # why: ``baseline_note``, printed under the table and kept in results.json
+    ratio = ln.baseline_ratio
+    cell = _fmt(ln.baseline, ln.unit) + (f" ({ratio:.2f}x)" if ratio is not None else "")
+    vs = ln.vs_baseline
+    return cell, f"{vs:.2f}x" if vs is not None else "-"
+
+
 def render_table(lines: Sequence[Line]) -> str:
-    header = ("workload", "backend", "statebook", "peer/floor", "ratio", "target", "result", "client CPU/op")
+    """The result table; with a ``baseline`` and a ``vs baseline`` column when a line was compared."""
+    with_baseline = any(ln.compared for ln in lines)
+    header: tuple[str, ...] = ("workload", "backend", "statebook", "peer/floor", "ratio", "target", "result",
+                               "client CPU/op")
+    if with_baseline:
+        header = (*header[:5], "baseline", "vs baseline", *header[5:])
     rows = []
     for ln in lines:
         ref = f"{ln.reference} {_fmt(ln.other, ln.unit)}" if ln.reference else "-"
         ratio = f"{ln.ratio:.2f}x" if ln.ratio is not None else "-"
         cpu = f"{ln.cpu_us[0]:,.0f} / {ln.cpu_us[1]:,.0f} us" if ln.cpu_us else "-"
-        rows.append((ln.workload, ln.backend, _fmt(ln.statebook, ln.unit) if ln.statebook is not None
-                     else (ln.note or "n/a"), ref, ratio, ln.target or "-", ln.verdict, cpu))
+        row: tuple[str, ...] = (ln.workload, ln.backend, _fmt(ln.statebook, ln.unit) if ln.statebook is not None
+                                else (ln.note or "n/a"), ref, ratio, ln.target or "-", ln.verdict, cpu)
+        if with_baseline:
+            if ln.cpu_us and ln.baseline_cpu_us is not None:  # the steadier figure on a loaded machine
+                row = (*row[:-1], f"{row[-1]}, baseline {ln.baseline_cpu_us:,.0f} us")
+            row = (*row[:5], *_baseline_cells(ln), *row[5:])
+        rows.append(row)
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
 
     def fmt_row(r: Sequence[str]) -> str:

@@ -3,6 +3,7 @@
     make bench                                   # = .venv/bin/python tests/bench/run.py (quick sizes)
     .venv/bin/python tests/bench/run.py --full   # the issue's sizes (long)
     .venv/bin/python tests/bench/run.py --only W1,W3 --rounds 5 --profile
+    .venv/bin/python tests/bench/run.py --baseline main --only W1,W2,W3   # also measure main (baseline.py)
 
 PostgreSQL comes from ``--pg-url`` or ``STATEBOOK_TEST_PG_URL`` (the bench creates and drops
 ``bench_*`` databases there), otherwise from a throwaway cluster (tests/pgcluster.py). Prints a
@@ -16,11 +17,13 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
@@ -32,7 +35,10 @@ from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, machine, pg_se
                     recreate_databases, render_table)
 
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "memory")
+COMPARED = ("W1", "W2", "W3")
+"""The workloads whose statebook contenders ``--baseline`` also measures for the baseline revision."""
 DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6")
+BASELINE_DATABASE = "statebook_baseline"
 RESULTS = BENCH_DIR / "results.json"
 
 _T0 = time.perf_counter()
@@ -42,17 +48,27 @@ def log(message: str) -> None:
     print(f"[{time.perf_counter() - _T0:6.0f}s] {message}", flush=True)
 
 
-async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out: Path) -> int:
+async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out: Path,
+                baseline: Any = None) -> int:
+    """Run ``only``; with ``baseline`` (a baseline.Install) W1-W3 also measure that revision."""
     import scheduler_side
     import workloads
 
-    names = {db: f"bench_{db}" for db in DATABASES}
+    names = {db: f"bench_{db}" for db in (*DATABASES, *((BASELINE_DATABASE,) if baseline else ()))}
     urls = await recreate_databases(base_url, list(names.values()))
     pg = {db: urls[name] for db, name in names.items()}
     version = await pg_server_version(base_url)
     await workloads.pg_schema(pg["floor"])
     files = SqliteFiles()
     ctx = workloads.Ctx(sizes, pg, files, await workloads.make_template(files), log)
+    if baseline is not None:
+        from baseline import Sides
+
+        ctx.sides = Sides(sys.executable, str(baseline.python), pg["statebook"], pg[BASELINE_DATABASE],
+                          files.dir / "sides", log)
+        compared = [w for w in only if w in COMPARED]
+        log(f"baseline {baseline.short}: compared in {', '.join(compared) or 'none of the selected workloads'}"
+            f"{'' if compared else ' (only ' + ', '.join(COMPARED) + ' compare)'}; order alternates per round")
     runners = {
         "W1": workloads.w1, "W2": workloads.w2, "W3": workloads.w3, "W4": workloads.w4, "W5": workloads.w5,
         "W6": lambda c: scheduler_side.w6({"postgresql": pg["w6"], "sqlite": f"sqlite:///{c.sqlite_path('w6')}"},
@@ -80,6 +96,16 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
         files.cleanup()
     table = render_table(lines)
     print("\n" + table + "\n", flush=True)
+    if baseline is not None:
+        print(f"baseline = {baseline.short} ({baseline.sha[:12]}); working tree = {REPO}; 'baseline' is its "
+              "figure (its ratio against the same peer/floor), 'vs baseline' = working / baseline in the "
+              "line's unit", flush=True)
+        reasons: dict[str, list[str]] = {}
+        for name, why in ctx.sides.errors.items():
+            reasons.setdefault(why, []).append(name.removesuffix("@baseline"))
+        for why, names in reasons.items():
+            print(f"  baseline n/a for {', '.join(names)}: {why}", flush=True)
+        print(flush=True)
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": host,
         "loadavg_1m_at_end": machine().get("loadavg_1m"), "sizes": asdict(sizes), "concurrency": CONCURRENCY,
@@ -87,6 +113,9 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
         "total_seconds": round(time.perf_counter() - _T0, 1), "table": table,
         "lines": [ln.to_json() for ln in lines],
     }
+    if baseline is not None:
+        result["baseline"] = {**baseline.describe(), "statebook_imported_from": ctx.sides.seen,
+                              "compared": [w for w in only if w in COMPARED], "n/a": ctx.sides.errors}
     out.write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {out}; total {result['total_seconds']:.0f}s")
     if profile:
@@ -101,6 +130,7 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
 
 
 _THROWAWAY: set[str] = set()
+REPO = BENCH_DIR.parent.parent
 
 
 def base_url_is_throwaway(url: str) -> bool:
@@ -118,7 +148,7 @@ async def drop_databases(base: str, names: list[str]) -> None:
         await conn.close()
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="sizes that fit 15 minutes on 2 cores (default)")
@@ -128,7 +158,19 @@ def main() -> int:
     parser.add_argument("--pg-url", help="PostgreSQL server to use (default: STATEBOOK_TEST_PG_URL or throwaway)")
     parser.add_argument("--profile", action="store_true", help="also print pyinstrument profiles of W1/W2")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write results (default {RESULTS})")
-    args = parser.parse_args()
+    parser.add_argument("--baseline", metavar="REV",
+                        help=f"also measure git revision REV (installed in a temporary virtualenv) in the same "
+                             f"rounds as the working tree, for {', '.join(COMPARED)}; adds the 'baseline' and "
+                             f"'vs baseline' columns")
+    parser.add_argument("--keep-baseline", metavar="DIR", type=Path,
+                        help="with --baseline: install REV under DIR and keep it (reused when DIR holds REV)")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes, list[str]]:
+    """The options, the sizes they select and the workloads to run, in order."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     sizes = Sizes.full() if args.full else Sizes.quick()
     if args.rounds:
         from dataclasses import replace
@@ -138,9 +180,45 @@ def main() -> int:
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    if args.keep_baseline is not None and not args.baseline:
+        parser.error("--keep-baseline needs --baseline REV")
+    if args.baseline is not None and not args.baseline.strip():
+        parser.error("--baseline needs a revision")
+    return args, sizes, only
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # the same clean-up as Ctrl-C
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, sizes, only = parse_args(argv)
+    install = None
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        if args.baseline:
+            from baseline import BaselineError, Install
+
+            try:
+                install = Install.prepare(args.baseline, args.keep_baseline, log)
+            except BaselineError as exc:
+                print(f"--baseline {args.baseline}: {exc}", file=sys.stderr)
+                return 2
+        return _run(args, sizes, only, install)
+    except KeyboardInterrupt:
+        log("interrupted; the baseline install, SQLite files and child processes are cleaned up")
+        return 130
+    finally:
+        if install is not None:
+            install.cleanup()
+            if install.keep:
+                log(f"kept the baseline install in {install.root}")
+
+
+def _run(args: argparse.Namespace, sizes: Sizes, only: list[str], install: Any) -> int:
     url = args.pg_url or os.environ.get("STATEBOOK_TEST_PG_URL")
     if url:
-        return asyncio.run(bench(url, sizes, only, args.profile, args.json))
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install))
     bindir = pgcluster.find_pg_bin()
     if bindir is None:
         print(f"no PostgreSQL: set STATEBOOK_TEST_PG_URL or install server binaries under {pgcluster.PG_ROOT}/*/bin",
@@ -149,7 +227,7 @@ def main() -> int:
     log("starting a throwaway PostgreSQL cluster")
     with pgcluster.throwaway_cluster(bindir) as url:
         _THROWAWAY.add(url)
-        return asyncio.run(bench(url, sizes, only, args.profile, args.json))
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install))
 
 
 if __name__ == "__main__":

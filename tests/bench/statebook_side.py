@@ -2,6 +2,10 @@
 
 Each function does one round and returns one figure (seconds, or a list of latencies). Seeding
 that is not being measured happens before the clock starts.
+
+Each function imports the statebook API it calls itself (after the first time a lookup): ``run.py
+--baseline`` runs these drivers against an earlier revision too (child.py), and a name that
+revision lacks must make only the cells that need it ``n/a``.
 """
 
 from __future__ import annotations
@@ -9,19 +13,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-
-from statebook.adapters.db import open_book, reset_schema
-from statebook.lifecycle import Book, verify
-from statebook.outbox import (CallableTransport, DeliveryWorker, deliver_due_dispatches, enqueue_dispatch,
-                              enqueue_dispatches)
+from typing import TYPE_CHECKING
 
 from common import BATCH, CONCURRENCY, METER, W3_IDLE_GAP
+
+if TYPE_CHECKING:
+    from statebook.lifecycle import Book
 
 KIND, TO = "bench.noop", "noop"
 
 
 async def fresh_book(url: str) -> Book:
     """A book on an empty schema: PostgreSQL truncated, SQLite a new file (``url`` names it)."""
+    from statebook.adapters.db import open_book, reset_schema
+
     book = await open_book(url)
     if book.dialect == "postgresql":
         await reset_schema(book.engine)
@@ -29,6 +34,8 @@ async def fresh_book(url: str) -> Book:
 
 
 async def enqueue_single(book: Book, n: int) -> float:
+    from statebook.outbox import enqueue_dispatch
+
     METER.start()
     for i in range(n):
         await enqueue_dispatch(book, kind=KIND, deliver_to=TO, body={"n": i})
@@ -36,6 +43,8 @@ async def enqueue_single(book: Book, n: int) -> float:
 
 
 async def enqueue_batches(book: Book, total: int, batch: int) -> float:
+    from statebook.outbox import enqueue_dispatches
+
     METER.start()
     for base in range(0, total, batch):
         await enqueue_dispatches(book, [{"kind": KIND, "deliver_to": TO, "body": {"n": base + i}}
@@ -59,6 +68,8 @@ class Sink:
 
 async def drain_due(book: Book, sink: Sink, expected: int) -> None:
     """Delivery passes until ``expected`` deliveries happened (or a pass finds nothing)."""
+    from statebook.outbox import CallableTransport, deliver_due_dispatches
+
     transport = CallableTransport(sink)
     while sink.count < expected:
         counts = await deliver_due_dispatches(book, transport=transport, batch_size=BATCH, concurrency=CONCURRENCY)
@@ -91,6 +102,9 @@ async def latency(book: Book, samples: int, *, listen_url: str | None = None) ->
     ``listen_url`` (PostgreSQL) the enqueue goes through a second engine without that hook and the
     worker is woken by LISTEN/NOTIFY, as it would be for an enqueue from another process.
     """
+    from statebook.adapters.db import open_book
+    from statebook.outbox import CallableTransport, DeliveryWorker, enqueue_dispatch
+
     sink = Sink()
     wakeups = None
     producer = book
@@ -127,6 +141,8 @@ async def latency(book: Book, samples: int, *, listen_url: str | None = None) ->
 
 async def verify_rate(book: Book) -> tuple[float, int]:
     """W5: facts per second of a full ``verify`` and how many facts it checked (must find nothing)."""
+    from statebook.lifecycle import verify
+
     start = time.perf_counter()
     report = await verify(book)
     elapsed = time.perf_counter() - start

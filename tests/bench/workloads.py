@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from statebook.lifecycle.sweep import MAX_PROCESSES
 import peers
 import seed
 import statebook_side as sb
+from baseline import Remote, Run, Sides
 from common import (BATCH, BENCH_DIR, CONCURRENCY, METER, Line, SqliteFiles, Sizes, cpu_per_op, interleave,
                     median, throughput_line)
 from floor import PgFloor, SqliteFloor
@@ -40,10 +41,28 @@ class Ctx:
     files: SqliteFiles
     template: Path
     log: Callable[[str], None]
+    sides: Sides | None = None
+    """Set by ``--baseline``: W1-W3 run their statebook contenders in two child processes."""
 
     @property
     def rounds(self) -> int:
         return self.sizes.rounds
+
+    @contextlib.asynccontextmanager
+    async def statebook_sides(self, contenders: Sequence[tuple[str, Run]], remotes: dict[str, Remote]
+                              ) -> AsyncIterator[tuple[list[tuple[str, Run]], list[tuple[str, str]]]]:
+        """Without ``--baseline`` the contenders as given; with it, each one ``remotes`` names runs in
+        the working tree's child and the baseline's child instead (baseline.Sides.contenders)."""
+        if self.sides is None:
+            yield list(contenders), []
+            return
+        async with self.sides.contenders(contenders, remotes) as got:
+            yield got
+
+    def compare(self, line: Line, key: str, values: dict[str, list[float]],
+                cpu: dict[str, list[float]] | None = None, count: int | None = None) -> Line:
+        """``line`` with the baseline's figure for statebook contender ``key`` (unchanged without one)."""
+        return line if self.sides is None else self.sides.compare(line, key, values, cpu, count)
 
     def sqlite_path(self, label: str) -> Path:
         path = self.files.fresh(label)
@@ -155,22 +174,32 @@ async def w1(ctx: Ctx) -> list[Line]:
             await proc.reset()
             return total / await proc.enqueue_batches(total, k)
 
+        def rate(count: int) -> Callable[[str, Any], float]:
+            return lambda _name, seconds: count / seconds
+
+        remotes = {
+            "statebook-pg": Remote("enqueue_single", PG, {"n": n}, rate(n)),
+            "statebook-sqlite": Remote("enqueue_single", SQ, {"n": n}, rate(n)),
+            "statebook-pg-batch": Remote("enqueue_batches", PG, {"total": total, "batch": k}, rate(total)),
+            "statebook-sqlite-batch": Remote("enqueue_batches", SQ, {"total": total, "batch": k}, rate(total)),
+        }
         ctx.log(f"W1 single enqueue: {n:,} per round; batch: {total:,} in batches of {k}")
         cpu: dict[str, list[float]] = {}
-        r = await interleave(ctx.rounds, [
+        async with ctx.statebook_sides([
             ("statebook-pg", sb_pg), ("pgqueuer", pq), ("floor-pg", fl_pg), ("procrastinate", pr),
             ("floor-pg-1stmt", fl_pg_one), ("statebook-sqlite", sb_sq), ("floor-sqlite", fl_sq),
             ("statebook-pg-batch", sb_pg_batch), ("pgqueuer-list", pq_batch), ("floor-pg-batch", fl_pg_batch),
             ("procrastinate-batch", pr_batch), ("statebook-sqlite-batch", sb_sq_batch),
             ("floor-sqlite-batch", fl_sq_batch),
-        ], ctx.log, cpu)
+        ], remotes) as (contenders, alternate):
+            r = await interleave(ctx.rounds, contenders, ctx.log, cpu, alternate)
     u = "enq/s"
     single, batch = f"W1 enqueue single ({n:,})", f"W1 enqueue batch {k} ({total:,})"
 
     def line(name: str, backend: str, sb_key: str, ref_label: str, ref_key: str, target: float | None,
              count: int, note: str = "") -> Line:
-        return throughput_line(name, backend, u, r[sb_key], ref_label, r[ref_key], target, note,
-                               cpu_per_op(cpu, sb_key, ref_key, count))
+        return ctx.compare(throughput_line(name, backend, u, r[sb_key], ref_label, r[ref_key], target, note,
+                                           cpu_per_op(cpu, sb_key, ref_key, count)), sb_key, r, cpu, count)
 
     return [
         line(single, PG, "statebook-pg", "pgqueuer", "pgqueuer", 1.0, n),
@@ -237,23 +266,33 @@ async def w2(ctx: Ctx) -> list[Line]:
             await proc.reset()
             return n_proc / await proc.drain(n_proc)
 
+        def rate(_name: str, seconds: float) -> float:
+            return n / seconds
+
         ctx.log(f"W2 drain {n:,} no-op dispatches (procrastinate {n_proc:,}), concurrency {CONCURRENCY}, "
                 f"batch {BATCH}")
         cpu: dict[str, list[float]] = {}
-        r = await interleave(ctx.rounds, [
+        async with ctx.statebook_sides([
             ("statebook-pg", sb_pg), ("pgqueuer", pq), ("floor-pg", fl_pg), ("procrastinate", pr),
             ("statebook-sqlite", sb_sq), ("floor-sqlite", fl_sq),
-        ], ctx.log, cpu)
+        ], {"statebook-pg": Remote("drain", PG, {"n": n}, rate),
+            "statebook-sqlite": Remote("drain", SQ, {"n": n}, rate)}) as (contenders, alternate):
+            r = await interleave(ctx.rounds, contenders, ctx.log, cpu, alternate)
     u, name = "del/s", f"W2 drain ({n:,})"
+
+    def cmp(line: Line, key: str) -> Line:
+        return ctx.compare(line, key, r, cpu, n)
+
     return [
-        throughput_line(name, PG, u, r["statebook-pg"], "pgqueuer", r["pgqueuer"], 1.2,
-                        cpu=cpu_per_op(cpu, "statebook-pg", "pgqueuer", n)),
-        throughput_line(name, PG, u, r["statebook-pg"], "procrastinate", r["procrastinate"], 2.0,
-                        f"procrastinate drains {n_proc:,}", cpu_per_op(cpu, "statebook-pg", "procrastinate", n, n_proc)),
-        throughput_line(name, PG, u, r["statebook-pg"], "floor", r["floor-pg"], 0.7,
-                        cpu=cpu_per_op(cpu, "statebook-pg", "floor-pg", n)),
-        throughput_line(name, SQ, u, r["statebook-sqlite"], "floor", r["floor-sqlite"], 0.7,
-                        cpu=cpu_per_op(cpu, "statebook-sqlite", "floor-sqlite", n)),
+        cmp(throughput_line(name, PG, u, r["statebook-pg"], "pgqueuer", r["pgqueuer"], 1.2,
+                            cpu=cpu_per_op(cpu, "statebook-pg", "pgqueuer", n)), "statebook-pg"),
+        cmp(throughput_line(name, PG, u, r["statebook-pg"], "procrastinate", r["procrastinate"], 2.0,
+                            f"procrastinate drains {n_proc:,}",
+                            cpu_per_op(cpu, "statebook-pg", "procrastinate", n, n_proc)), "statebook-pg"),
+        cmp(throughput_line(name, PG, u, r["statebook-pg"], "floor", r["floor-pg"], 0.7,
+                            cpu=cpu_per_op(cpu, "statebook-pg", "floor-pg", n)), "statebook-pg"),
+        cmp(throughput_line(name, SQ, u, r["statebook-sqlite"], "floor", r["floor-sqlite"], 0.7,
+                            cpu=cpu_per_op(cpu, "statebook-sqlite", "floor-sqlite", n)), "statebook-sqlite"),
     ]
 
 
@@ -291,21 +330,29 @@ async def w3(ctx: Ctx) -> list[Line]:
             return record("pgqueuer", await pgq.latency(samples))
 
         ctx.log(f"W3 idle latency: {samples} samples per round (p50 printed)")
-        await interleave(ctx.rounds, [("statebook-pg", sb_pg), ("pgqueuer", pq),
-                                      ("statebook-pg-listen", sb_pg_listen), ("statebook-sqlite", sb_sq)], ctx.log)
+        async with ctx.statebook_sides([
+            ("statebook-pg", sb_pg), ("pgqueuer", pq), ("statebook-pg-listen", sb_pg_listen),
+            ("statebook-sqlite", sb_sq),
+        ], {"statebook-pg": Remote("latency", PG, {"samples": samples}, record),
+            "statebook-pg-listen": Remote("latency", PG, {"samples": samples, "listen": True}, record),
+            "statebook-sqlite": Remote("latency", SQ, {"samples": samples}, record)}) as (contenders, alternate):
+            await interleave(ctx.rounds, contenders, ctx.log, alternate=alternate)
     lines = []
     for name, label in (("statebook-pg", "W3 latency (commit hook)"), ("statebook-pg-listen", "W3 latency (LISTEN)")):
         s50, s99, q50, q99 = (median(p50[name]), median(p99[name]), median(p50["pgqueuer"]),
                               median(p99["pgqueuer"]))
-        lines.append(Line(f"{label} p50", PG, "ms", s50, "pgqueuer", q50, s50 / q50, "<= 20 ms and <= pgqueuer",
-                          s50 <= 20 and s50 <= q50, samples={"statebook": p50[name], "pgqueuer": p50["pgqueuer"]}))
-        lines.append(Line(f"{label} p99", PG, "ms", s99, "pgqueuer", q99, s99 / q99, "<= 100 ms", s99 <= 100,
-                          samples={"statebook": p99[name], "pgqueuer": p99["pgqueuer"]}))
+        lines.append(ctx.compare(Line(f"{label} p50", PG, "ms", s50, "pgqueuer", q50, s50 / q50,
+                                      "<= 20 ms and <= pgqueuer", s50 <= 20 and s50 <= q50,
+                                      samples={"statebook": p50[name], "pgqueuer": p50["pgqueuer"]}), name, p50))
+        lines.append(ctx.compare(Line(f"{label} p99", PG, "ms", s99, "pgqueuer", q99, s99 / q99, "<= 100 ms",
+                                      s99 <= 100, samples={"statebook": p99[name], "pgqueuer": p99["pgqueuer"]}),
+                                 name, p99))
     s50, s99 = median(p50["statebook-sqlite"]), median(p99["statebook-sqlite"])
-    lines.append(Line("W3 latency (commit hook) p50", SQ, "ms", s50, target="<= 20 ms", passed=s50 <= 20,
-                      samples={"statebook": p50["statebook-sqlite"]}))
-    lines.append(Line("W3 latency (commit hook) p99", SQ, "ms", s99, target="<= 100 ms", passed=s99 <= 100,
-                      samples={"statebook": p99["statebook-sqlite"]}))
+    lines.append(ctx.compare(Line("W3 latency (commit hook) p50", SQ, "ms", s50, target="<= 20 ms", passed=s50 <= 20,
+                                  samples={"statebook": p50["statebook-sqlite"]}), "statebook-sqlite", p50))
+    lines.append(ctx.compare(Line("W3 latency (commit hook) p99", SQ, "ms", s99, target="<= 100 ms",
+                                  passed=s99 <= 100, samples={"statebook": p99["statebook-sqlite"]}),
+                             "statebook-sqlite", p99))
     return lines
 
 
