@@ -412,4 +412,14 @@ def _delete_many(table: sa.Table) -> _SetStatement:
     return _SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "")
 
 
+# Sequence values can commit out of order; the writing transaction's id lets the tailing reader emit only
+# facts whose transactions are all finished (``tail_query``).
+sa.event.listen(
+    facts_table,
+    "after_create",
+    sa.DDL(
+        "ALTER TABLE status_transitions ALTER COLUMN tx_id SET DEFAULT (pg_current_xact_id()::text::bigint)"
+    ).execute_if(dialect="postgresql"),
+)
+
 register_backend("postgresql", PostgresStore)

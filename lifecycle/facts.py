@@ -60,17 +60,6 @@ facts_table = sa.Table(
     ),
 )
 
-# PostgreSQL sequence values can commit out of order; the writing transaction's id lets the tailing
-# reader emit only facts whose transactions are all finished (see ``tail``). SQLite has one writer,
-# so its sequence order is its commit order.
-sa.event.listen(
-    facts_table,
-    "after_create",
-    sa.DDL(
-        "ALTER TABLE status_transitions ALTER COLUMN tx_id SET DEFAULT (pg_current_xact_id()::text::bigint)"
-    ).execute_if(dialect="postgresql"),
-)
-
 HASHED_FIELDS = (
     "id", "entity_type", "entity_id", "prev_fact_id", "previous_status", "status", "version", "reason_code",
     "reason_summary", "evidence_refs", "actor_type", "actor_id", "at", "patch", "metadata", "idempotency_key",
