@@ -7,6 +7,7 @@ The command builders here are shared by the single steps and the batched passes 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,6 +37,24 @@ def lease_seconds(timeout: float) -> float:
 
 CLAIM_LEASE_SECONDS = lease_seconds(NOTIFY_TIMEOUT_SECONDS)
 """The lease for the default transport timeout (10 s): 15 s."""
+
+
+def claimable(free: int, slowest: float | None) -> int:
+    """How many leases a pass may claim with ``free`` idle send slots (O21).
+
+    No more than the free slots until a send of this pass was timed; beyond them, as many waves as
+    the slowest send seen lets start within half the lease margin (sends seen to take no time: all).
+
+    >>> claimable(8, None), claimable(8, 4.0), claimable(8, 0.5)
+    (8, 8, 48)
+    """
+    if slowest is None:
+        return free
+    if slowest <= 0:
+        return sys.maxsize
+    return free * (1 + int(LEASE_MARGIN_SECONDS / (2 * slowest)))
+
+
 BASE_BACKOFF_SECONDS = 30
 MAX_BACKOFF_SECONDS = 1800
 DELIVERY_ACTOR = Actor("system", "delivery")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -32,13 +31,13 @@ from statebook.lifecycle import Actor, Book, Command, EntityNotFound, apply, app
 from .attempts import (
     CLAIM_LEASE_SECONDS,
     DELIVERY_ACTOR,
-    LEASE_MARGIN_SECONDS,
     Candidate,
     Finalized,
     Lease,
     Settled,
     backoff_seconds,
     claim_command,
+    claimable,
     finalize_command,
     lease_seconds,
     next_due,
@@ -272,19 +271,6 @@ Refill = Callable[[int], Awaitable[tuple[list[Lease], dict[str, int]]]]
 """Claims up to n more leases for a running pass: the won leases and the claim's counters."""
 
 
-def _claimable(free: int, slowest: float | None) -> int:
-    """How many leases a pass may claim with ``free`` idle send slots (O21).
-
-    No more than the free slots until a send of this pass was timed; beyond them, as many waves as
-    the slowest send seen lets start within half the lease margin (sends seen to take no time: all).
-    """
-    if slowest is None:
-        return free
-    if slowest <= 0:
-        return sys.maxsize
-    return free * (1 + int(LEASE_MARGIN_SECONDS / (2 * slowest)))
-
-
 async def run_leases(
     book: Book,
     leases: Iterable[Lease],
@@ -333,17 +319,16 @@ async def run_leases(
         return len(fresh)
 
     async def claim_more() -> int:
-        """Fill the idle slots (see :func:`_claimable`); the number of new leases."""
-        nonlocal budget, claims
+        """Fill the idle slots (see :func:`.attempts.claimable`); the number of new leases."""
+        nonlocal budget
         free = concurrency - running - waiting
         if refill is None or budget <= 0 or free <= 0:
             return 0
-        want = min(budget, _claimable(free, slowest))
-        claims += 1
+        want = min(budget, claimable(free, slowest))
         try:
             more, claimed = await refill(want)
         except Exception:
-            if claims == 1:
+            if not tasks:
                 raise  # nothing claimed or sent yet: the pass failed
             log.exception("claiming more dispatches failed; this pass ends with the sends it holds")
             budget = 0
@@ -354,7 +339,6 @@ async def run_leases(
         budget = budget - want if rows >= want else 0  # fewer rows than asked: none left due
         return start(more)
 
-    claims = 0
     remaining = start(leases)
     try:
         remaining += await claim_more()
