@@ -170,3 +170,21 @@ async def test_a_send_that_outlives_its_lease_is_cut(book, clock):
     # Started with 0.1 s of the lease left (more than the 0.05 s timeout): cut after 0.1 s of real time.
     result = await execute(lease, CallableTransport(hangs), now=lease.lease_until - 0.1)
     assert result is not None and not result.ok and result.evidence.get("timed_out") is True
+
+
+async def test_a_failed_refill_keeps_the_sends_the_pass_holds(book, clock):
+    """O21, O7: when claiming more fails mid-pass (the database went away, say), the leases the pass
+    already holds are still sent and finalized; only the claiming stops."""
+    for seat in ("seat-1", "seat-2"):
+        await enqueue_dispatch(book, kind="k", deliver_to=seat)
+    lease = await claim(book, (await scan(book, now=clock.now(), limit=1))[0], now=clock.now())
+    assert lease is not None
+    did = lease.dispatch_id
+
+    async def refill(_n: int):
+        raise ConnectionError("the database went away")
+
+    rec = Recorder()
+    counts = await run_leases(book, [lease], rec.transport, concurrency=2, refill=refill, budget=5)
+    assert rec.ids() == [did] and counts["delivered"] == 1
+    assert (await row(book, did))["status"] == "delivered"
