@@ -42,8 +42,9 @@ async def test_a_second_worker_after_the_lease_lapses_sends_nothing_twice(book, 
     """O21, O5 (issue 9 hole 2.1): worker A runs batch 5 at concurrency 1 with 4-second sends;
     worker B, another engine on the same database, passes once the clock is past 15.5 s. Every send
     starts on a row that is ``delivering`` with at least the transport timeout left of its lease,
-    and no dispatch is sent twice — on the old code A claimed all five for 15 s, its third send
-    started with 7 s left, and B re-sent the two rows whose leases lapsed in A's queue."""
+    and no dispatch is sent twice. On the old code A claimed all five for 15 s; its third and fourth
+    sends started with 7 s and 3 s left, B re-sent the fourth (still in A's hands) and the fifth
+    (queued behind A's gate), and A then sent the fifth again on a row already ``delivered``."""
     t0 = clock.now()
     ids = [await enqueue_dispatch(book, kind="k", deliver_to=f"seat-{i}") for i in range(5)]
     sends: list[tuple[str, str]] = []
