@@ -305,8 +305,8 @@ async def run_leases(
             try:
                 started = clock()
                 result = await execute(lease, transport, now=started)
-                if result is not None:
-                    slowest = max(slowest or 0.0, clock() - started)
+                # A skipped lease means sends got slower than timed: claim only free slots from now on.
+                slowest = max(slowest or 0.0, clock() - started if result is not None else lease.timeout)
             finally:
                 running -= 1
         queue.put_nowait((lease, result))
