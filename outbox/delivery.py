@@ -121,7 +121,8 @@ async def execute(lease: Lease, transport: Transport, *, now: float | None = Non
         elif not lease.may_start(now):
             return None
         else:
-            result = await asyncio.wait_for(transport.send(lease.deliver_to, lease.payload), lease.lease_until - now)
+            async with asyncio.timeout(lease.lease_until - now):  # same task: no per-send Task (wait_for on 3.11)
+                result = await transport.send(lease.deliver_to, lease.payload)
     except TimeoutError:
         return TransportResult.failed("timeout: the send outlived its lease and was cut", timed_out=True)
     except Exception as exc:
@@ -270,6 +271,17 @@ async def _finalize_group(
 Refill = Callable[[int], Awaitable[tuple[list[Lease], dict[str, int]]]]
 """Claims up to n more leases for a running pass: the won leases and the claim's counters."""
 
+_paces: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+"""The slowest send of each transport's last timed pass (O21), so that passes run one after another
+with one transport (a worker, a tick loop) claim a fast transport's batch at once from the second on."""
+
+
+def _pace(transport: Transport) -> float | None:
+    try:
+        return _paces.get(transport)
+    except TypeError:  # not weak-referenceable: each pass starts from its free slots
+        return None
+
 
 async def run_leases(
     book: Book,
@@ -296,7 +308,8 @@ async def run_leases(
     queue: asyncio.Queue[tuple[Lease, TransportResult | None]] = asyncio.Queue()
     tasks: list[asyncio.Future[None]] = []
     waiting = running = 0
-    slowest: float | None = None
+    slowest: float | None = None  # of this pass's sends; until one is timed, the transport's last pass
+    earlier = _pace(transport)
 
     async def send(lease: Lease) -> None:
         nonlocal waiting, running, slowest
@@ -324,7 +337,7 @@ async def run_leases(
         free = concurrency - running - waiting
         if refill is None or budget <= 0 or free <= 0:
             return 0
-        want = min(budget, claimable(free, slowest))
+        want = min(budget, claimable(free, earlier if slowest is None else slowest))
         try:
             more, claimed = await refill(want)
         except Exception:
@@ -364,6 +377,9 @@ async def run_leases(
     finally:
         for task in tasks:
             task.cancel()
+        if slowest is not None:
+            with contextlib.suppress(TypeError):
+                _paces[transport] = slowest
     return counts
 
 

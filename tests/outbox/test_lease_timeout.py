@@ -189,3 +189,25 @@ async def test_a_failed_refill_keeps_the_sends_the_pass_holds(book, clock):
     counts = await run_leases(book, [lease], rec.transport, concurrency=2, refill=refill, budget=5)
     assert rec.ids() == [did] and counts["delivered"] == 1
     assert (await row(book, did))["status"] == "delivered"
+
+
+async def test_the_next_pass_claims_as_the_transports_last_pass_allows(book, clock):
+    """O21: a pass remembers how slow its transport's sends were. With the same transport, the next
+    pass claims a whole batch at once after sends that took no time, and only its free slots after
+    slow ones (so a caller looping over passes does not pay a second claim per batch)."""
+    delay = 0.0
+    held: list[int] = []
+
+    async def send(_to: str, _payload: str) -> None:
+        held.append(len(await list_dispatches(book, status="delivering")))
+        clock.advance(delay)
+
+    transport = CallableTransport(send)
+    # (send seconds, rows, rows held when the first send starts): cold, fast, slow, after slow.
+    for delay, rows, expected in ((0.0, 4, 1), (0.0, 4, 4), (SEND_SECONDS, 1, 1), (0.0, 4, 1)):
+        held.clear()
+        for i in range(rows):
+            await enqueue_dispatch(book, kind="k", deliver_to=f"seat-{i}")
+        counts = await deliver_due_dispatches(book, transport=transport, batch_size=4, concurrency=1)
+        assert counts["delivered"] == rows
+        assert held[0] == expected, (delay, held)
