@@ -26,6 +26,7 @@ class DispatchSettings(_Section):
     batch_size: int = Field(100, ge=1)
     concurrency: int = Field(8, ge=1)
     transport_timeout_seconds: float = Field(10.0, gt=0)
+    """a send running longer is killed; claims lease each row for this plus 5 s (specs/outbox.md O21)"""
 
 
 class RetentionSettings(_Section):

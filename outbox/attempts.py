@@ -6,6 +6,7 @@ The command builders here are shared by the single steps and the batched passes 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,7 +19,39 @@ from .errors import DispatchInvalid
 from .schema import dispatch_outbox
 from .transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
 
-CLAIM_LEASE_SECONDS = NOTIFY_TIMEOUT_SECONDS + 5.0
+LEASE_MARGIN_SECONDS = 5.0
+"""What a lease grants beyond the transport timeout: time to start the send and record its outcome."""
+
+
+def lease_seconds(timeout: float) -> float:
+    """How long a claim leases its row for sends bounded by ``timeout`` seconds (O21).
+
+    >>> lease_seconds(10.0), lease_seconds(40.0)
+    (15.0, 45.0)
+    """
+    return timeout + LEASE_MARGIN_SECONDS
+
+
+CLAIM_LEASE_SECONDS = lease_seconds(NOTIFY_TIMEOUT_SECONDS)
+"""The lease for the default transport timeout (10 s): 15 s."""
+
+
+def claimable(free: int, slowest: float | None) -> int:
+    """How many leases a pass may claim with ``free`` idle send slots (O21).
+
+    No more than the free slots until a send of this pass was timed; beyond them, as many waves as
+    the slowest send seen lets start within half the lease margin (sends seen to take no time: all).
+
+    >>> claimable(8, None), claimable(8, 4.0), claimable(8, 0.5)
+    (8, 8, 48)
+    """
+    if slowest is None:
+        return free
+    if slowest <= 0:
+        return sys.maxsize
+    return free * (1 + int(LEASE_MARGIN_SECONDS / (2 * slowest)))
+
+
 BASE_BACKOFF_SECONDS = 30
 MAX_BACKOFF_SECONDS = 1800
 DELIVERY_ACTOR = Actor("system", "delivery")
@@ -73,6 +106,8 @@ class Lease:
     """One won claim: the right to run attempt ``attempt`` until ``lease_until``.
 
     ``claim_id`` fences the finalization: only the claim that wrote it can settle the attempt.
+    ``timeout`` is the transport timeout the lease was sized for (``lease_until = claimed at +
+    lease_seconds(timeout)``); a send may start only while that much of the lease is left (O21).
     """
 
     dispatch_id: str
@@ -89,11 +124,20 @@ class Lease:
     finalization skip reading the row again (``apply_many(seen=...)``); None when unknown."""
     fact_id: str | None = None
     chain_hash: str | None = None
+    timeout: float = NOTIFY_TIMEOUT_SECONDS
 
     def with_head(self, version: int | None, fact_id: str | None, chain_hash: str | None) -> Lease:
         """This lease once its claim is written: the row's new chain head attached."""
         return Lease(self.dispatch_id, self.attempt, self.lease_until, self.kind, self.deliver_to, self.payload,
-                     self.ack_required, self.max_attempts, self.claim_id, version, fact_id, chain_hash)
+                     self.ack_required, self.max_attempts, self.claim_id, version, fact_id, chain_hash, self.timeout)
+
+    def may_start(self, now: float) -> bool:
+        """True while a send bounded by the timeout still ends inside the lease (O21).
+
+        A lease that waited too long is not sent: its row stays ``delivering`` until the lease
+        lapses and a later scan reclaims it, so no second claimant can send beside it.
+        """
+        return self.lease_until - now >= self.timeout
 
     def head(self) -> dict[str, Any] | None:
         """The row as this lease's claim left it, for ``apply_many(seen=...)`` (None when unknown)."""
@@ -220,16 +264,21 @@ def settle_command(candidate: Candidate, now: float, actor: Actor) -> tuple[Comm
     return None
 
 
-def claim_command(candidate: Candidate, now: float, actor: Actor) -> tuple[Command, Lease] | None:
-    """The claim of the candidate's next attempt and the lease it grants, or None if not claimable."""
+def claim_command(
+    candidate: Candidate, now: float, actor: Actor, timeout: float = NOTIFY_TIMEOUT_SECONDS
+) -> tuple[Command, Lease] | None:
+    """The claim of the candidate's next attempt and the lease it grants, or None if not claimable.
+
+    The lease is derived from ``timeout``, the longest one send may take (O21).
+    """
     c = candidate
     if c.status not in ("pending", "delivering") or c.next_attempt_at > now or settle_command(c, now, actor):
         return None
     attempt = c.attempt + 1
     lease = Lease(
-        dispatch_id=c.dispatch_id, attempt=attempt, lease_until=now + CLAIM_LEASE_SECONDS, kind=c.kind,
+        dispatch_id=c.dispatch_id, attempt=attempt, lease_until=now + lease_seconds(timeout), kind=c.kind,
         deliver_to=c.deliver_to, payload=c.payload, ack_required=c.ack_required, max_attempts=c.max_attempts,
-        claim_id=new_id(),
+        claim_id=new_id(), timeout=timeout,
     )
     if c.status == "delivering":
         reason = Reason("dispatch.delivering.reclaimed", f"lease of attempt {c.attempt} lapsed; attempt {attempt}")

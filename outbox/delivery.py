@@ -6,10 +6,13 @@ database: the transport runs between the claim's commit and the finalization, so
 leaves a ``delivering`` row whose lease lapses and which a later scan reclaims (at-least-once,
 seed ADR-0059 D3).
 
-A pass claims up to ``batch_size`` due rows in ONE transaction (one set-based engine call: one
-transition and one fact per row), runs at most ``concurrency`` transports at once outside any
-transaction, and records outcomes as they arrive — results finishing while a finalization commits
-are recorded together in the next transaction, each still its own transition.
+A pass claims due rows in set-based transactions (one engine call: one transition and one fact per
+row), runs at most ``concurrency`` transports at once outside any transaction, and records outcomes
+as they arrive — results finishing while a finalization commits are recorded together in the next
+transaction, each still its own transition. A pass never holds a lease it cannot start in time
+(O21): it first claims no more than its free send slots, and claims beyond them only as far as the
+sends it has seen show they will start within the lease margin; every send checks its lease just
+before it starts and is skipped, not sent, when less than the transport timeout is left.
 
 >>> counts = await deliver_due_dispatches(book, transport=CallableTransport(send))  # doctest: +SKIP
 """
@@ -17,8 +20,10 @@ are recorded together in the next transaction, each still its own transition.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from statebook.lifecycle import Actor, Book, Command, EntityNotFound, apply, apply_many
@@ -32,20 +37,22 @@ from .attempts import (
     Settled,
     backoff_seconds,
     claim_command,
+    claimable,
     finalize_command,
+    lease_seconds,
     next_due,
     scan,
     scan_heads,
     settle_command,
 )
 from .errors import DispatchInvalid
-from .transport import ArgvTransport, Transport, TransportResult
+from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, send_timeout
 
 __all__ = [
     "CLAIM_LEASE_SECONDS", "COUNTERS", "Candidate", "Lease", "backoff_seconds", "claim", "claim_due", "claim_offered",
     "deliver_offered",
-    "deliver_due_dispatches", "execute", "expire", "finalize", "finalize_all", "next_due", "run_leases", "scan",
-    "settle",
+    "deliver_due_dispatches", "execute", "expire", "finalize", "finalize_all", "lease_seconds", "next_due",
+    "run_leases", "scan", "settle",
 ]
 
 
@@ -83,15 +90,18 @@ async def settle(book: Book, candidate: Candidate, *, now: float, actor: Actor =
     return planned[1] if await _applied(book, planned[0]) else None
 
 
-async def claim(book: Book, candidate: Candidate, *, now: float, actor: Actor = DELIVERY_ACTOR) -> Lease | None:
+async def claim(
+    book: Book, candidate: Candidate, *, now: float, actor: Actor = DELIVERY_ACTOR,
+    timeout: float = NOTIFY_TIMEOUT_SECONDS,
+) -> Lease | None:
     """Win attempt ``candidate.attempt + 1`` or return None (lost the race, expired, or exhausted).
 
     A guarded transition to ``delivering``: status, attempt and due time must still be what the
-    scan read; it increments ``attempt``, sets the lease as the due time and writes a new claim id.
-    On PostgreSQL a row another transaction holds is skipped (``FOR UPDATE SKIP LOCKED``), not
-    waited for.
+    scan read; it increments ``attempt``, sets the lease (``now + lease_seconds(timeout)``, O21) as
+    the due time and writes a new claim id. On PostgreSQL a row another transaction holds is
+    skipped (``FOR UPDATE SKIP LOCKED``), not waited for.
     """
-    planned = claim_command(candidate, now, actor)
+    planned = claim_command(candidate, now, actor, timeout)
     if planned is None:
         return None
     command, lease = planned
@@ -99,10 +109,22 @@ async def claim(book: Book, candidate: Candidate, *, now: float, actor: Actor = 
     return lease if outcome.applied else None
 
 
-async def execute(lease: Lease, transport: Transport) -> TransportResult:
-    """Run the transport for a lease. No database; never raises for a transport problem."""
+async def execute(lease: Lease, transport: Transport, *, now: float | None = None) -> TransportResult | None:
+    """Run the transport for a lease. No database; never raises for a transport problem.
+
+    Given ``now`` (the clock when the send would start), a lease with less than its transport
+    timeout left is not sent — None — and a send is cut when it outlives the lease (O21).
+    """
     try:
-        result = await transport.send(lease.deliver_to, lease.payload)
+        if now is None:
+            result = await transport.send(lease.deliver_to, lease.payload)
+        elif not lease.may_start(now):
+            return None
+        else:
+            async with asyncio.timeout(lease.lease_until - now):  # same task: no per-send Task (wait_for on 3.11)
+                result = await transport.send(lease.deliver_to, lease.payload)
+    except TimeoutError:
+        return TransportResult.failed("timeout: the send outlived its lease and was cut", timed_out=True)
     except Exception as exc:
         return TransportResult.failed(f"{type(exc).__name__}: {exc}")
     if not isinstance(result, TransportResult):
@@ -133,7 +155,7 @@ Planned = list[tuple[Command, "str | Lease"]]
 
 
 def _plan(
-    rows: Iterable[tuple[Candidate, dict[str, Any]]], now: float, actor: Actor
+    rows: Iterable[tuple[Candidate, dict[str, Any]]], now: float, actor: Actor, timeout: float
 ) -> tuple[Planned, dict[str, dict[str, Any]]]:
     """The settle or claim command for each row read (once per dispatch), and the rows as read."""
     planned: Planned = []
@@ -142,7 +164,7 @@ def _plan(
         if candidate.dispatch_id in seen:
             continue
         settling = settle_command(candidate, now, actor)
-        claiming = None if settling else claim_command(candidate, now, actor)
+        claiming = None if settling else claim_command(candidate, now, actor, timeout)
         if settling or claiming:
             planned.append(settling or claiming)  # type: ignore[arg-type]
             seen[candidate.dispatch_id] = row
@@ -165,23 +187,25 @@ def _won(planned: Planned, outcomes: list[Any]) -> tuple[list[Lease], dict[str, 
 
 
 async def claim_due(
-    book: Book, *, now: float, limit: int = 100, actor: Actor = DELIVERY_ACTOR
+    book: Book, *, now: float, limit: int = 100, actor: Actor = DELIVERY_ACTOR,
+    timeout: float = NOTIFY_TIMEOUT_SECONDS,
 ) -> tuple[list[Lease], dict[str, int]]:
     """Scan, settle and claim up to ``limit`` due rows in ONE transaction; the won leases.
 
     On PostgreSQL the scan locks its rows ``FOR UPDATE SKIP LOCKED``, so concurrent workers claim
     disjoint rows instead of colliding. Counts ``attempted`` (claims won only), ``expired`` and
-    ``dead_letter`` (lapsed last attempts).
+    ``dead_letter`` (lapsed last attempts). Each lease is sized for sends of ``timeout`` seconds.
     """
     async with book.begin() as tx:
-        planned, seen = _plan(await scan_heads(tx, now=now, limit=limit, skip_locked=True), now, actor)
+        planned, seen = _plan(await scan_heads(tx, now=now, limit=limit, skip_locked=True), now, actor, timeout)
         # The scan locked and read these rows in this transaction: no second read.
         outcomes = await apply_many(tx, [command for command, _ in planned], lock="skip_locked", seen=seen)
     return _won(planned, outcomes)
 
 
 async def claim_offered(
-    book: Book, offered: list[tuple[Candidate, dict[str, Any]]], *, now: float, actor: Actor = DELIVERY_ACTOR
+    book: Book, offered: list[tuple[Candidate, dict[str, Any]]], *, now: float, actor: Actor = DELIVERY_ACTOR,
+    timeout: float = NOTIFY_TIMEOUT_SECONDS,
 ) -> tuple[list[Lease], dict[str, int]]:
     """Settle or claim rows the caller already read (an offer, see :mod:`.offers`) without scanning.
 
@@ -189,7 +213,7 @@ async def claim_offered(
     a row that changed since is a lost race. On PostgreSQL, with an unbound book and only claims,
     that is ONE statement. Counts as :func:`claim_due` does.
     """
-    planned, seen = _plan(offered, now, actor)
+    planned, seen = _plan(offered, now, actor, timeout)
     if not planned:
         return [], dict.fromkeys(COUNTERS, 0)
     outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
@@ -226,6 +250,21 @@ async def _finalize_group(
     return outcomes
 
 
+Refill = Callable[[int], Awaitable[tuple[list[Lease], dict[str, int]]]]
+"""Claims up to n more leases for a running pass: the won leases and the claim's counters."""
+
+_paces: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+"""The slowest send of each transport's last timed pass (O21), so that passes run one after another
+with one transport (a worker, a tick loop) claim a fast transport's batch at once from the second on."""
+
+
+def _pace(transport: Transport) -> float | None:
+    try:
+        return _paces.get(transport)
+    except TypeError:  # not weak-referenceable: each pass starts from its free slots
+        return None
+
+
 async def run_leases(
     book: Book,
     leases: Iterable[Lease],
@@ -234,40 +273,95 @@ async def run_leases(
     concurrency: int = 8,
     now: Callable[[], float] | None = None,
     actor: Actor = DELIVERY_ACTOR,
+    refill: Refill | None = None,
+    budget: int = 0,
 ) -> dict[str, int]:
-    """Execute leases with at most ``concurrency`` transports in flight; finalize as they finish."""
+    """Execute leases with at most ``concurrency`` transports in flight; finalize as they finish.
+
+    Each send checks its lease with ``now`` right before it starts and is skipped when less than the
+    transport timeout is left (O21): its row stays ``delivering`` and a later scan reclaims it. With
+    ``refill``, slots that fall idle are filled by claiming more leases, ``budget`` rows at most.
+    """
     if book.conn is not None:
         raise DispatchInvalid("transports must not run inside a database transaction; pass an unbound book")
     clock = now or book.clock.now
     counts = dict.fromkeys(COUNTERS, 0)
     gate = asyncio.Semaphore(concurrency)
-    queue: asyncio.Queue[tuple[Lease, TransportResult]] = asyncio.Queue()
-    leases = list(leases)
+    queue: asyncio.Queue[tuple[Lease, TransportResult | None]] = asyncio.Queue()
+    tasks: list[asyncio.Future[None]] = []
+    waiting = running = 0
+    slowest: float | None = None  # of this pass's sends; until one is timed, the transport's last pass
+    earlier = _pace(transport)
 
     async def send(lease: Lease) -> None:
+        nonlocal waiting, running, slowest
         async with gate:
-            result = await execute(lease, transport)
+            waiting, running = waiting - 1, running + 1
+            try:
+                started = clock()
+                result = await execute(lease, transport, now=started)
+                # A skipped lease means sends got slower than timed: claim only free slots from now on.
+                slowest = max(slowest or 0.0, clock() - started if result is not None else lease.timeout)
+            finally:
+                running -= 1
         queue.put_nowait((lease, result))
 
-    async def finalizer() -> None:
-        remaining = len(leases)
+    def start(more: Iterable[Lease]) -> int:
+        nonlocal waiting
+        fresh = [asyncio.ensure_future(send(lease)) for lease in more]
+        waiting += len(fresh)
+        tasks.extend(fresh)
+        return len(fresh)
+
+    async def claim_more() -> int:
+        """Fill the idle slots (see :func:`.attempts.claimable`); the number of new leases."""
+        nonlocal budget
+        free = concurrency - running - waiting
+        if refill is None or budget <= 0 or free <= 0:
+            return 0
+        want = min(budget, claimable(free, earlier if slowest is None else slowest))
+        try:
+            more, claimed = await refill(want)
+        except Exception:
+            if not tasks:
+                raise  # nothing claimed or sent yet: the pass failed
+            log.exception("claiming more dispatches failed; this pass ends with the sends it holds")
+            budget = 0
+            return 0
+        for key, value in claimed.items():
+            counts[key] += value
+        rows = claimed["attempted"] + claimed["expired"] + claimed["dead_letter"]
+        budget = budget - want if rows >= want else 0  # fewer rows than asked: none left due
+        return start(more)
+
+    remaining = start(leases)
+    try:
+        remaining += await claim_more()
         while remaining:
             done = [await queue.get()]
             await asyncio.sleep(0)  # let sends that are already finishing join this group
             while not queue.empty():
                 done.append(queue.get_nowait())
             remaining -= len(done)
-            for outcome in await _finalize_group(book, done, clock, actor):
+            sent: list[tuple[Lease, TransportResult]] = []
+            for lease, result in done:
+                if result is not None:
+                    sent.append((lease, result))
+                else:
+                    log.warning("dispatch %s attempt %s not sent: less than its %gs transport timeout was left "
+                                "of the lease; a later scan reclaims it", lease.dispatch_id, lease.attempt,
+                                lease.timeout)
+            for outcome in await _finalize_group(book, sent, clock, actor) if sent else ():
                 key = _COUNTED.get(outcome or "")
                 if key:
                     counts[key] += 1
-
-    tasks = [asyncio.ensure_future(finalizer()), *(asyncio.ensure_future(send(lease)) for lease in leases)]
-    try:
-        await asyncio.gather(*tasks)
+            remaining += await claim_more()
     finally:
         for task in tasks:
             task.cancel()
+        if slowest is not None:
+            with contextlib.suppress(TypeError):
+                _paces[transport] = slowest
     return counts
 
 
@@ -287,7 +381,8 @@ async def deliver_due_dispatches(
     was recorded (including ack-required sends now awaiting their ack); ``retried`` failures
     scheduled again; ``dead_letter`` and ``expired`` rows moved there. Without ``transport`` an
     :class:`ArgvTransport` over ``notify_template`` is used; a missing or invalid template fails
-    each claimed row, it does not raise.
+    each claimed row, it does not raise. Leases are sized for the transport's timeout and claimed
+    no faster than sends can start (O21).
 
     >>> counts = await deliver_due_dispatches(book, transport=CallableTransport(send))  # doctest: +SKIP
     """
@@ -298,8 +393,15 @@ async def deliver_due_dispatches(
     if transport is None:
         transport = ArgvTransport(notify_template)
     clock: Callable[[], float] = (lambda: now) if now is not None else book.clock.now
-    leases, counts = await claim_due(book, now=clock(), limit=batch_size, actor=actor)
-    return await _run_and_count(book, leases, counts, transport, concurrency, clock, actor)
+    refill = _due_claimer(book, clock, send_timeout(transport), actor)
+    return await run_leases(book, [], transport, concurrency=concurrency, now=clock, actor=actor, refill=refill,
+                            budget=batch_size)
+
+
+def _due_claimer(book: Book, clock: Callable[[], float], timeout: float, actor: Actor) -> Refill:
+    async def claim_some(limit: int) -> tuple[list[Lease], dict[str, int]]:
+        return await claim_due(book, now=clock(), limit=limit, actor=actor, timeout=timeout)
+    return claim_some
 
 
 async def deliver_offered(
@@ -310,20 +412,20 @@ async def deliver_offered(
     concurrency: int = 8,
     actor: Actor = DELIVERY_ACTOR,
 ) -> dict[str, int]:
-    """:func:`deliver_due_dispatches` for rows already read (an offer): claim them, send, record."""
+    """:func:`deliver_due_dispatches` for rows already read (an offer): claim them, send, record.
+
+    At most ``concurrency`` offers are claimed up front; the pass claims the rest through the scan
+    as its slots free (O21).
+    """
     if book.conn is not None:
         raise DispatchInvalid("deliver_offered runs transports; pass an unbound book, not a transaction")
     clock = book.clock.now
-    leases, counts = await claim_offered(book, offered, now=clock(), actor=actor)
-    return await _run_and_count(book, leases, counts, transport, concurrency, clock, actor)
-
-
-async def _run_and_count(
-    book: Book, leases: list[Lease], counts: dict[str, int], transport: Transport, concurrency: int,
-    clock: Callable[[], float], actor: Actor,
-) -> dict[str, int]:
-    if leases:
-        ran = await run_leases(book, leases, transport, concurrency=concurrency, now=clock, actor=actor)
-        for key in ("delivered", "dead_letter", "retried"):
+    timeout = send_timeout(transport)
+    leases, counts = await claim_offered(book, offered[:concurrency], now=clock(), actor=actor, timeout=timeout)
+    budget = max(0, len(offered) - concurrency)
+    if leases or budget:
+        ran = await run_leases(book, leases, transport, concurrency=concurrency, now=clock, actor=actor,
+                               refill=_due_claimer(book, clock, timeout, actor), budget=budget)
+        for key in COUNTERS:
             counts[key] += ran[key]
     return counts

@@ -45,9 +45,26 @@ def cap_error(text: str) -> str:
 
 @runtime_checkable
 class Transport(Protocol):
-    """Sends one payload (JSON text) to one route."""
+    """Sends one payload (JSON text) to one route.
+
+    A transport may declare ``timeout`` (seconds), the longest one send takes; claims lease their
+    rows for that long plus a margin (O21). Without one, :data:`NOTIFY_TIMEOUT_SECONDS` is assumed
+    and delivery cuts a send that outlives its lease.
+    """
 
     async def send(self, deliver_to: str, payload: str) -> TransportResult: ...
+
+
+def send_timeout(transport: object) -> float:
+    """The longest one send of ``transport`` may take: its ``timeout``, else the default.
+
+    >>> send_timeout(ArgvTransport(["true", "{deliver_to}"], timeout=40)), send_timeout(object())
+    (40.0, 10.0)
+    """
+    declared = getattr(transport, "timeout", None)
+    if isinstance(declared, int | float) and not isinstance(declared, bool) and 0 < declared < float("inf"):
+        return float(declared)
+    return NOTIFY_TIMEOUT_SECONDS
 
 
 def check_template(template: object) -> str | None:
