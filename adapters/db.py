@@ -164,6 +164,7 @@ async def open_book(
             await create_schema(engine, clock or SYSTEM_CLOCK, registry=registry)
         else:
             async with engine.connect() as conn:
+                await conn.execution_options(**{READ_ONLY_OPTION: True})  # SQLite: no write lock for a look
                 await conn.run_sync(check_statuses, registry)
     except BaseException:
         await engine.dispose()

@@ -209,3 +209,22 @@ async def test_an_existing_check_that_refuses_a_declared_status_is_named(backend
             assert fragment in message, f"{fragment!r} missing from {message!r}"
         book = await open_book(url)  # the registry it was built for still opens
         await book.engine.dispose()
+
+
+async def test_the_check_at_open_does_not_wait_for_a_writer(tmp_path):
+    """L15: opening an existing SQLite file (create=False, as the CLI does) only reads, so a daemon holding
+    the write lock does not delay it."""
+    import asyncio
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+    book = await open_book(url)
+    await book.engine.dispose()
+    holder = sqlite3.connect(tmp_path / "busy.db", timeout=0.1, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        book = await asyncio.wait_for(open_book(url, create=False, must_exist=True), 2)
+        await book.engine.dispose()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
