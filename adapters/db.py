@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from statebook.lifecycle import SYSTEM_CLOCK, Book, Clock, Registry, metadata
 from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.codec import dumps
-from statebook.lifecycle.schema import check_statuses, schema_for
+from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
 from .registry import builtin_registry
@@ -122,7 +122,7 @@ async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK, *, reg
     registry = registry if registry is not None else builtin_registry()
     async with engine.begin() as conn:
         await conn.run_sync(check_statuses, registry)
-        await conn.run_sync(schema_for(registry, metadata).create_all)
+        await conn.run_sync(create_tables, registry)
         found = (await conn.execute(sa.select(sa.func.max(schema_version.c.version)))).scalar()
         if found is None:
             await conn.execute(sa.insert(schema_version).values(version=SCHEMA_VERSION, applied_at=clock.now()))

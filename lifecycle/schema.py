@@ -161,7 +161,8 @@ def schema_for(registry: Registry, meta: sa.MetaData = metadata) -> sa.MetaData:
     Each managed table gets ``CHECK (status IN (...))`` listing its lifecycle's statuses and each
     :func:`status_index` gets its predicate; the module-level tables are left as they are (queries
     use them; only the DDL varies with the registry). The registry must be sealed: the schema is
-    built once, for the lifecycles the application will run.
+    built once, for the lifecycles the application will run. The copies carry no DDL event
+    listeners; :func:`create_tables` is what creates the schema.
     """
     if not registry.sealed:
         raise PolicyError(
@@ -177,6 +178,21 @@ def schema_for(registry: Registry, meta: sa.MetaData = metadata) -> sa.MetaData:
         if copy.info.get("managed"):
             _follow(copy, by_table.get(table.name))
     return out
+
+
+def create_tables(conn: sa.Connection, registry: Registry, meta: sa.MetaData = metadata) -> None:
+    """Create the missing tables of :func:`schema_for`, in dependency order.
+
+    Run it with ``await conn.run_sync(create_tables, registry)``. A managed table of the registry is
+    created from its copy (status rules from the registry); every other table from the original
+    ``Table``, so its DDL event listeners (e.g. a PostgreSQL column default) still run.
+    """
+    copies = schema_for(registry, meta)
+    by_table = {lc.table.name: lc.table for lc in registry}
+    for copy in copies.sorted_tables:
+        follows = copy.info.get("managed") and copy.name in by_table
+        original = meta.tables.get(copy.name, by_table.get(copy.name))
+        (copy if follows or original is None else original).create(conn, checkfirst=True)
 
 
 _QUOTED = re.compile(r"'((?:[^']|'')*)'")

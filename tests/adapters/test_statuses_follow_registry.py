@@ -228,3 +228,21 @@ async def test_the_check_at_open_does_not_wait_for_a_writer(tmp_path):
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+async def test_tables_outside_the_registry_keep_their_ddl_events(backend, db_url, tmp_path):
+    """Only the registry's managed tables are built from copies: the facts table is created from its own
+    Table, so its after_create DDL (PostgreSQL: the tx_id default the tail relies on, L13) still runs."""
+    async with fresh_database(backend, db_url, tmp_path) as url:
+        book = await open_book(url, registry=with_cancelled())
+        try:
+            async with book.engine.connect() as conn:
+                if backend == "postgres":
+                    default = (await conn.exec_driver_sql(
+                        "SELECT column_default FROM information_schema.columns "
+                        "WHERE table_name = 'status_transitions' AND column_name = 'tx_id'")).scalar()
+                    assert default and "pg_current_xact_id" in default
+                names = set(await conn.run_sync(lambda c: sa.inspect(c).get_table_names()))
+            assert {"dispatch_outbox", "schedules", "schedule_runs", "status_transitions", "statebook_schema"} <= names
+        finally:
+            await book.engine.dispose()
