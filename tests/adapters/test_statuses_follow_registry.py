@@ -209,6 +209,20 @@ async def test_an_existing_check_that_refuses_a_declared_status_is_named(backend
             assert fragment in message, f"{fragment!r} missing from {message!r}"
         book = await open_book(url)  # the registry it was built for still opens
         await book.engine.dispose()
+        if backend == "postgres":  # the statement the message gives migrates the constraint
+            statement = message.split("PostgreSQL: ", 1)[1].split("; SQLite", 1)[0]
+            book = await open_book(url, create=False)
+            async with book.engine.begin() as conn:
+                await conn.exec_driver_sql(statement)
+            await book.engine.dispose()
+            book = await open_book(url, registry=with_cancelled(), create=create_schema)
+            try:
+                did = await enqueue(book)
+                out = await transition(book, "dispatch", did, "cancelled", expected="pending",
+                                       reason=Reason("dispatch.cancelled.operator"), actor=OPERATOR)
+                assert out.status == "cancelled"
+            finally:
+                await book.engine.dispose()
 
 
 async def test_the_check_at_open_does_not_wait_for_a_writer(tmp_path):
