@@ -185,7 +185,8 @@ def create_tables(conn: sa.Connection, registry: Registry, meta: sa.MetaData = m
 
     Run it with ``await conn.run_sync(create_tables, registry)``. A managed table of the registry is
     created from its copy (status rules from the registry); every other table from the original
-    ``Table``, so its DDL event listeners (e.g. a PostgreSQL column default) still run.
+    ``Table``, so its DDL event listeners (e.g. a PostgreSQL column default) still run. A DDL
+    listener on a managed table reaches its copy when registered with ``propagate=True``.
     """
     copies = schema_for(registry, meta)
     by_table = {lc.table.name: lc.table for lc in registry}
@@ -205,14 +206,14 @@ def check_statuses(conn: sa.Connection, registry: Registry) -> None:
     or has no status CHECK, passes.
     """
     inspector = sa.inspect(conn)
-    present = [lc for lc in registry if inspector.has_table(lc.table.name)]
-    if not present:
-        return
-    found = inspector.get_multi_check_constraints(filter_names=[lc.table.name for lc in present])
-    by_name = {table: checks for (_schema, table), checks in found.items()}
+    existing = set(inspector.get_table_names())  # one query for the default schema
+    present = [
+        lc for lc in registry
+        if (lc.table.name in existing if lc.table.schema is None else inspector.has_table(lc.table.name, lc.table.schema))
+    ]
     for lc in present:
         name = lc.table.name
-        for check in by_name.get(name, []):
+        for check in inspector.get_check_constraints(name, lc.table.schema):
             if check.get("name") != status_check_name(name):
                 continue
             admitted = {v.replace("''", "'") for v in _QUOTED.findall(check.get("sqltext") or "")}
