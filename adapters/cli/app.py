@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from statebook.lifecycle import Book, Registry, StatebookError
+from statebook.lifecycle import Book, Registry, StatebookError, UnknownEntityType
 
 app = typer.Typer(
     name="statebook",
@@ -70,6 +70,11 @@ def cli_registry(app_spec: str | None = None) -> Registry:
     return ctx_state._registry
 
 
+def app_hint() -> str:
+    """Appended to an unknown-type error when no application registry was named."""
+    return "" if ctx_state.app else "; an application's own types need --app module:attr (or STATEBOOK_APP)"
+
+
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line error and return the exit to raise."""
     err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
@@ -82,6 +87,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
     try:
         return asyncio.run(coro)
+    except UnknownEntityType as exc:
+        raise fail(str(exc) + app_hint()) from None
     except StatebookError as exc:
         raise fail(str(exc)) from None
     except LookupError as exc:

@@ -15,7 +15,7 @@ from rich.table import Table
 from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, Report, as_of, history, replay, verify
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
 
-from .app import app, cli_registry, console, err_console, fail, parse_time, run, with_book
+from .app import app, app_hint, cli_registry, console, err_console, fail, parse_time, run, with_book
 
 lifecycle_app = typer.Typer(help="Inspect the declared lifecycles (works without a database).", no_args_is_help=True)
 app.add_typer(lifecycle_app, name="lifecycle")
@@ -30,7 +30,7 @@ def _policy(entity_type: str) -> Lifecycle:
     registry = cli_registry()
     if entity_type not in registry:
         known = ", ".join(sorted(lc.entity_type for lc in registry))
-        raise fail(f"no lifecycle is registered for {entity_type!r}; known types: {known}")
+        raise fail(f"no lifecycle is registered for {entity_type!r}; known types: {known}{app_hint()}")
     return registry.get(entity_type)
 
 

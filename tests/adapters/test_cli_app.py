@@ -129,7 +129,9 @@ def test_lifecycle_commands_show_the_applications_types(app_module):
     assert "ticket.closed.fixed" in show.stdout
     graph = invoke("--app", spec, "lifecycle", "graph", "ticket", "--format", "text")
     assert graph.exit_code == 0 and "-> closed" in graph.stdout
-    assert_one_line_error(invoke("lifecycle", "show", "ticket"), "'ticket'")  # without --app: unknown
+    # Without --app the type is unknown, and the error says how to name the application.
+    assert_one_line_error(invoke("lifecycle", "show", "ticket"), "'ticket'", "need --app module:attr")
+    assert "need --app" not in invoke("--app", spec, "lifecycle", "show", "nope").stderr
 
 
 @pytest.mark.parametrize("how", ["option", "short_option", "environment", "callable"])
@@ -145,6 +147,12 @@ def test_history_and_replay_read_the_applications_entities(seeded, app_module, h
     assert [f["status"] for f in facts] == ["open", "closed"]
     state = json.loads(invoke(*prefix, "--db", str(path), "replay", "ticket", ticket_id, **env).stdout)
     assert state["status"] == "closed" and state["title"] == "printer on fire"
+
+
+def test_history_of_an_application_type_without_app_says_so(seeded):
+    """Reading an application's entity without --app is a one-line error pointing at --app."""
+    path, ticket_id = seeded
+    assert_one_line_error(invoke("--db", str(path), "history", "ticket", ticket_id), "'ticket'", "--app module:attr")
 
 
 def test_verify_checks_the_applications_rows(seeded, app_module):

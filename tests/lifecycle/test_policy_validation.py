@@ -26,9 +26,10 @@ WIDGETS = managed_table(
     meta=META,
 )
 GADGETS = managed_table("gadgets", sa.Column("id", sa.String(32), primary_key=True), meta=META)
-CHECKED = managed_table(
-    "checked_widgets", sa.Column("id", sa.String(32), primary_key=True), statuses=("open", "done"), meta=META
-)
+with pytest.deprecated_call(match="drop statuses="):  # the deprecated second list of statuses, kept working
+    CHECKED = managed_table(
+        "checked_widgets", sa.Column("id", sa.String(32), primary_key=True), statuses=("open", "done"), meta=META
+    )
 PLAIN = sa.Table("plain_widgets", META, sa.Column("id", sa.String(32), primary_key=True), sa.Column("status", sa.Text))
 
 
