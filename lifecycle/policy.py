@@ -126,12 +126,7 @@ class Lifecycle:
 
     @property
     def active(self) -> tuple[str, ...]:
-        """The non-terminal statuses, in declared order: what a due scan or an open-work index names.
-
-        >>> from statebook.outbox import DISPATCH
-        >>> DISPATCH.active
-        ('pending', 'delivering')
-        """
+        """The non-terminal statuses, in declared order: what a due scan or an open-work index names."""
         return tuple(s for s in self.statuses if s not in self.terminal)
 
     def canonical(self) -> dict[str, object]:

@@ -70,8 +70,8 @@ def status_in(column: str, statuses: Iterable[str]) -> str:
     Literal on purpose: PostgreSQL uses a partial index only when the query's predicate names the
     same values as literals (bound parameters are unknown when the plan is made).
 
-    >>> status_in("status", ("pending", "delivering"))
-    "status IN ('pending', 'delivering')"
+    >>> status_in("status", ("open", "working"))
+    "status IN ('open', 'working')"
     """
     values = tuple(statuses)
     if not values:
