@@ -260,3 +260,22 @@ async def test_tables_outside_the_registry_keep_their_ddl_events(backend, db_url
             assert {"dispatch_outbox", "schedules", "schedule_runs", "status_transitions", "statebook_schema"} <= names
         finally:
             await book.engine.dispose()
+
+
+async def test_a_status_added_to_an_applications_lifecycle_is_named_at_open(backend, db_url, tmp_path):
+    """The application's case: its table was created for (open, closed); the lifecycle now adds 'wontfix'.
+    Registration passes; opening the old database says what to migrate, instead of an IntegrityError at the
+    first move into 'wontfix'."""
+    def registry_with(*extra: str) -> Registry:
+        registry = builtin_registry(seal=False)
+        registry.register(ticket(*extra))
+        return registry.seal()
+
+    async with fresh_database(backend, db_url, tmp_path) as url:
+        book = await open_book(url, registry=registry_with())
+        await book.engine.dispose()
+        with pytest.raises(SchemaMismatch) as excinfo:
+            await open_book(url, registry=registry_with("wontfix"))
+        message = str(excinfo.value)
+        assert "'ext_tickets'" in message and "'wontfix'" in message and "'ext_ticket'" in message
+        assert "CHECK (status IN ('open', 'closed', 'wontfix'))" in message
