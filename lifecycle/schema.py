@@ -226,9 +226,11 @@ def check_statuses(conn: sa.Connection, registry: Registry) -> None:
                     f"{', '.join(repr(s) for s in missing)}, which lifecycle {lc.entity_type!r} declares; a move "
                     f"to {'it' if len(missing) == 1 else 'them'} would be refused by the database. Migrate the "
                     f"constraint to CHECK ({wanted}) before opening this registry — PostgreSQL: ALTER TABLE {name} "
-                    f"DROP CONSTRAINT {ck}, ADD CONSTRAINT {ck} CHECK ({wanted}); SQLite: rebuild the table "
-                    "(create it anew with create_schema on an empty file and copy the rows over) — or remove "
-                    "the status from the lifecycle"
+                    f"DROP CONSTRAINT {ck}, ADD CONSTRAINT {ck} CHECK ({wanted}); SQLite, which cannot alter a "
+                    "CHECK: open a new database file with this registry (open_book creates its schema), copy "
+                    "every table into it (sqlite3 old.db \"ATTACH 'new.db' AS new\" then INSERT INTO new.<table> "
+                    "SELECT * FROM main.<table> for each table but statebook_schema) and use the new file — or "
+                    "remove the status from the lifecycle"
                 )
 
 
