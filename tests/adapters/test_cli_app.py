@@ -119,7 +119,7 @@ def assert_one_line_error(result, *fragments: str) -> None:
 
 
 def test_lifecycle_commands_show_the_applications_types(app_module):
-    """`lifecycle ls/show/graph` list the --app registry's lifecycles, not just the built-ins."""
+    """L17: `lifecycle ls/show/graph` list the --app registry's lifecycles, not just the built-ins."""
     spec = f"{app_module}:registry"
     ls = invoke("--app", spec, "lifecycle", "ls")
     assert ls.exit_code == 0, ls.output
@@ -136,7 +136,7 @@ def test_lifecycle_commands_show_the_applications_types(app_module):
 
 @pytest.mark.parametrize("how", ["option", "short_option", "environment", "callable"])
 def test_history_and_replay_read_the_applications_entities(seeded, app_module, how):
-    """`history` and `replay` work on the application's entity type; STATEBOOK_APP and a callable work too."""
+    """L17: `history` and `replay` work on the application's entity type; STATEBOOK_APP and a callable work too."""
     path, ticket_id = seeded
     spec = f"{app_module}:{'make_registry' if how == 'callable' else 'registry'}"
     prefix = {"option": ["--app", spec], "short_option": ["-a", spec], "callable": ["--app", spec]}.get(how, [])
@@ -150,13 +150,13 @@ def test_history_and_replay_read_the_applications_entities(seeded, app_module, h
 
 
 def test_history_of_an_application_type_without_app_says_so(seeded):
-    """Reading an application's entity without --app is a one-line error pointing at --app."""
+    """L17: reading an application's entity without --app is a one-line error pointing at --app."""
     path, ticket_id = seeded
     assert_one_line_error(invoke("--db", str(path), "history", "ticket", ticket_id), "'ticket'", "--app module:attr")
 
 
 def test_verify_checks_the_applications_rows(seeded, app_module):
-    """`verify --app` counts the application's facts and finds a tampered row of its type."""
+    """L17: `verify --app` counts the application's facts and finds a tampered row of its type."""
     path, ticket_id = seeded
     spec = f"{app_module}:registry"
     clean = invoke("--app", spec, "--db", str(path), "verify", "--json")
@@ -186,7 +186,7 @@ def test_verify_checks_the_applications_rows(seeded, app_module):
     ids=["no_colon", "no_attr", "missing_module", "missing_attr", "wrong_type", "callable_fails"],
 )
 def test_a_bad_app_is_a_one_line_error(app_module, attr, fragments):
-    """Every bad --app value exits non-zero with one line saying what was wrong and what would be right."""
+    """L17: every bad --app value exits non-zero with one line saying what was wrong and what would be right."""
     spec = attr.replace("NOCOLON", app_module).replace("MOD", app_module)
     for args in (("lifecycle", "ls"), ("verify",)):
         assert_one_line_error(invoke("--app", spec, "--db", "/nonexistent/x.db", *args), *fragments)
@@ -195,7 +195,7 @@ def test_a_bad_app_is_a_one_line_error(app_module, attr, fragments):
 
 
 def test_an_app_module_that_fails_at_import_is_named(tmp_path, monkeypatch):
-    """A declaration refused while the module registers it is reported as the module's failure, in one line."""
+    """L17: a declaration refused while the module registers it is reported as the module's failure, in one line."""
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "sbapp_refused.py").write_text(
         "from statebook.adapters.registry import builtin_registry\n"
@@ -214,7 +214,7 @@ def test_an_app_module_that_fails_at_import_is_named(tmp_path, monkeypatch):
 
 
 def test_the_settings_key_and_environment_name_the_app(tmp_path, app_module):
-    """`app = "module:attr"` in the TOML; STATEBOOK_APP overrides it; a malformed value is a ConfigError."""
+    """L17: `app = "module:attr"` in the TOML; STATEBOOK_APP overrides it; a malformed value is a ConfigError."""
     toml = tmp_path / "s.toml"
     toml.write_text(f'app = "{app_module}:registry"\n')
     assert load_settings(toml, environ={}).app == f"{app_module}:registry"
@@ -225,7 +225,7 @@ def test_the_settings_key_and_environment_name_the_app(tmp_path, app_module):
 
 
 def test_dispatch_deliver_loads_the_settings_app(tmp_path, app_module):
-    """`dispatch deliver` opens its book on the app the settings name (a wrong one is a one-line error)."""
+    """L17: `dispatch deliver` opens its book on the app the settings name (a wrong one is a one-line error)."""
     db = tmp_path / "d.db"
     toml = tmp_path / "s.toml"
     toml.write_text(f'db = "sqlite:///{db}"\napp = "{app_module}:not_a_registry"\n')
@@ -240,7 +240,7 @@ def test_dispatch_deliver_loads_the_settings_app(tmp_path, app_module):
 
 
 def test_the_daemon_loads_the_app_and_needs_the_builtins(tmp_path, app_module):
-    """`run` loads the app registry (--app or the settings key); one without the built-ins is refused in one line."""
+    """L17: `run` loads the app registry (--app or the settings key); one without the built-ins is refused in one line."""
     toml = tmp_path / "s.toml"
     toml.write_text(f'db = "sqlite:///{tmp_path / "r.db"}"\napp = "{app_module}:only_tickets"\n')
     assert_one_line_error(invoke("run", "--config", str(toml), "--for", "0.1"),
@@ -250,7 +250,7 @@ def test_the_daemon_loads_the_app_and_needs_the_builtins(tmp_path, app_module):
 
 
 def test_the_daemon_runs_the_applications_registry(tmp_path, app_module):
-    """`run` with the settings' app key opens its book on that registry (its tables exist, verify is ok)."""
+    """L17: `run` with the settings' app key opens its book on that registry (its tables exist, verify is ok)."""
     db = tmp_path / "r.db"
     toml = tmp_path / "s.toml"
     toml.write_text(f'db = "sqlite:///{db}"\napp = "{app_module}:registry"\n')

@@ -34,7 +34,7 @@ def blocks() -> list[tuple[str, str, str]]:
 
 
 def test_the_guide_has_every_kind_of_block():
-    """The guide shows a module, code that uses it and the command line — and the README links it."""
+    """L17: the guide shows a module, code that uses it and the command line — and the README links it."""
     kinds = {(lang, bool(title)) for lang, title, _ in blocks()}
     assert {("python", True), ("python", False), ("sh", False)} <= kinds
     assert all(lang in ("python", "sh") for lang, _, _ in blocks()), "a block this test would not run"
@@ -43,7 +43,7 @@ def test_the_guide_has_every_kind_of_block():
 
 
 def test_every_block_of_the_guide_runs(tmp_path, monkeypatch):
-    """Each block of specs/extending.md, in order: the module imports, the code runs, each command exits 0."""
+    """L17: each block of specs/extending.md, in order: the module imports, the code runs, each command exits 0."""
     module_names = {title[:-3] for _, title, _ in blocks() if title}
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -48,7 +48,7 @@ def ddl(meta: sa.MetaData, table: str, dialect: object) -> str:
 
 
 def test_an_extended_builtin_registers_and_its_check_admits_the_new_status():
-    """A status added to a built-in lifecycle passes registration (once: "CHECK admits only") and the
+    """L1: a status added to a built-in lifecycle passes registration (once: "CHECK admits only") and the
     schema built for that registry admits it, in the CHECK and in the settled (terminal) index."""
     registry = with_cancelled()
     assert "cancelled" in registry.get("dispatch").statuses
@@ -65,7 +65,7 @@ def test_an_extended_builtin_registers_and_its_check_admits_the_new_status():
 
 
 def test_the_builtin_schema_is_what_it_was():
-    """Existing databases keep matching: the built-in registry gives the CHECK and predicates of before."""
+    """L1: existing databases keep matching: the built-in registry gives the CHECK and predicates of before."""
     text = ddl(schema_for(builtin_registry()), "dispatch_outbox", postgresql.dialect())
     assert ("CHECK (status IN ('pending', 'delivering', 'delivered', 'acked', 'dead_letter', 'expired'))") in text
     assert "WHERE status IN ('delivered', 'acked', 'dead_letter', 'expired')" in text
@@ -74,7 +74,7 @@ def test_the_builtin_schema_is_what_it_was():
 
 
 def test_module_tables_are_untouched_by_schema_for():
-    """Queries use the module-level tables; only the DDL copy varies with the registry."""
+    """L1: queries use the module-level tables; only the DDL copy varies with the registry."""
     before = {c.name for c in dispatch_outbox.constraints}
     schema_for(with_cancelled())
     assert {c.name for c in dispatch_outbox.constraints} == before
@@ -82,12 +82,13 @@ def test_module_tables_are_untouched_by_schema_for():
 
 
 def test_schema_for_wants_a_sealed_registry():
+    """L1: the schema is built for the lifecycles that will run, so an unsealed registry is refused, saying so."""
     with pytest.raises(PolicyError, match=r"seal\(\)"):
         schema_for(builtin_registry(seal=False))
 
 
 def test_the_due_scan_asks_the_policy():
-    """Built-in code derives its status literals from the lifecycle, not from text of its own."""
+    """L1: built-in code derives its status literals from the lifecycle, not from text of its own."""
     assert DUE_STATUSES == DISPATCH.active == ("pending", "delivering")
     assert ACTIVE.text == "dispatch_outbox.status IN ('pending', 'delivering')"
     assert status_in("status", ["it's"]) == "status IN ('it''s')"
@@ -117,7 +118,7 @@ def ticket(*extra: str) -> Lifecycle:
 
 
 def test_an_application_table_follows_its_lifecycle():
-    """An application's table gets its CHECK and index predicate from its lifecycle, extended or not."""
+    """L1: an application's table gets its CHECK and index predicate from its lifecycle, extended or not."""
     registry = builtin_registry(seal=False)
     registry.register(ticket("wontfix"))
     text = ddl(schema_for(registry.seal()), "ext_tickets", sqlite.dialect())
@@ -126,7 +127,7 @@ def test_an_application_table_follows_its_lifecycle():
 
 
 def test_the_deprecated_statuses_argument_must_agree():
-    """managed_table(statuses=...) still works, but a lifecycle that disagrees with it is refused by name."""
+    """L1: managed_table(statuses=...) still works, but a lifecycle that disagrees with it is refused by name."""
     meta = sa.MetaData()
     with pytest.warns(DeprecationWarning, match="drop statuses="):
         table = managed_table("ext_old", sa.Column("id", sa.String(32), primary_key=True),
@@ -179,7 +180,7 @@ async def enqueue(book) -> str:
 
 
 async def test_a_status_added_to_dispatch_can_be_reached(backend, db_url, tmp_path):
-    """The schema created for an extended registry admits the new status: the move commits and verifies."""
+    """L1: the schema created for an extended registry admits the new status: the move commits and verifies."""
     from statebook.lifecycle import verify
 
     async with fresh_database(backend, db_url, tmp_path) as url:
@@ -196,7 +197,7 @@ async def test_a_status_added_to_dispatch_can_be_reached(backend, db_url, tmp_pa
 
 @pytest.mark.parametrize("create_schema", [True, False], ids=["create", "open_only"])
 async def test_an_existing_check_that_refuses_a_declared_status_is_named(backend, db_url, tmp_path, create_schema):
-    """A database built for the built-in dispatch is refused, clearly, for a registry that adds a status —
+    """L1: a database built for the built-in dispatch is refused, clearly, for a registry that adds a status —
     never a raw IntegrityError at the first move."""
     async with fresh_database(backend, db_url, tmp_path) as url:
         book = await open_book(url)  # the built-in registry: CHECK without 'cancelled'
@@ -245,7 +246,7 @@ async def test_the_check_at_open_does_not_wait_for_a_writer(tmp_path):
 
 
 async def test_tables_outside_the_registry_keep_their_ddl_events(backend, db_url, tmp_path):
-    """Only the registry's managed tables are built from copies: the facts table is created from its own
+    """L1: only the registry's managed tables are built from copies: the facts table is created from its own
     Table, so its after_create DDL (PostgreSQL: the tx_id default the tail relies on, L13) still runs."""
     async with fresh_database(backend, db_url, tmp_path) as url:
         book = await open_book(url, registry=with_cancelled())
@@ -263,7 +264,7 @@ async def test_tables_outside_the_registry_keep_their_ddl_events(backend, db_url
 
 
 async def test_a_status_added_to_an_applications_lifecycle_is_named_at_open(backend, db_url, tmp_path):
-    """The application's case: its table was created for (open, closed); the lifecycle now adds 'wontfix'.
+    """L1: the application's case: its table was created for (open, closed); the lifecycle now adds 'wontfix'.
     Registration passes; opening the old database says what to migrate, instead of an IntegrityError at the
     first move into 'wontfix'."""
     def registry_with(*extra: str) -> Registry:
@@ -282,7 +283,7 @@ async def test_a_status_added_to_an_applications_lifecycle_is_named_at_open(back
 
 
 async def test_the_sqlite_recipe_of_the_message_migrates(tmp_path):
-    """On SQLite the message's recipe — a new file with the registry's schema, every table copied — gives a
+    """L1: on SQLite the message's recipe — a new file with the registry's schema, every table copied — gives a
     database that opens with the extended registry, still verifies, and admits the new status."""
     import sqlite3
 
