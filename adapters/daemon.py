@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from pydantic import ValidationError
 
-from statebook.lifecycle import Book, history, verify
+from statebook.lifecycle import Book, Registry, history, verify
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
 from statebook.scheduler.engine import SchedulerEngine, new_daemon_id
 from statebook.scheduler.schema import schedule_runs, schedules
@@ -32,6 +32,7 @@ from .errors import ConfigError
 from .github import GitHubPoller
 from .leader import leadership_for
 from .pgnotify import listen
+from .registry import require_builtins, resolve_registry
 from .settings import Settings
 
 log = logging.getLogger("statebook.daemon")
@@ -131,10 +132,15 @@ async def summary(book: Book) -> dict[str, Any]:
 
 
 async def run_daemon(settings: Settings, *, config_path: str | None = None, run_for: float | None = None,
-                     tty: bool = False) -> dict[str, Any]:
-    """Run until SIGINT/SIGTERM (or ``run_for`` seconds); returns a summary of the database."""
+                     tty: bool = False, registry: Registry | None = None) -> dict[str, Any]:
+    """Run until SIGINT/SIGTERM (or ``run_for`` seconds); returns a summary of the database.
+
+    The book runs ``registry``, else the one ``settings.app`` names (``--app``), else the built-in one.
+    """
     settings = resolve_settings(settings, config_path)
-    book = await open_book(settings.db)
+    registry = resolve_registry(settings.app) if registry is None else registry
+    require_builtins(registry, "the daemon")
+    book = await open_book(settings.db, registry=registry)
     leader = None
     try:
         daemon_id = new_daemon_id()

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from statebook.lifecycle import SYSTEM_CLOCK, Book, Clock, Registry, metadata
 from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.codec import dumps
+from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
 from .registry import builtin_registry
@@ -111,10 +112,17 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         await_(conn.connection.driver_connection.execute("BEGIN" if readonly else "BEGIN IMMEDIATE"))
 
 
-async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK) -> None:
-    """Create every statebook table that is missing and record the schema version."""
+async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK, *, registry: Registry | None = None) -> None:
+    """Create every table that is missing and record the schema version.
+
+    The status CHECKs and partial-index predicates follow ``registry`` (default: the built-in one),
+    whose own tables are created too. An existing table whose CHECK refuses a status the registry
+    declares raises :class:`~statebook.lifecycle.schema.SchemaMismatch`, before anything moves.
+    """
+    registry = registry if registry is not None else builtin_registry()
     async with engine.begin() as conn:
-        await conn.run_sync(metadata.create_all)
+        await conn.run_sync(check_statuses, registry)
+        await conn.run_sync(create_tables, registry)
         found = (await conn.execute(sa.select(sa.func.max(schema_version.c.version)))).scalar()
         if found is None:
             await conn.execute(sa.insert(schema_version).values(version=SCHEMA_VERSION, applied_at=clock.now()))
@@ -144,8 +152,21 @@ async def open_book(
     create: bool = True,
     must_exist: bool = False,
 ) -> Book:
-    """Connect, create the schema when asked, and return a :class:`Book` over the built-in registry."""
+    """Connect, create the schema when asked, and return a :class:`Book` over ``registry``.
+
+    ``registry`` defaults to the built-in one. Either way its statuses are checked against the
+    database's tables first (:class:`~statebook.lifecycle.schema.SchemaMismatch` names what to migrate).
+    """
     engine = connect(url, must_exist=must_exist)
-    if create:
-        await create_schema(engine, clock or SYSTEM_CLOCK)
-    return Book(engine, registry if registry is not None else builtin_registry(), clock or SYSTEM_CLOCK)
+    registry = registry if registry is not None else builtin_registry()
+    try:
+        if create:
+            await create_schema(engine, clock or SYSTEM_CLOCK, registry=registry)
+        else:
+            async with engine.connect() as conn:
+                await conn.execution_options(**{READ_ONLY_OPTION: True})  # SQLite: no write lock for a look
+                await conn.run_sync(check_statuses, registry)
+    except BaseException:
+        await engine.dispose()
+        raise
+    return Book(engine, registry, clock or SYSTEM_CLOCK)

@@ -1,7 +1,8 @@
 """Settings: one pydantic model, read from a TOML file and ``STATEBOOK_*`` environment variables.
 
 Precedence: explicit values > environment (``STATEBOOK_<SECTION>__<FIELD>``, e.g.
-``STATEBOOK_SCHEDULER__TICK_SECONDS=5``) > the TOML file > defaults. Defaults are the seeds'.
+``STATEBOOK_SCHEDULER__TICK_SECONDS=5``; ``STATEBOOK_DB`` and ``STATEBOOK_APP`` for the top-level
+``db`` and ``app``) > the TOML file > defaults. Defaults are the seeds'.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class SchedulerSettings(_Section):
 class Settings(_Section):
     db: str | None = None
     """database URL; default sqlite:///./statebook.db"""
+    app: str | None = None
+    """the application's registry as ``module:attr`` (see ``--app``); default: the built-in lifecycles"""
     dispatch: DispatchSettings = DispatchSettings()
     retention: RetentionSettings = RetentionSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
@@ -88,11 +91,18 @@ class Settings(_Section):
             raise ValueError("db must be a database URL, not blank")
         return value
 
+    @field_validator("app")
+    @classmethod
+    def _app_is_module_attr(cls, value: str | None) -> str | None:
+        if value is not None and (":" not in value or not all(p.strip() for p in value.split(":", 1))):
+            raise ValueError(f"app must be module:attr (e.g. myapp.lifecycles:registry), not {value!r}")
+        return value
+
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in environ.items():
-        if not key.startswith("STATEBOOK_") or key in ("STATEBOOK_DB",):
+        if not key.startswith("STATEBOOK_") or key in ("STATEBOOK_DB", "STATEBOOK_APP"):
             continue
         path = key[len("STATEBOOK_"):].lower().split("__")
         if len(path) != 2 or path[0] not in Settings.model_fields:
@@ -100,6 +110,8 @@ def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
         out.setdefault(path[0], {})[path[1]] = value
     if "STATEBOOK_DB" in environ:
         out["db"] = environ["STATEBOOK_DB"]
+    if "STATEBOOK_APP" in environ:
+        out["app"] = environ["STATEBOOK_APP"]
     return out
 
 

@@ -124,6 +124,11 @@ class Lifecycle:
     def targets(self, source: str) -> list[str]:
         return [e.target for e in self.edges if e.source == source]
 
+    @property
+    def active(self) -> tuple[str, ...]:
+        """The non-terminal statuses, in declared order: what a due scan or an open-work index names."""
+        return tuple(s for s in self.statuses if s not in self.terminal)
+
     def canonical(self) -> dict[str, object]:
         return {
             "entity_type": self.entity_type,
@@ -304,7 +309,12 @@ def validate(lc: Lifecycle) -> None:
                 frontier.append(target)
     unreachable = [s for s in lc.statuses if s not in reached]
     if unreachable:
-        raise PolicyError(f"{name}: status(es) {', '.join(unreachable)} cannot be reached from the initial statuses")
+        raise PolicyError(
+            f"{name}: status(es) {', '.join(unreachable)} cannot be reached from the initial statuses "
+            f"{sorted(lc.initial)}; add an edge into {'it' if len(unreachable) == 1 else 'each'} "
+            f"(e.g. edges({sorted(lc.initial)[0]!r}, {unreachable[0]!r})), declare it initial, or remove it"
+        )
+    check_no_trap(lc)
     columns = set(lc.table.c.keys())
     if not set(LIFECYCLE_COLUMNS) <= columns or "id" not in columns:
         raise PolicyError(
@@ -320,12 +330,7 @@ def validate(lc: Lifecycle) -> None:
                 f"{name}: edge {e.source} -> {e.target} requires a guard on JSON column(s) {', '.join(json_guards)}; "
                 "guards must be scalar columns"
             )
-    checked = lc.table.info.get("statuses")
-    if checked is not None and set(lc.statuses) - set(checked):
-        raise PolicyError(
-            f"{name}: table {lc.table.name!r} CHECK admits only {list(checked)}; statuses "
-            f"{sorted(set(lc.statuses) - set(checked))} need a table built with those statuses"
-        )
+    check_table_statuses(lc)
     if not lc.reason_prefixes:
         raise PolicyError(f"{name}: declare at least one reason prefix (the <domain> of its reason codes)")
     for prefix in lc.reason_prefixes:
@@ -336,6 +341,44 @@ def validate(lc: Lifecycle) -> None:
             raise PolicyError(
                 f"{name}: reason code {code!r} does not start with one of its prefixes {sorted(lc.reason_prefixes)}"
             )
+
+
+def check_no_trap(lc: Lifecycle) -> None:
+    """Refuse a non-terminal status with no edge out of it (an entity reaching it would be stuck).
+
+    A self-edge is no way out. A status meant to be final is declared terminal.
+    """
+    for status in lc.active:
+        if not [t for t in lc.targets(status) if t != status]:
+            raise PolicyError(
+                f"{lc.entity_type}: status {status!r} is not terminal but has no edge out of it, so an entity "
+                f"that reaches it is stuck there; add an edge from it (e.g. edges({status!r}, <target>)) or "
+                f"declare it terminal (terminal={{..., {status!r}}})"
+            )
+
+
+def check_table_statuses(lc: Lifecycle) -> None:
+    """A table built with the deprecated ``managed_table(statuses=...)`` must list the lifecycle's statuses.
+
+    The CHECK follows the registry (see :func:`statebook.lifecycle.schema.schema_for`), so the two
+    lists may not drift apart: the lifecycle's declaration is the one source of truth.
+    """
+    checked = lc.table.info.get("statuses")
+    if checked is None or set(checked) == set(lc.statuses):
+        return
+    extra = sorted(set(lc.statuses) - set(checked))
+    fewer = sorted(set(checked) - set(lc.statuses))
+    differences = "; ".join(
+        part for part in (
+            f"the lifecycle adds {', '.join(extra)}" if extra else "",
+            f"the table lists {', '.join(fewer)} the lifecycle does not declare" if fewer else "",
+        ) if part
+    )
+    raise PolicyError(
+        f"{lc.entity_type}: table {lc.table.name!r} was built with managed_table(statuses={list(checked)}), "
+        f"which disagrees with the lifecycle's statuses {list(lc.statuses)} ({differences}); drop statuses= "
+        "from managed_table — the status CHECK is built from the registry's lifecycle"
+    )
 
 
 class Registry:

@@ -1,14 +1,27 @@
-"""The lifecycle columns every managed table carries, declared once.
+"""The lifecycle columns every managed table carries, declared once, and the status rules of the DDL.
 
 A part that owns an entity table builds it with :func:`managed_table`; the lifecycle columns are
 added there, so every managed table has the same shape and only the engine writes them.
+
+The statuses are declared once, by the :class:`~statebook.lifecycle.Lifecycle`. The status CHECK
+and the partial indexes that name statuses (:func:`status_index`) are written when the schema is
+built for a registry (:func:`schema_for`), from the lifecycles that registry holds, and an existing
+database is checked against the registry (:func:`check_statuses`) before anything moves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
+
+from .errors import PolicyError, StatebookError
+
+if TYPE_CHECKING:
+    from .policy import Lifecycle, Registry
 
 metadata = sa.MetaData()
 """One MetaData for every statebook table, so ``create_all`` builds the whole schema."""
@@ -37,6 +50,50 @@ def lifecycle_columns() -> list[sa.Column]:
     ]
 
 
+StatusSet = Literal["active", "terminal"]
+"""Which statuses of its lifecycle a :func:`status_index` predicate names: ``active`` (the
+non-terminal ones) or ``terminal``."""
+
+
+class SchemaMismatch(StatebookError):
+    """The database's tables do not admit what the registry declares (e.g. a status its CHECK refuses)."""
+
+
+def status_check_name(table_name: str) -> str:
+    """The name of a managed table's status CHECK: ``ck_<table>_status``."""
+    return f"ck_{table_name}_status"
+
+
+def status_in(column: str, statuses: Iterable[str]) -> str:
+    """SQL text ``column IN ('a', 'b')`` with the statuses as literals.
+
+    Literal on purpose: PostgreSQL uses a partial index only when the query's predicate names the
+    same values as literals (bound parameters are unknown when the plan is made).
+
+    >>> status_in("status", ("open", "working"))
+    "status IN ('open', 'working')"
+    """
+    values = tuple(statuses)
+    if not values:
+        raise ValueError(f"status_in({column!r}, ...) needs at least one status")
+    quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in values)
+    return f"{column} IN ({quoted})"
+
+
+def status_index(name: str, *columns: str | sa.ColumnElement[Any], where: StatusSet, **kwargs: Any) -> sa.Index:
+    """An index of a managed table, partial on a set of its lifecycle's statuses.
+
+    The predicate is written by :func:`schema_for` from the lifecycle the registry holds for the
+    table, so an extended lifecycle gets an index that covers its own statuses. Pass it to
+    :func:`managed_table` like any other index::
+
+        status_index("idx_tickets_open", "updated_at", where="active")
+    """
+    if where not in ("active", "terminal"):
+        raise ValueError(f"status_index {name!r}: where must be 'active' or 'terminal', not {where!r}")
+    return sa.Index(name, *columns, info={"statuses": where}, **kwargs)
+
+
 def managed_table(
     name: str,
     *columns: sa.Column | sa.Constraint | sa.Index,
@@ -45,22 +102,136 @@ def managed_table(
 ) -> sa.Table:
     """A table whose status is driven by the engine: ``columns`` plus the lifecycle columns.
 
-    The table must have a text primary key named ``id``. With ``statuses`` the status column gets a
-    CHECK constraint admitting exactly those values (recorded in ``table.info["statuses"]``).
+    The table must have a text primary key named ``id``. Its statuses come from the lifecycle that
+    manages it: :func:`schema_for` writes the status CHECK and the :func:`status_index` predicates.
+
+    ``statuses`` is deprecated: it attaches a fixed CHECK (for code that calls ``create_all`` on its
+    own MetaData) and the registry refuses a lifecycle whose statuses differ from it.
     """
     extra: list[sa.Constraint] = []
     info: dict[str, object] = {"managed": True}
     if statuses is not None:
+        warnings.warn(
+            f"managed_table({name!r}, statuses=...) is deprecated: the lifecycle declares the statuses and "
+            "the status CHECK is built from the registry (create_schema(engine, registry=...)); drop statuses=",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         allowed = tuple(statuses)
-        quoted = ", ".join(f"'{s}'" for s in allowed)
-        extra.append(sa.CheckConstraint(f"status IN ({quoted})", name=f"ck_{name}_status"))
+        extra.append(sa.CheckConstraint(status_in("status", allowed), name=status_check_name(name)))
         info["statuses"] = allowed
     plain = [c for c in columns if isinstance(c, sa.Column)]
     others = [c for c in columns if not isinstance(c, sa.Column)]
+    # Index.info is not copied by Table.to_metadata, so the table remembers which indexes name statuses.
+    info["status_indexes"] = {
+        c.name: c.info["statuses"] for c in others if isinstance(c, sa.Index) and "statuses" in c.info
+    }
     table = sa.Table(name, meta, *plain, *lifecycle_columns(), *others, *extra, info=info)
     if "id" not in table.c or not table.c.id.primary_key:
         raise ValueError(f"managed table {name!r} needs a primary key column named 'id'")
     return table
+
+
+def _statuses_of(lc: Lifecycle, which: StatusSet) -> tuple[str, ...]:
+    return lc.active if which == "active" else tuple(s for s in lc.statuses if s in lc.terminal)
+
+
+def _follow(table: sa.Table, lc: Lifecycle | None) -> None:
+    """Give a copied table the status CHECK and index predicates of the lifecycle managing it."""
+    if lc is None:
+        return  # not in this registry: keep what the table declared (partial indexes stay full)
+    check = status_check_name(table.name)
+    for constraint in [c for c in table.constraints if c.name == check]:
+        table.constraints.discard(constraint)
+    table.append_constraint(sa.CheckConstraint(status_in("status", lc.statuses), name=check))
+    roles: Mapping[str, StatusSet] = table.info.get("status_indexes", {})
+    for index in table.indexes:
+        which = roles.get(index.name or "")
+        if which is None:
+            continue
+        chosen = _statuses_of(lc, which)
+        predicate = sa.text(status_in("status", chosen)) if chosen else sa.false()
+        for dialect in ("postgresql", "sqlite"):
+            index.dialect_options[dialect]["where"] = predicate
+
+
+def schema_for(registry: Registry, meta: sa.MetaData = metadata) -> sa.MetaData:
+    """The DDL of ``meta`` plus the registry's own tables, with status rules taken from ``registry``.
+
+    Each managed table gets ``CHECK (status IN (...))`` listing its lifecycle's statuses and each
+    :func:`status_index` gets its predicate; the module-level tables are left as they are (queries
+    use them; only the DDL varies with the registry). The registry must be sealed: the schema is
+    built once, for the lifecycles the application will run. The copies carry no DDL event
+    listeners; :func:`create_tables` is what creates the schema.
+    """
+    if not registry.sealed:
+        raise PolicyError(
+            "build the schema from a sealed registry: register and extend its lifecycles, call "
+            "registry.seal(), then create the schema"
+        )
+    by_table = {lc.table.name: lc for lc in registry}
+    tables = list(meta.sorted_tables)
+    tables += [lc.table for lc in registry if lc.table.name not in meta.tables]
+    out = sa.MetaData()
+    for table in tables:
+        copy = table.to_metadata(out)
+        if copy.info.get("managed"):
+            _follow(copy, by_table.get(table.name))
+    return out
+
+
+def create_tables(conn: sa.Connection, registry: Registry, meta: sa.MetaData = metadata) -> None:
+    """Create the missing tables of :func:`schema_for`, in dependency order.
+
+    Run it with ``await conn.run_sync(create_tables, registry)``. A managed table of the registry is
+    created from its copy (status rules from the registry); every other table from the original
+    ``Table``, so its DDL event listeners (e.g. a PostgreSQL column default) still run. A DDL
+    listener on a managed table reaches its copy when registered with ``propagate=True``.
+    """
+    copies = schema_for(registry, meta)
+    by_table = {lc.table.name: lc.table for lc in registry}
+    for copy in copies.sorted_tables:
+        follows = copy.info.get("managed") and copy.name in by_table
+        original = meta.tables.get(copy.name, by_table.get(copy.name))
+        (copy if follows or original is None else original).create(conn, checkfirst=True)
+
+
+_QUOTED = re.compile(r"'((?:[^']|'')*)'")
+
+
+def check_statuses(conn: sa.Connection, registry: Registry) -> None:
+    """Raise :class:`SchemaMismatch` when an existing table's status CHECK refuses a declared status.
+
+    Run it with ``await conn.run_sync(check_statuses, registry)``. A table that does not exist yet,
+    or has no status CHECK, passes.
+    """
+    inspector = sa.inspect(conn)
+    existing = set(inspector.get_table_names())  # one query for the default schema
+    present = [
+        lc for lc in registry
+        if (lc.table.name in existing if lc.table.schema is None else inspector.has_table(lc.table.name, lc.table.schema))
+    ]
+    for lc in present:
+        name = lc.table.name
+        for check in inspector.get_check_constraints(name, lc.table.schema):
+            if check.get("name") != status_check_name(name):
+                continue
+            admitted = {v.replace("''", "'") for v in _QUOTED.findall(check.get("sqltext") or "")}
+            missing = [s for s in lc.statuses if s not in admitted]
+            if missing:
+                wanted = status_in("status", lc.statuses)
+                ck = status_check_name(name)
+                raise SchemaMismatch(
+                    f"table {name!r} in this database has a status CHECK ({ck}) that does not admit "
+                    f"{', '.join(repr(s) for s in missing)}, which lifecycle {lc.entity_type!r} declares; a move "
+                    f"to {'it' if len(missing) == 1 else 'them'} would be refused by the database. Migrate the "
+                    f"constraint to CHECK ({wanted}) before opening this registry — PostgreSQL: ALTER TABLE {name} "
+                    f"DROP CONSTRAINT {ck}, ADD CONSTRAINT {ck} CHECK ({wanted}); SQLite, which cannot alter a "
+                    "CHECK: open a new database file with this registry (open_book creates its schema), copy "
+                    "every table into it (sqlite3 old.db \"ATTACH 'new.db' AS new\" then INSERT INTO new.<table> "
+                    "SELECT * FROM main.<table> for each table but statebook_schema) and use the new file — or "
+                    "remove the status from the lifecycle"
+                )
 
 
 def data_columns(table: sa.Table) -> list[str]:

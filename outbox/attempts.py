@@ -14,8 +14,10 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason
 from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.schema import status_in
 
 from .errors import DispatchInvalid
+from .policy import DUE_STATUSES
 from .schema import dispatch_outbox
 from .transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
 
@@ -55,8 +57,9 @@ def claimable(free: int, slowest: float | None) -> int:
 BASE_BACKOFF_SECONDS = 30
 MAX_BACKOFF_SECONDS = 1800
 DELIVERY_ACTOR = Actor("system", "delivery")
-ACTIVE = sa.text("dispatch_outbox.status IN ('pending', 'delivering')")
-"""Literal, so PostgreSQL can match the partial due index (bound parameters cannot)."""
+ACTIVE = sa.text(status_in("dispatch_outbox.status", DUE_STATUSES))
+"""Literal, so PostgreSQL can match the partial due index (bound parameters cannot); the values come
+from the dispatch lifecycle (:data:`.policy.DUE_STATUSES`)."""
 
 Finalized = Literal["delivered", "awaiting_ack", "retried", "dead_letter", "conflict"]
 Settled = Literal["expired", "dead_letter"]

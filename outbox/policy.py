@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from statebook.lifecycle import Lifecycle, edges
 
-from .schema import DISPATCH_STATUSES, dispatch_outbox
+from .schema import DISPATCH_STATUSES, TERMINAL_STATUSES, dispatch_outbox
 
 NOTIFY_CHANNEL = "statebook_dispatch"
 """PostgreSQL channel NOTIFYed when a dispatch is created or retried (worker wake-ups)."""
@@ -34,7 +34,7 @@ DISPATCH = Lifecycle(
     table=dispatch_outbox,
     statuses=DISPATCH_STATUSES,
     initial={"pending"},
-    terminal={"delivered", "acked", "dead_letter", "expired"},
+    terminal=TERMINAL_STATUSES,
     edges=(
         *edges("pending", "delivering", "expired", "acked"),
         *edges("delivering", "delivering", guard="attempt"),
@@ -51,3 +51,7 @@ DISPATCH = Lifecycle(
     description="A durable outbound notification: claimed, sent by a transport, retried, acknowledged.",
     notify_channel=NOTIFY_CHANNEL,
 )
+
+DUE_STATUSES = DISPATCH.active
+"""The statuses a delivery scan claims from: ``pending`` (to send) and ``delivering`` (a lapsed lease),
+the built-in lifecycle's non-terminal ones. Statuses an application adds are not the worker's to claim."""

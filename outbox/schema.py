@@ -5,9 +5,14 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from statebook.lifecycle import managed_table
+from statebook.lifecycle.schema import status_index
 
 DISPATCH_STATUSES = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
 TERMINAL_STATUSES = ("delivered", "acked", "dead_letter", "expired")
+"""The built-in ``dispatch`` lifecycle's statuses, as :data:`~statebook.outbox.DISPATCH` declares them.
+
+The table does not list them: its status CHECK and the partial indexes below are built from the
+registry's ``dispatch`` lifecycle when the schema is created, so an extended dispatch is admitted."""
 
 dispatch_outbox = managed_table(
     "dispatch_outbox",
@@ -39,23 +44,11 @@ dispatch_outbox = managed_table(
         postgresql_where=sa.text("dedup_key IS NOT NULL"),
     ),
     # The seed indexes (status, next_attempt_at); scans here order by (next_attempt_at, id), which that
-    # column order cannot serve (every scan would read and sort all due rows). Same name and predicate.
-    sa.Index(
-        "idx_dispatch_outbox_due",
-        "next_attempt_at",
-        "id",
-        sqlite_where=sa.text("status IN ('pending', 'delivering')"),
-        postgresql_where=sa.text("status IN ('pending', 'delivering')"),
-    ),
+    # column order cannot serve (every scan would read and sort all due rows). Same name; partial on the
+    # lifecycle's active statuses, which contain the scan's (attempts.ACTIVE), so the planner can use it.
+    status_index("idx_dispatch_outbox_due", "next_attempt_at", "id", where="active"),
     # list_dispatches (newest first) and retention / bulk purge (status, age) read these.
     sa.Index("idx_dispatch_outbox_created", "created_at", "id"),
     # Partial on settled statuses, so a planner never prefers it for the due scan.
-    sa.Index(
-        "idx_dispatch_outbox_settled",
-        "status",
-        "updated_at",
-        sqlite_where=sa.text("status IN ('delivered', 'acked', 'dead_letter', 'expired')"),
-        postgresql_where=sa.text("status IN ('delivered', 'acked', 'dead_letter', 'expired')"),
-    ),
-    statuses=DISPATCH_STATUSES,
+    status_index("idx_dispatch_outbox_settled", "status", "updated_at", where="terminal"),
 )

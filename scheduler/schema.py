@@ -13,6 +13,8 @@ RUN_STATUSES = (
 )
 TRIGGER_TYPES = ("cron", "interval", "github_poll", "at")
 ACTION_KINDS = ("agent", "flow", "fanout", "play", "flow_yaml", "command")
+"""SCHEDULE_STATUSES and RUN_STATUSES are the built-in lifecycles' statuses, as SCHEDULE and SCHEDULE_RUN
+declare them; the tables do not list them (their status CHECKs are built from the registry)."""
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -68,7 +70,6 @@ schedules = managed_table(
     sa.CheckConstraint(_in("missed_fire_policy", ("skip", "run_once")), name="ck_schedules_missed"),
     sa.CheckConstraint(_in("overlap_policy", ("skip", "allow")), name="ck_schedules_overlap"),
     sa.Index("ix_schedules_due", "enabled", "next_fire_at"),
-    statuses=SCHEDULE_STATUSES,
 )
 
 schedule_runs = managed_table(
@@ -106,7 +107,6 @@ schedule_runs = managed_table(
     sa.Index("ix_schedule_runs_schedule", "schedule_id", "status"),
     sa.Index("ix_schedule_runs_status", "status"),
     sa.Index("ix_schedule_runs_parent", "chain_parent_id"),
-    statuses=RUN_STATUSES,
 )
 
 # Coordination tables, not lifecycles (specs/scheduler.md S14): a heartbeat is renewed on every tick,

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import os
+import sys
 from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from statebook.lifecycle import Book, StatebookError
+from statebook.lifecycle import Book, Registry, StatebookError, UnknownEntityType
 
 app = typer.Typer(
     name="statebook",
@@ -28,18 +29,50 @@ err_console = Console(stderr=True)
 T = TypeVar("T")
 
 DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
+APP_HELP = (
+    "The application's registry as module:attr (a Registry, or a callable returning one), e.g. "
+    "myapp.lifecycles:registry; default $STATEBOOK_APP, then the settings' app key, then the built-in lifecycles"
+)
 
 
 class Context:
     db_url: str | None = None
+    app: str | None = None
+    _registry: Registry | None = None
 
 
 ctx_state = Context()
 
 
 @app.callback()
-def _root(db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP)) -> None:
+def _root(
+    db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP),
+    app_: str = typer.Option(None, "--app", "-a", envvar="STATEBOOK_APP", metavar="MODULE:ATTR", help=APP_HELP),
+) -> None:
     ctx_state.db_url = db
+    ctx_state.app = app_
+    ctx_state._registry = None
+
+
+def cli_registry(app_spec: str | None = None) -> Registry:
+    """The registry the command works on: ``--app`` (or ``$STATEBOOK_APP``, or ``app_spec`` from the
+    settings), else the built-in one. A bad value is a one-line error. Loaded once per command."""
+    from statebook.adapters.registry import resolve_registry
+
+    if ctx_state._registry is None:
+        spec = ctx_state.app or app_spec
+        if spec and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `python -m` would: the app module beside the caller imports
+        try:
+            ctx_state._registry = resolve_registry(spec)
+        except StatebookError as exc:
+            raise fail(str(exc)) from None
+    return ctx_state._registry
+
+
+def app_hint() -> str:
+    """Appended to an unknown-type error when no application registry was named."""
+    return "" if ctx_state.app else "; an application's own types need --app module:attr (or STATEBOOK_APP)"
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -54,6 +87,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
     try:
         return asyncio.run(coro)
+    except UnknownEntityType as exc:
+        raise fail(str(exc) + app_hint()) from None
     except StatebookError as exc:
         raise fail(str(exc)) from None
     except LookupError as exc:
@@ -67,7 +102,7 @@ async def open_cli_book(*, must_exist: bool = True, create: bool = False) -> Boo
     """The book the CLI works on. An operator command on a missing SQLite file is an error."""
     from statebook.adapters.db import open_book
 
-    return await open_book(ctx_state.db_url, must_exist=must_exist, create=create)
+    return await open_book(ctx_state.db_url, registry=cli_registry(), must_exist=must_exist, create=create)
 
 
 def with_book(

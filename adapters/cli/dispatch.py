@@ -207,16 +207,17 @@ def deliver_cmd(
     from statebook.adapters.db import open_book
     from statebook.adapters.settings import load_settings
 
-    from .app import ctx_state
+    from .app import cli_registry, ctx_state
 
     settings = load_settings(config) if config is not None else load_settings()
+    registry = cli_registry(settings.app)
     cfg = settings.dispatch
     transport = ArgvTransport(cfg.notify_template, timeout=cfg.transport_timeout_seconds)
     if transport.problem is not None:
         typer.echo(f"warning: {transport.problem}; every claimed dispatch will fail", err=True)
 
     async def go() -> dict[str, int] | None:
-        book = await open_book(ctx_state.db_url or settings.db, must_exist=True, create=True)
+        book = await open_book(ctx_state.db_url or settings.db, registry=registry, must_exist=True, create=True)
         try:
             if once:
                 return await deliver_due_dispatches(

@@ -15,7 +15,7 @@ from rich.table import Table
 from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, Report, as_of, history, replay, verify
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
 
-from .app import app, console, err_console, fail, parse_time, run, with_book
+from .app import app, app_hint, cli_registry, console, err_console, fail, parse_time, run, with_book
 
 lifecycle_app = typer.Typer(help="Inspect the declared lifecycles (works without a database).", no_args_is_help=True)
 app.add_typer(lifecycle_app, name="lifecycle")
@@ -27,12 +27,10 @@ class GraphFormat(str, Enum):
 
 
 def _policy(entity_type: str) -> Lifecycle:
-    from statebook.adapters.registry import builtin_registry
-
-    registry = builtin_registry()
+    registry = cli_registry()
     if entity_type not in registry:
         known = ", ".join(sorted(lc.entity_type for lc in registry))
-        raise fail(f"no lifecycle is registered for {entity_type!r}; known types: {known}")
+        raise fail(f"no lifecycle is registered for {entity_type!r}; known types: {known}{app_hint()}")
     return registry.get(entity_type)
 
 
@@ -81,13 +79,11 @@ def print_report(report: Report) -> None:
 
 @lifecycle_app.command("ls")
 def lifecycle_ls() -> None:
-    """List the built-in lifecycles."""
-    from statebook.adapters.registry import builtin_registry
-
+    """List the registered lifecycles (the built-in ones, or the --app registry's)."""
     table = Table()
     for name in ("type", "table", "statuses", "fingerprint"):
         table.add_column(name, no_wrap=True)
-    for lc in sorted(builtin_registry(), key=lambda lc: lc.entity_type):
+    for lc in sorted(cli_registry(), key=lambda lc: lc.entity_type):
         table.add_row(lc.entity_type, lc.table_name, str(len(lc.statuses)), lc.fingerprint)
     console.print(table)
 

@@ -10,7 +10,7 @@ import typer
 
 from statebook.lifecycle import Book
 
-from .app import app, console, ctx_state, emit_json, fail, format_time, parse_time, run, with_book
+from .app import app, cli_registry, console, ctx_state, emit_json, fail, format_time, parse_time, run, with_book
 
 schedule_app = typer.Typer(help="Create, inspect, pause and fire schedules.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect or cancel one run of a schedule.", no_args_is_help=True)
@@ -24,7 +24,7 @@ CONFIG_HELP = "Settings file (TOML); see examples/statebook.toml."
 def _settings(config: str | None) -> Any:
     from statebook.adapters.settings import load_settings
 
-    return load_settings(config, db=ctx_state.db_url)
+    return load_settings(config, db=ctx_state.db_url, app=ctx_state.app)
 
 
 
@@ -47,7 +47,8 @@ def run_cmd(
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
     settings = _settings(config)
-    result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty()))
+    registry = cli_registry(settings.app)
+    result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(), registry=registry))
     runs, dispatches = result["runs"], result["dispatches"]
     console.print(
         f"summary: runs {sum(runs.values())} ({', '.join(f'{k} {v}' for k, v in sorted(runs.items())) or 'none'}); "

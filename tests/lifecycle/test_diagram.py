@@ -20,7 +20,7 @@ ids = [lc.entity_type for lc in BUILTINS]
 
 _meta = sa.MetaData()
 _review_table = managed_table("diagram_reviews", sa.Column("id", sa.String(32), primary_key=True),
-                              sa.Column("note", sa.Text), statuses=("draft", "review", "merged", "dropped"), meta=_meta)
+                              sa.Column("note", sa.Text), meta=_meta)
 REVIEW = Lifecycle(
     entity_type="review",
     table=_review_table,

@@ -26,9 +26,10 @@ WIDGETS = managed_table(
     meta=META,
 )
 GADGETS = managed_table("gadgets", sa.Column("id", sa.String(32), primary_key=True), meta=META)
-CHECKED = managed_table(
-    "checked_widgets", sa.Column("id", sa.String(32), primary_key=True), statuses=("open", "done"), meta=META
-)
+with pytest.deprecated_call(match="drop statuses="):  # the deprecated second list of statuses, kept working
+    CHECKED = managed_table(
+        "checked_widgets", sa.Column("id", sa.String(32), primary_key=True), statuses=("open", "done"), meta=META
+    )
 PLAIN = sa.Table("plain_widgets", META, sa.Column("id", sa.String(32), primary_key=True), sa.Column("status", sa.Text))
 
 
@@ -81,7 +82,23 @@ REFUSALS = [
     (
         "unreachable_status",
         dict(statuses=("open", "working", "done", "limbo"), edges=(*widget().edges, *edges("limbo", "done"))),
-        ["limbo", "cannot be reached"],
+        ["limbo", "cannot be reached", "add an edge into it", "declare it initial"],
+    ),
+    (
+        "trap_status",
+        dict(statuses=("open", "working", "done", "stuck"), edges=(*widget().edges, *edges("working", "stuck"))),
+        ["status 'stuck' is not terminal but has no edge out of it", "edges('stuck', <target>)", "declare it terminal"],
+    ),
+    (
+        "trap_status_with_only_a_self_edge",
+        dict(statuses=("open", "working", "done", "stuck"),
+             edges=(*widget().edges, *edges("working", "stuck"), *edges("stuck", "stuck"))),
+        ["status 'stuck' is not terminal but has no edge out of it"],
+    ),
+    (
+        "trap_initial_status",
+        dict(statuses=("open", "working", "done", "draft"), initial={"open", "draft"}),
+        ["status 'draft' is not terminal"],
     ),
     (
         "terminal_ungated_exit",
@@ -117,7 +134,11 @@ REFUSALS = [
     ("patch_field_not_a_column", dict(patch_fields={"size", "weight"}), ["weight", "'widgets'"]),
     ("patch_field_is_lifecycle_column", dict(patch_fields={"size", "status"}), ["status", "not data columns"]),
     ("patch_field_is_id", dict(patch_fields={"id"}), ["id", "not data columns"]),
-    ("status_outside_table_check", dict(table=CHECKED, patch_fields=set()), ["'checked_widgets'", "working"]),
+    (
+        "status_outside_deprecated_table_statuses",
+        dict(table=CHECKED, patch_fields=set()),
+        ["'checked_widgets'", "working", "drop statuses="],
+    ),
 ]
 
 
@@ -254,3 +275,19 @@ def test_a_guard_on_a_json_column_is_rejected_before_any_write():
                          reason_code="widget.working.started")
     assert err.value.rule == "guard"
     lc.check_command(["open"], "working", actor_type="system", guard={"size": 1}, reason_code="widget.working.started")
+
+
+def test_a_trap_may_be_declared_terminal_instead():
+    """L1: the fix the trap message suggests is accepted: the same status, declared terminal."""
+    validate(widget(statuses=("open", "working", "done", "stuck"), terminal={"done", "stuck"},
+                    edges=(*widget().edges, *edges("working", "stuck"))))
+
+
+def test_the_builtin_lifecycles_have_no_trap_and_no_unreachable_status():
+    """L1: dispatch, schedule and schedule_run pass the rules every application lifecycle must pass."""
+    from statebook.lifecycle.policy import check_no_trap
+    from statebook.adapters.registry import builtin_registry
+
+    for lc in builtin_registry():
+        validate(lc)
+        check_no_trap(lc)
