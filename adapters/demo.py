@@ -30,7 +30,6 @@ tickets = managed_table(
     sa.Column("id", sa.String(32), primary_key=True),
     sa.Column("title", sa.Text, nullable=False),
     sa.Column("assignee", sa.Text, nullable=True),
-    statuses=TICKET_STATUSES,
     meta=demo_metadata,
 )
 

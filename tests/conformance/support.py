@@ -44,7 +44,6 @@ tasks = managed_table(
     sa.Column("labels", sa.JSON, nullable=False),
     sa.Column("dedup_key", sa.Text, nullable=True, unique=True),
     sa.Column("score", sa.Float, nullable=True),  # a data column that is NOT a patch field
-    statuses=TASK_STATUSES,
     meta=TASK_META,
 )
 
@@ -109,7 +108,7 @@ def task_registry(task: Lifecycle = TASK) -> Registry:
 
 async def prepare(engine: AsyncEngine, clock: Clock) -> None:
     """Create statebook's schema and the task table; leave every table empty."""
-    await create_schema(engine, clock)
+    await create_schema(engine, clock, registry=task_registry())  # the task table's CHECK from its lifecycle
     await reset_schema(engine)
     async with engine.begin() as conn:
         await conn.run_sync(TASK_META.create_all)

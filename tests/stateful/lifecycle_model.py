@@ -41,7 +41,6 @@ tickets = managed_table(
     sa.Column("revision", sa.Integer, nullable=False, server_default="0"),
     sa.Column("notes", sa.JSON, nullable=True),
     sa.Column("score", sa.Float, nullable=True),
-    statuses=TICKET_STATUSES,
     meta=TEST_META,
 )
 

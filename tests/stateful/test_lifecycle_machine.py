@@ -193,7 +193,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     async def _open(self) -> Book:
         engine = connect(self.url)
-        await create_schema(engine, self.clock)
+        await create_schema(engine, self.clock, registry=REGISTRY)  # the ticket table's CHECK from it
         if self.shared_database:
             await reset_schema(engine)
         async with engine.begin() as conn:
