@@ -12,11 +12,13 @@ from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionR
 
 from .enqueue import notify
 from .errors import DispatchInvalid
-from .schema import DISPATCH_STATUSES, TERMINAL_STATUSES, dispatch_outbox
+from .schema import dispatch_outbox
 
 OPERATOR_ACTOR = Actor("operator", "api")
 RETENTION_ACTOR = Actor("system", "retention")
 RETRYABLE = ("dead_letter", "expired")
+SUCCEEDED = ("delivered", "acked")
+"""Terminal statuses kept for ``delivered_days`` by retention; the other terminal ones for ``failed_days``."""
 DAY = 86400.0
 
 
@@ -28,9 +30,17 @@ def _decode(row: Any) -> dict[str, Any]:
     return out
 
 
-def _check_status(status: str | None) -> None:
-    if status is not None and status not in DISPATCH_STATUSES:
-        raise DispatchInvalid(f"unknown dispatch status {status!r}; statuses are {', '.join(DISPATCH_STATUSES)}")
+def _check_status(book: Book, status: str | None) -> None:
+    """A status the book's dispatch lifecycle declares (an application may add its own, specs/extending.md)."""
+    declared = book.policy("dispatch").statuses
+    if status is not None and status not in declared:
+        raise DispatchInvalid(f"unknown dispatch status {status!r}; statuses are {', '.join(declared)}")
+
+
+def _terminal(book: Book) -> tuple[str, ...]:
+    """The dispatch lifecycle's terminal statuses, in declaration order."""
+    lc = book.policy("dispatch")
+    return tuple(s for s in lc.statuses if s in lc.terminal)
 
 
 async def get_dispatch(book: Book, dispatch_id: str) -> dict[str, Any] | None:
@@ -43,7 +53,7 @@ async def get_dispatch(book: Book, dispatch_id: str) -> dict[str, Any] | None:
 
 async def list_dispatches(book: Book, *, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Newest first (created_at, then id), optionally one status, at most ``limit`` rows."""
-    _check_status(status)
+    _check_status(book, status)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise DispatchInvalid(f"limit must be a positive integer, got {limit!r}")
     t = dispatch_outbox
@@ -151,12 +161,13 @@ async def purge_dispatches(
     tombstone fact. Non-terminal statuses are refused unless ``force=True``: a pending or
     delivering row is live work.
     """
-    chosen = tuple(TERMINAL_STATUSES if statuses is None else statuses)
+    terminal = _terminal(book)
+    chosen = tuple(terminal if statuses is None else statuses)
     if not chosen:
         raise DispatchInvalid("statuses must name at least one status (or be None for the terminal ones)")
     for status in chosen:
-        _check_status(status)
-    live = sorted(set(chosen) - set(TERMINAL_STATUSES))
+        _check_status(book, status)
+    live = sorted(set(chosen) - set(terminal))
     if live and not force:
         raise TransitionRejected(
             f"refusing to purge non-terminal status(es) {', '.join(live)}: they are live work; pass force=True "
@@ -180,12 +191,18 @@ async def apply_retention(
     actor: Actor = RETENTION_ACTOR,
     progress: Progress | None = None,
 ) -> dict[str, int]:
-    """Purge delivered/acked rows settled more than ``delivered_days`` ago and dead_letter/expired
-    rows settled more than ``failed_days`` ago. Returns the number purged per status."""
-    if delivered_days <= 0 or failed_days <= 0:
-        raise DispatchInvalid(f"retention periods must be positive, got {delivered_days} and {failed_days}")
-    counts = dict.fromkeys(TERMINAL_STATUSES, 0)
-    for statuses, days in ((("delivered", "acked"), delivered_days), (("dead_letter", "expired"), failed_days)):
+    """Purge delivered/acked rows settled more than ``delivered_days`` ago and the other terminal rows
+    (dead_letter, expired, and any terminal status an application adds) settled more than
+    ``failed_days`` ago. Returns the number purged per terminal status."""
+    if not (0 < delivered_days < float("inf") and 0 < failed_days < float("inf")):
+        raise DispatchInvalid(f"retention periods must be positive and finite, got {delivered_days} and {failed_days}")
+    terminal = _terminal(book)
+    counts = dict.fromkeys(terminal, 0)
+    succeeded = tuple(s for s in SUCCEEDED if s in terminal)
+    others = tuple(s for s in terminal if s not in SUCCEEDED)
+    for statuses, days in ((succeeded, delivered_days), (others, failed_days)):
+        if not statuses:
+            continue
         reason = Reason("dispatch.purged.retention", f"retention: settled more than {days:g} day(s) ago")
         for _, status in await _purge_matching(
             book, statuses, now - days * DAY, dry_run=False, force=False, reason=reason, actor=actor,
