@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(_TESTS))
+# The outbox and scheduler case modules (``*_cases.py``) are imported by tests/conformance/suite.py.
+sys.path[1:1] = [str(_TESTS / "outbox"), str(_TESTS / "scheduler")]
 
 import pgcluster  # noqa: E402
 

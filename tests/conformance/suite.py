@@ -1,4 +1,5 @@
-"""``LifecycleConformance``: the lifecycle engine's contract, as test cases a backend inherits.
+"""``LifecycleConformance`` and ``OutboxConformance``: the contracts of the engine and of the outbox on top of
+it, as test cases a backend inherits.
 
 A backend runs the suite by subclassing it together with the mixin for its concurrency model and
 providing one fixture, ``db_url`` (a URL ``statebook.adapters.db.connect`` accepts)::
@@ -32,7 +33,23 @@ from .cases_driver import DriverCases
 from .cases_idempotency import IdempotencyCases
 from .support import prepare, task_registry, tasks
 
-__all__ = ["ConcurrentWriterCases", "LifecycleConformance", "SerialWriterCases"]
+from ack_token_cases import AckTokenCases  # noqa: E402  (tests/outbox, on sys.path from conftest)
+from argv_transport_cases import ArgvTransportCases  # noqa: E402
+from backoff_cap_cases import BackoffCapCases  # noqa: E402
+from bulk_purge_cases import BulkPurgeCases  # noqa: E402
+from delivery_worker_cases import DeliveryWorkerCases  # noqa: E402
+from dispatch_ack_cases import DispatchAckCases  # noqa: E402
+from dispatch_admin_cases import DispatchAdminCases  # noqa: E402
+from dispatch_atomicity_cases import DispatchAtomicityCases  # noqa: E402
+from dispatch_enqueue_cases import DispatchEnqueueCases  # noqa: E402
+from dispatch_outcome_cases import DispatchOutcomeCases  # noqa: E402
+from dispatch_scan_cases import DispatchScanCases  # noqa: E402
+from kill_cases import KillCases  # noqa: E402
+from lease_timeout_cases import LeaseTimeoutCases  # noqa: E402
+from offer_cases import OfferCases  # noqa: E402
+from purge_race_cases import PurgeRaceCases  # noqa: E402
+
+__all__ = ["ConcurrentWriterCases", "LifecycleConformance", "OutboxConformance", "SerialWriterCases"]
 
 POOL_SIZE = 25
 """Room for the racing cases: every racer holds its own connection."""
@@ -75,3 +92,12 @@ class LifecycleConformance(
     DriverCases
 ):
     """Every backend-neutral case (L3-L14). Add ConcurrentWriterCases or SerialWriterCases for your backend."""
+
+
+class OutboxConformance(
+    DispatchEnqueueCases, DispatchScanCases, DispatchAtomicityCases, DispatchOutcomeCases, DispatchAckCases,
+    AckTokenCases, DispatchAdminCases, BulkPurgeCases, PurgeRaceCases, OfferCases, LeaseTimeoutCases,
+    BackoffCapCases, DeliveryWorkerCases, ArgvTransportCases, KillCases,
+):
+    """The outbox's cases (specs/outbox.md), from tests/outbox/*_cases.py: every one runs on each backend that
+    inherits this class, next to ``LifecycleConformance``. Cases may ask for ``backend`` (the backend's name)."""

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from .suite import LifecycleConformance, SerialWriterCases
+from .suite import LifecycleConformance, OutboxConformance, SerialWriterCases
 
 
-class TestSQLite(LifecycleConformance, SerialWriterCases):
+class TestSQLite(LifecycleConformance, OutboxConformance, SerialWriterCases):
     @pytest.fixture
     def db_url(self, tmp_path) -> str:
         return f"sqlite:///{tmp_path / 'conformance.db'}"
+
+    @pytest.fixture
+    def backend(self) -> str:
+        return "sqlite"

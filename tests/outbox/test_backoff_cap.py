@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from statebook.lifecycle import verify
-from statebook.outbox import backoff_seconds, deliver_due_dispatches, enqueue_dispatch
+from statebook.outbox import backoff_seconds
 
-from dispatch_support import Recorder, facts, failing, row
 
 CAP = 1800.0
 
@@ -33,26 +31,3 @@ def test_backoff_is_a_float_of_seconds(attempt):
     """O9: the delay is seconds as a float, so the due time it makes is ``now + delay`` exactly."""
     value = backoff_seconds(attempt)
     assert isinstance(value, float) and value == min(30.0 * 2**attempt, CAP)
-
-
-async def test_a_failure_at_a_high_attempt_is_due_again_after_exactly_1800_seconds(book, clock):
-    """O9, O7: driven through claim and finalize, the failure of attempt ``a`` writes
-    ``next_attempt_at = now + min(30 * 2**a, 1800)`` in its one outcome fact — exactly now + 1800 from
-    attempt 6 on (attempts 6..11 here) — and the row is not due a moment earlier."""
-    did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1", max_attempts=12)
-    rec = Recorder(outcome=failing("down"))
-    for attempt in range(1, 12):
-        now = clock.now()
-        counts = await deliver_due_dispatches(book, transport=rec.transport)
-        assert counts["retried"] == 1, attempt
-        r = await row(book, did)
-        expected = now + min(30.0 * 2**attempt, CAP)
-        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", attempt, expected)
-        assert (await facts(book, did))[-1].patch["next_attempt_at"] == expected
-        if attempt >= 6:
-            assert r["next_attempt_at"] == now + 1800
-        clock.set(expected - 1)
-        assert (await deliver_due_dispatches(book, transport=rec.transport))["attempted"] == 0
-        clock.set(expected)
-    assert len(rec.calls) == 11
-    assert (await verify(book, "dispatch")).ok

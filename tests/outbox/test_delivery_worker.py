@@ -15,14 +15,11 @@ from statebook.lifecycle import Book
 from statebook.outbox import (
     CallableTransport,
     DeliveryWorker,
-    Retention,
-    deliver_due_dispatches,
     enqueue_dispatch,
     enqueue_dispatches,
-    get_dispatch,
 )
 
-from dispatch_support import Recorder, Signalled, failing, row
+from dispatch_support import Signalled
 
 TICK = 30.0
 WAIT = 10.0
@@ -37,43 +34,6 @@ async def _started(worker: DeliveryWorker) -> asyncio.Task:
 async def _stopped(worker: DeliveryWorker, task: asyncio.Task) -> None:
     worker.stop()
     await asyncio.wait_for(task, WAIT)
-
-
-async def test_an_enqueue_wakes_an_idle_worker_before_the_tick(book):
-    """O14 (do-better 5): an idle worker (nothing due, 30 s tick) delivers a new dispatch as soon as
-    its enqueue commits through the same book; its own claims and finalizations do not wake it."""
-    rec = Signalled()
-    worker = DeliveryWorker(book, CallableTransport(rec), tick_seconds=TICK)
-    task = await _started(worker)
-    try:
-        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
-        await asyncio.wait_for(rec.called.wait(), WAIT)
-        for _ in range(400):
-            if (await row(book, did))["status"] == "delivered":
-                break
-            await asyncio.sleep(0.025)
-        assert (await row(book, did))["status"] == "delivered"
-        await asyncio.wait_for(worker.idle.wait(), WAIT)
-        assert worker.wakeups == 1  # the enqueue; not the worker's own two transitions
-        assert worker.totals["delivered"] == 1
-    finally:
-        await _stopped(worker, task)
-    assert worker._on_commit not in book.on_commit
-
-
-async def test_an_enqueue_in_a_caller_transaction_wakes_the_worker_at_commit(book):
-    """O14: the wake-up fires after the caller's transaction commits (not before)."""
-    rec = Signalled()
-    worker = DeliveryWorker(book, CallableTransport(rec), tick_seconds=TICK)
-    task = await _started(worker)
-    try:
-        async with book.begin() as tx:
-            await enqueue_dispatch(tx, kind="k", deliver_to="seat-1")
-            assert worker.wakeups == 0
-        assert worker.wakeups == 1
-        await asyncio.wait_for(rec.called.wait(), WAIT)
-    finally:
-        await _stopped(worker, task)
 
 
 @pytest.mark.postgres
@@ -112,28 +72,3 @@ async def test_postgres_notify_wakes_a_worker_in_another_process(pg_url, clock):
     finally:
         await producer.engine.dispose()
         await book.engine.dispose()
-
-
-async def test_the_worker_sleeps_until_the_earliest_due_row_or_the_tick(book, clock):
-    """O14: after a pass the worker sleeps until the earliest next_attempt_at, at most the tick, and
-    not at all after a full batch."""
-    await enqueue_dispatch(book, kind="k", deliver_to="r")
-    worker = DeliveryWorker(book, Recorder(outcome=failing()).transport, tick_seconds=300)
-    counts = await worker.run_once()  # fails: due again at +60
-    assert await worker.next_delay(counts) == 60
-    clock.advance(50)
-    assert await worker.next_delay(counts) == pytest.approx(10)
-    worker.tick_seconds = 5
-    assert await worker.next_delay(counts) == 5
-    assert await worker.next_delay({**counts, "attempted": worker.batch_size}) == 0
-    assert await worker.next_delay(None) == 5
-
-
-async def test_the_worker_runs_retention_when_configured(book, clock):
-    """O16 (do-better 6): a worker with a retention policy purges settled rows past their age."""
-    did = await enqueue_dispatch(book, kind="k", deliver_to="r")
-    await deliver_due_dispatches(book, transport=Recorder().transport)
-    clock.advance(8 * 86400)
-    worker = DeliveryWorker(book, Recorder().transport, retention=Retention(delivered_days=7))
-    await worker.run_once()
-    assert await get_dispatch(book, did) is None

@@ -61,25 +61,28 @@ async def _purge_by_admin(book, did):
         return "conflict"
 
 
-@pytest.mark.parametrize("purging", [_purge_by_lifecycle, _purge_by_admin], ids=["lifecycle.purge", "purge_dispatch"])
-async def test_a_purge_racing_a_retry_is_a_conflict_not_a_deleted_row(book, backend, purging):
-    """O16, O15 (issue 9 section 5): a purge that read the dead letter before a concurrent retry
-    committed is a ``conflict`` — never an IntegrityError, never a deleted retried row. The row stays
-    pending with the retry as its last fact, no tombstone is written, and the history verifies."""
-    did = await _dead_letter(book)
-    async with book.begin() as tx:
-        assert await retry_dispatch(tx, did, actor=OPERATOR)
-        task = asyncio.ensure_future(purging(book, did))
-        if backend == "postgres":
-            await _until_waiting_on_a_lock(book, task)
-        else:
-            await asyncio.sleep(0)  # let the purge begin; it waits for this writer to commit
-        assert not task.done(), "the purge did not wait for the open retry"
-    assert await task == "conflict"
+class PurgeRaceCases:
+    """O16: a purge whose row changed version between its read and its delete is a conflict (issue 9 s. 5) (run on every backend by tests/conformance)."""
 
-    r = await row(book, did)
-    assert (r["status"], r["attempt"]) == ("pending", 0)
-    found = await facts(book, did)
-    assert found[-1].reason_code == "dispatch.pending.operator_retry"
-    assert all(f.status is not None for f in found)
-    assert (await verify(book, "dispatch")).ok
+    @pytest.mark.parametrize("purging", [_purge_by_lifecycle, _purge_by_admin], ids=["lifecycle.purge", "purge_dispatch"])
+    async def test_a_purge_racing_a_retry_is_a_conflict_not_a_deleted_row(self, book, backend, purging):
+        """O16, O15 (issue 9 section 5): a purge that read the dead letter before a concurrent retry
+        committed is a ``conflict`` — never an IntegrityError, never a deleted retried row. The row stays
+        pending with the retry as its last fact, no tombstone is written, and the history verifies."""
+        did = await _dead_letter(book)
+        async with book.begin() as tx:
+            assert await retry_dispatch(tx, did, actor=OPERATOR)
+            task = asyncio.ensure_future(purging(book, did))
+            if backend == "postgres":
+                await _until_waiting_on_a_lock(book, task)
+            else:
+                await asyncio.sleep(0)  # let the purge begin; it waits for this writer to commit
+            assert not task.done(), "the purge did not wait for the open retry"
+        assert await task == "conflict"
+
+        r = await row(book, did)
+        assert (r["status"], r["attempt"]) == ("pending", 0)
+        found = await facts(book, did)
+        assert found[-1].reason_code == "dispatch.pending.operator_retry"
+        assert all(f.status is not None for f in found)
+        assert (await verify(book, "dispatch")).ok

@@ -1,0 +1,209 @@
+"""O21: a send starts only while its lease has at least the transport timeout left, and the lease is
+always derived from the transport timeout (issue 9, hole 2.1).
+
+The clock is the book's FakeClock; a "slow" send is one that advances it while it runs, so a pass
+sees exactly the durations the test scripts, and no assertion depends on real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections import Counter
+
+from statebook.adapters.daemon import Delivery
+from statebook.adapters.db import open_book
+from statebook.adapters.settings import Settings
+from statebook.lifecycle import verify
+from statebook.outbox import (
+    NOTIFY_TIMEOUT_SECONDS,
+    CallableTransport,
+    claim,
+    deliver_due_dispatches,
+    enqueue_dispatch,
+    execute,
+    list_dispatches,
+    run_leases,
+    scan,
+)
+
+from dispatch_support import Recorder, facts, row
+
+SEND_SECONDS = 4.0
+"""Longer than a fifth of the 15 s default lease: five queued 4 s sends outlive one lease."""
+
+
+def _id(payload: str) -> str:
+    return json.loads(payload)["dispatch_id"]
+
+
+class LeaseTimeoutCases:
+    """O21: a send starts only while its lease has at least the transport timeout left, and the lease is (run on every backend by tests/conformance)."""
+
+    async def test_a_second_worker_after_the_lease_lapses_sends_nothing_twice(self, book, clock, db_url):
+        """O21, O5 (issue 9 hole 2.1): worker A runs batch 5 at concurrency 1 with 4-second sends;
+        worker B, another engine on the same database, passes once the clock is past 15.5 s. Every send
+        starts on a row that is ``delivering`` with at least the transport timeout left of its lease,
+        and no dispatch is sent twice. On the old code A claimed all five for 15 s; its third and fourth
+        sends started with 7 s and 3 s left, B re-sent the fourth (still in A's hands) and the fifth
+        (queued behind A's gate), and A then sent the fifth again on a row already ``delivered``."""
+        t0 = clock.now()
+        ids = [await enqueue_dispatch(book, kind="k", deliver_to=f"seat-{i}") for i in range(5)]
+        sends: list[tuple[str, str]] = []
+        late: list[tuple[str, str, str, float]] = []
+        other = await open_book(db_url, clock=clock)
+        second_pass_ran = False
+
+        async def starting(who: str, payload: str) -> None:
+            did = _id(payload)
+            sends.append((who, did))
+            r = await row(book, did)
+            left = r["next_attempt_at"] - clock.now()
+            if r["status"] != "delivering" or left < NOTIFY_TIMEOUT_SECONDS:
+                late.append((who, did, r["status"], left))
+
+        async def worker_b(_to: str, payload: str) -> None:
+            await starting("B", payload)
+
+        async def worker_a(_to: str, payload: str) -> None:
+            nonlocal second_pass_ran
+            await starting("A", payload)
+            clock.advance(SEND_SECONDS)
+            if clock.now() >= t0 + 15.5 and not second_pass_ran:
+                second_pass_ran = True
+                await deliver_due_dispatches(other, transport=CallableTransport(worker_b), batch_size=5, concurrency=1)
+
+        try:
+            await deliver_due_dispatches(book, transport=CallableTransport(worker_a), batch_size=5, concurrency=1)
+            assert second_pass_ran
+            for _ in range(3):  # whatever is left: after every lease has lapsed
+                clock.advance(60)
+                await deliver_due_dispatches(other, transport=CallableTransport(worker_b), batch_size=5, concurrency=1)
+        finally:
+            await other.engine.dispose()
+
+        assert late == []
+        assert Counter(did for _, did in sends) == Counter(ids)  # each exactly once
+        assert {(await row(book, did))["status"] for did in ids} == {"delivered"}
+        assert (await verify(book, "dispatch")).ok
+
+    async def test_a_pass_claims_no_more_than_it_can_start(self, book, clock):
+        """O21, O12: with sends seen to be slow, a pass claims no more than its free send slots, so no
+        lease waits behind the concurrency gate while it runs down: whenever a send starts, every
+        ``delivering`` row is one whose send has started."""
+        for i in range(6):
+            await enqueue_dispatch(book, kind="k", deliver_to=f"seat-{i}")
+        started: set[str] = set()
+        waiting: list[set[str]] = []
+
+        async def slow(_to: str, payload: str) -> None:
+            started.add(_id(payload))
+            waiting.append({r["id"] for r in await list_dispatches(book, status="delivering")} - started)
+            await asyncio.sleep(0)
+            clock.advance(SEND_SECONDS)
+
+        counts = await deliver_due_dispatches(book, transport=CallableTransport(slow), batch_size=6, concurrency=2)
+        assert counts["attempted"] == counts["delivered"] == 6
+        assert waiting == [set()] * 6
+
+    async def test_a_lease_without_the_timeout_left_is_not_sent_and_is_reclaimed_later(self, book, clock):
+        """O21, O5: a lease that waited until less than the transport timeout is left is skipped, not
+        sent — its row stays delivering — and once the lease lapses a later pass reclaims the row as
+        the next attempt and sends it once."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
+        [candidate] = await scan(book, now=clock.now())
+        lease = await claim(book, candidate, now=clock.now())
+        assert lease is not None
+        clock.advance(lease.lease_until - clock.now() - NOTIFY_TIMEOUT_SECONDS + 0.5)  # 9.5 s left of the lease
+        rec = Recorder()
+        await run_leases(book, [lease], rec.transport)
+        assert rec.calls == []
+        assert await execute(lease, rec.transport, now=clock.now()) is None
+        r = await row(book, did)
+        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("delivering", 1, lease.lease_until)
+
+        clock.set(lease.lease_until)
+        counts = await deliver_due_dispatches(book, transport=rec.transport)
+        assert counts["delivered"] == 1 and rec.ids() == [did]
+        assert [(f.status, f.reason_code) for f in await facts(book, did)][-2:] == [
+            ("delivering", "dispatch.delivering.reclaimed"), ("delivered", "dispatch.delivered.transport_ok")]
+
+    async def test_a_transport_timeout_beyond_the_default_lease_gets_a_longer_lease(self, book, clock):
+        """O21: the lease is derived from the transport's timeout — a 40 s timeout (more than the 15 s
+        default lease) leases the row for longer than 40 s, so the send starts with its timeout left."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
+        left: list[float] = []
+
+        async def send(_to: str, payload: str) -> None:
+            left.append((await row(book, _id(payload)))["next_attempt_at"] - clock.now())
+
+        await deliver_due_dispatches(book, transport=CallableTransport(send, timeout=40))
+        assert len(left) == 1 and left[0] > 40
+        claimed = (await facts(book, did))[1]
+        assert claimed.status == "delivering" and claimed.patch["next_attempt_at"] - claimed.at > 40
+
+    async def test_the_daemon_sizes_leases_from_the_configured_transport_timeout(self, book, clock):
+        """O21: ``dispatch.transport_timeout_seconds`` reaches the daemon's delivery worker, whose claims
+        lease rows for longer than that timeout (a 45 s setting, three times the old fixed lease)."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
+        settings = Settings.model_validate({"dispatch": {
+            "notify_template": [sys.executable, "-c", "pass", "{deliver_to}"], "transport_timeout_seconds": 45,
+        }, "retention": {"enabled": False}})
+        counts = await Delivery(book, settings).worker.run_once()
+        assert counts["delivered"] == 1
+        claimed = (await facts(book, did))[1]
+        assert claimed.status == "delivering" and claimed.patch["next_attempt_at"] - claimed.at > 45
+
+    async def test_a_send_that_outlives_its_lease_is_cut(self, book, clock):
+        """O21: a transport that ignores its timeout is cut when the lease would lapse under it, and the
+        attempt counts as a timed-out failure instead of running on beside a reclaim."""
+        await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
+        [candidate] = await scan(book, now=clock.now())
+        lease = await claim(book, candidate, now=clock.now(), timeout=0.05)
+        assert lease is not None
+
+        async def hangs(_to: str, _payload: str) -> None:
+            await asyncio.Event().wait()
+
+        # Started with 0.1 s of the lease left (more than the 0.05 s timeout): cut after 0.1 s of real time.
+        result = await execute(lease, CallableTransport(hangs), now=lease.lease_until - 0.1)
+        assert result is not None and not result.ok and result.evidence.get("timed_out") is True
+
+    async def test_a_failed_refill_keeps_the_sends_the_pass_holds(self, book, clock):
+        """O21, O7: when claiming more fails mid-pass (the database went away, say), the leases the pass
+        already holds are still sent and finalized; only the claiming stops."""
+        for seat in ("seat-1", "seat-2"):
+            await enqueue_dispatch(book, kind="k", deliver_to=seat)
+        lease = await claim(book, (await scan(book, now=clock.now(), limit=1))[0], now=clock.now())
+        assert lease is not None
+        did = lease.dispatch_id
+
+        async def refill(_n: int):
+            raise ConnectionError("the database went away")
+
+        rec = Recorder()
+        counts = await run_leases(book, [lease], rec.transport, concurrency=2, refill=refill, budget=5)
+        assert rec.ids() == [did] and counts["delivered"] == 1
+        assert (await row(book, did))["status"] == "delivered"
+
+    async def test_the_next_pass_claims_as_the_transports_last_pass_allows(self, book, clock):
+        """O21: a pass remembers how slow its transport's sends were. With the same transport, the next
+        pass claims a whole batch at once after sends that took no time, and only its free slots after
+        slow ones (so a caller looping over passes does not pay a second claim per batch)."""
+        delay = 0.0
+        held: list[int] = []
+
+        async def send(_to: str, _payload: str) -> None:
+            held.append(len(await list_dispatches(book, status="delivering")))
+            clock.advance(delay)
+
+        transport = CallableTransport(send)
+        # (send seconds, rows, rows held when the first send starts): cold, fast, slow, after slow.
+        for delay, rows, expected in ((0.0, 4, 1), (0.0, 4, 4), (SEND_SECONDS, 1, 1), (0.0, 4, 1)):
+            held.clear()
+            for i in range(rows):
+                await enqueue_dispatch(book, kind="k", deliver_to=f"seat-{i}")
+            counts = await deliver_due_dispatches(book, transport=transport, batch_size=4, concurrency=1)
+            assert counts["delivered"] == rows
+            assert held[0] == expected, (delay, held)
