@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 
@@ -236,6 +237,33 @@ class AuditCases:
         (finding,) = (await verify(book)).findings
         assert finding.kind == "edge_not_in_current_policy"
         assert TASK_CREATED_WORKING.fingerprint in finding.detail and TASK.fingerprint in finding.detail
+
+    async def test_history_written_under_an_accepted_earlier_policy_verifies(self, book: Book):
+        """L12c: v1 allowed open -> done; v2 removed it. A v2 that accepts v1 verifies the old history (in the
+        screen: no entity reaches the full check); a v2 that accepts nothing reports every old fact as
+        unknown_policy; a fact forged under v1 on an edge neither policy allowed is a forbidden_edge."""
+        older = Book(book.engine, task_registry(TASK_WITH_SHORTCUT), book.clock)
+        await new_task(older, "t1")
+        await transition(older, "task", "t1", "done", expected="open", reason=FINISHED, actor=SYSTEM)
+        accepting = Book(book.engine, task_registry(dataclasses.replace(TASK, accepts=(TASK_WITH_SHORTCUT,))), book.clock)
+        assert (await verify(accepting)).ok
+        suspects = []
+        await sweep(accepting, [accepting.policy("task")], lambda lc, screen, s: suspects.extend(s) or [])
+        assert suspects == []
+        strict = Book(book.engine, task_registry(dataclasses.replace(TASK, accepts=())), book.clock)
+        assert [(f.kind, f.entity_id) for f in (await verify(strict)).findings] == [("unknown_policy", "t1")] * 2
+        await new_task(older, "t2")
+        (first,) = await history(book, "task", "t2")
+        forged = insert_values({**first.content(), "id": "forged", "prev_fact_id": first.id, "previous_status": "open",
+                                "status": "blocked", "version": 2, "reason_code": "task.blocked.waiting",
+                                "patch": {}}, first.hash)
+        await execute(book, sa.insert(facts_table).values(forged))
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t2").values(
+            status="blocked", version=2, status_reason_code="task.blocked.waiting", last_fact_id="forged",
+            chain_hash=forged["hash"]))
+        (finding,) = (await verify(accepting)).findings
+        assert (finding.kind, finding.entity_id, finding.fact_id) == ("forbidden_edge", "t2", "forged")
+        assert TASK_WITH_SHORTCUT.fingerprint in finding.detail
 
     async def test_verify_can_be_limited_to_one_entity_type(self, book: Book):
         """L12: verify(entity_type=...) checks that lifecycle only."""

@@ -7,6 +7,7 @@ histories at random and check exactly that, and that intact histories pass (else
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -229,3 +230,50 @@ def test_screen_arguments_are_plain_data():
     rebuilt = Screen(*SCREEN.spec)
     assert rebuilt.spec == SCREEN.spec and rebuilt.moves == SCREEN.moves and rebuilt.data == SCREEN.data
     assert all(type(c) is str for c in SCREEN.spec[3])  # SQLAlchemy's quoted_name would not unpickle there
+
+
+def test_columns_no_fact_sets_are_screened_against_their_defaults():
+    """L7 / L12: a data column no fact set must hold its declared default (NULL here; a JSON column's SQL
+    NULL or JSON null), else the entity fails the screen and the full check names the column."""
+    facts = [_fact(1, GENESIS, GENESIS, None, "new", "system", {"id": "e1"})]
+    rows = [stored_fact(f) for f in facts]
+    row = stored_row(fold(facts))
+    assert SCREEN.passes(rows, row) and full_check(rows, row) == []
+    sql_null = [None if c == "tags" else v for c, v in zip(COLUMNS, row)]
+    assert SCREEN.passes(rows, sql_null) and full_check(rows, sql_null) == []
+    for column, value in (("attempt", 3), ("score", 0.5), ("title", "forged"), ("tags", "[1]")):
+        tampered = [value if c == column else v for c, v in zip(COLUMNS, row)]
+        assert not SCREEN.passes(rows, tampered), column
+        assert [(f.kind, f.detail.split("'")[1]) for f in full_check(rows, tampered)] == [("row_mismatch", column)]
+
+
+def test_the_screen_judges_each_fact_by_the_policy_it_was_written_under():
+    """L12c: a history written under an accepted earlier policy passes the screen of the lifecycle that
+    accepts it; the same history fails the screen (and has findings) when that policy is not accepted, or
+    when a forged fact takes a move no accepted policy allowed."""
+    v1 = JOB.extend(edges=edges("new", "done"))
+    v2 = dataclasses.replace(JOB, accepts=(v1,))
+    strict = dataclasses.replace(JOB, accepts=())
+
+    def written(lc: Lifecycle, *steps: tuple[str | None, str]) -> list[list[Any]]:
+        facts, prev_id, prev_hash = [], GENESIS, GENESIS
+        for n, (previous, status) in enumerate(steps, start=1):
+            content = {**_fact(n, prev_id, prev_hash, previous, status, "system", {"id": "e1"} if n == 1 else {})
+                       .content(), "policy_fingerprint": lc.fingerprint}
+            facts.append(Fact(**insert_values(content, prev_hash)))
+            prev_id, prev_hash = facts[-1].id, facts[-1].hash
+        return [stored_fact(f) for f in facts]
+
+    def verdicts(lc: Lifecycle, rows: list[list[Any]]) -> tuple[bool, list[str]]:
+        facts = [Fact.from_stored(f) for f in rows]
+        row = stored_row(fold(facts))
+        return screen_of(lc).passes(rows, row), [f.kind for f in check_entity(lc, "e1", facts, None if row is None else {
+            c: decoded(v) if c in SCREEN.json_columns else v for c, v in zip(COLUMNS, row)})]
+
+    old = written(v1, (None, "new"), ("new", "done"))
+    assert verdicts(v2, old) == (True, [])
+    assert verdicts(strict, old) == (False, ["unknown_policy", "unknown_policy"])
+    assert verdicts(JOB, old) == (False, ["edge_not_in_current_policy"])
+    forged = written(v1, (None, "new"), ("new", "busy"), ("busy", "done"), ("done", "new"))
+    assert verdicts(v2, forged) == (False, ["forbidden_edge"])
+    assert Screen(*screen_of(v2).spec).policies == screen_of(v2).policies
