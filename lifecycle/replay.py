@@ -15,7 +15,7 @@ from .facts import GENESIS, Fact, decoded, facts_table, fact_hash, legacy_fact_h
 from .policy import Lifecycle
 from .screen import Screen, Suspect
 from .schema import LIFECYCLE_COLUMNS
-from .sweep import row_defaults, sweep
+from .sweep import lenient, row_defaults, sweep
 
 
 def fold(facts: Iterable[Fact], defaults: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -192,7 +192,8 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
     found: list[Finding] = []
 
     def flag(kind: str, detail: str, fact: Fact | None = None) -> None:
-        found.append(Finding(kind, lc.entity_type, entity_id, detail, fact.id if fact else None))
+        fact_id = None if fact is None else fact.id if type(fact.id) is str else repr(fact.id)  # damage: L12b
+        found.append(Finding(kind, lc.entity_type, entity_id, detail, fact_id))
 
     if not facts:
         flag("row_without_facts", "the row exists but has no facts")
@@ -279,9 +280,11 @@ def _judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect]) -> list[F
         try:
             values = None if row is None else {
                 name: decoded(v) if name in screen.json_columns else v for name, v in zip(screen.columns, row)}
+            if type(entity_id) is not str:  # damage stored a blob as the id (L12b)
+                entity_id = repr(entity_id)
             found += check_entity(lc, entity_id, [Fact.from_stored(f) for f in facts], values)
         except Exception as exc:  # noqa: BLE001 - damage of any shape is a finding, never a crash (L12b)
-            found.append(Finding("unreadable", lc.entity_type, str(entity_id),
+            found.append(Finding("unreadable", lc.entity_type, entity_id if type(entity_id) is str else repr(entity_id),
                                  f"the entity could not be checked ({type(exc).__name__}: {exc})"))
     return found
 
@@ -294,7 +297,7 @@ async def _unregistered(book: Book) -> list[Finding]:
     managed = {lc.table.name for lc in book.registry}
     shape = {"id", *LIFECYCLE_COLUMNS}
     t = facts_table
-    async with book.read() as conn:
+    async with book.read() as conn, lenient(conn):
         counts = (await conn.execute(sa.select(t.c.entity_type, sa.func.count()).group_by(t.c.entity_type))).all()
         for entity_type, n in sorted(counts, key=lambda c: str(c[0])):
             if entity_type not in known:

@@ -214,10 +214,11 @@ class Merge:
         self._current: str | None = None
         self._bucket: list[Sequence[Any]] = []
 
-    def wants_rows(self, last_entity: str) -> bool:
+    def wants_rows(self, last_entity: Any) -> bool:
         """Whether more rows must be read before facts up to ``last_entity`` can be screened."""
         rows = self._rows
-        return not self._rows_done and (self._next == len(rows) or rows[-1][self.screen.id_index] < last_entity)
+        return not self._rows_done and (
+            self._next == len(rows) or _key(rows[-1][self.screen.id_index]) < _key(last_entity))
 
     def add_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """The next rows (empty: there are no more). After :meth:`end_facts`, all are orphans."""
@@ -234,13 +235,17 @@ class Merge:
         current, bucket = self._current, self._bucket
         for f in facts:
             if f[entity_at] != current:
+                entity = _key(f[entity_at])
+                if entity == current:  # a damaged id that is not text (L12b), still the same entity
+                    bucket.append(f)
+                    continue
                 if current is not None:
-                    if f[entity_at] < current:
+                    if entity < current:
                         # Matching rows to facts by position needs the database's order to be Python's.
                         raise ValueError(f"the database orders entity id {f[entity_at]!r} after {current!r}")
                     self._close(current, bucket)
                     bucket = self._bucket = []
-                current = self._current = f[entity_at]
+                current = self._current = entity
             bucket.append(f)
 
     def end_facts(self) -> None:
@@ -250,25 +255,36 @@ class Merge:
         self._orphans(None)
         self._facts_done = True
 
-    def _close(self, entity_id: str, facts: list[Sequence[Any]]) -> None:
-        self._orphans(entity_id)
+    def _close(self, entity: str, facts: list[Sequence[Any]]) -> None:
+        self._orphans(entity)
         rows, i, row = self._rows, self._next, None
-        if i < len(rows) and rows[i][self.screen.id_index] == entity_id:
+        if i < len(rows) and _key(rows[i][self.screen.id_index]) == entity:
             row = rows[i]
             self._next = i + 1
         self.entities += 1
         self.facts += len(facts)
         if not self.screen.passes(facts, row):
-            self.suspects.append((entity_id, facts, row))
+            self.suspects.append((facts[0][self.screen.entity_at], facts, row))
 
     def _orphans(self, before: str | None) -> None:
         """Rows (with ids before ``before``, or all left) that no fact mentions."""
         rows, i, id_at = self._rows, self._next, self.screen.id_index
-        while i < len(rows) and (before is None or rows[i][id_at] < before):
+        while i < len(rows) and (before is None or _key(rows[i][id_at]) < before):
             self.entities += 1
             self.suspects.append((rows[i][id_at], [], rows[i]))
             i += 1
         self._next = i
+
+
+_AFTER_TEXT = "\U0010ffff"
+
+
+def _key(entity_id: Any) -> str:
+    """An entity id as Merge orders it: text as is; anything else (only damage stores a blob in a
+    text column, L12b) after all text, as SQLite orders blobs, and among blobs in byte order."""
+    if type(entity_id) is str:
+        return entity_id
+    return _AFTER_TEXT + (entity_id.hex() if isinstance(entity_id, bytes) else repr(entity_id))
 
 
 Query = tuple[str, Sequence[Any]]
@@ -281,7 +297,30 @@ def screen_file(path: str, spec: tuple[Any, ...], facts: Query, rows: Query) -> 
     ``spec`` is a :attr:`Screen.spec`; ``facts`` and ``rows`` read the range in id order.
     """
     screen = Screen(*spec)
+    try:
+        return _screen_file(path, screen, facts, rows, None)
+    except sqlite3.OperationalError as exc:
+        if not undecodable(exc):
+            raise
+        return _screen_file(path, screen, facts, rows, lenient_text)
+
+
+def undecodable(exc: BaseException) -> bool:
+    """Whether a SQLite read failed on text that is not UTF-8 (sqlite3's own message says so)."""
+    return isinstance(exc, sqlite3.OperationalError) and "decode" in str(exc)
+
+
+def lenient_text(data: bytes) -> str:
+    """SQLite text that is not UTF-8 — only damage writes it (L12b) — with U+FFFD for the bad bytes, so
+    it reads as a value no fact was written with. Used only to re-read a range that failed to decode."""
+    return data.decode("utf-8", "replace")
+
+
+def _screen_file(path: str, screen: Screen, facts: Query, rows: Query,
+                 text: Any) -> tuple[int, int, list[Suspect]]:
     conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5, isolation_level=None)
+    if text is not None:
+        conn.text_factory = text
     try:
         conn.execute("BEGIN")
         row_cursor = conn.execute(*rows)

@@ -34,7 +34,7 @@ from .book import Book
 from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table
 from .policy import Lifecycle
 from .schema import LIFECYCLE_COLUMNS
-from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError, screen_file
+from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError, lenient_text, screen_file, undecodable
 
 log = logging.getLogger("statebook.lifecycle")
 
@@ -60,21 +60,38 @@ async def sweep(
     """Screen every entity of ``lifecycles``: (entities, facts, what ``judge`` found)."""
     async with _snapshot(book) as conn:
         t = facts_table
-        counts = dict((await conn.execute(
-            sa.select(t.c.entity_type, sa.func.count())
-            .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
-            .group_by(t.c.entity_type)
-        )).all())
-        total = sum(counts.values())
-        workers, path = _workers(book, conn, total, processes)
-        chunks: list[_Chunk] = []
-        for lc in lifecycles:
-            screen = screen_of(lc)
-            ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if path else [(None, None)]
-            chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
+        async with lenient(conn):  # a few rows: ids that are not UTF-8 must not stop the sweep (L12b)
+            counts = dict((await conn.execute(
+                sa.select(t.c.entity_type, sa.func.count())
+                .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
+                .group_by(t.c.entity_type)
+            )).all())
+            total = sum(counts.values())
+            workers, path = _workers(book, conn, total, processes)
+            chunks: list[_Chunk] = []
+            for lc in lifecycles:
+                screen = screen_of(lc)
+                ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if path else [(None, None)]
+                chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
         run = _Run(conn, chunks, judge, total, progress, path)
         await run.all(workers)
         return run.entities, run.facts, [f for i in range(len(chunks)) for f in run.found[i]]
+
+
+@asynccontextmanager
+async def lenient(conn: AsyncConnection, on: bool = True) -> AsyncIterator[None]:
+    """On SQLite (when ``on``), read text that is not UTF-8 with U+FFFD for the bad bytes instead of failing
+    (only damage stores such text, L12b); the connection's own text factory is restored after."""
+    if not on or conn.dialect.name != "sqlite":
+        yield
+        return
+    raw = (await conn.get_raw_connection()).driver_connection
+    saved = raw.text_factory
+    raw.text_factory = lenient_text
+    try:
+        yield
+    finally:
+        raw.text_factory = saved
 
 
 @asynccontextmanager
@@ -296,7 +313,15 @@ class _Run:
                     self.count(entities, facts)
                     self.found[i] = self.judged(chunk, suspects)
                     continue
-            self.found[i] = await self.on_snapshot(chunk)
+            counted = (self.entities, self.facts)
+            try:
+                self.found[i] = await self.on_snapshot(chunk)
+            except sqlite3.OperationalError as exc:
+                if not undecodable(exc):
+                    raise
+                self.entities, self.facts = counted  # read it again, counting it once
+                async with lenient(self.conn):
+                    self.found[i] = await self.on_snapshot(chunk)
 
     async def on_snapshot(self, chunk: _Chunk) -> list[Any]:
         """Screen one chunk on the snapshot's connection (PostgreSQL, or a bound transaction)."""

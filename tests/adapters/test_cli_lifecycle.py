@@ -266,3 +266,32 @@ def test_verify_reports_a_malformed_fact_instead_of_crashing(seeded):
     assert "Traceback" not in result.output
     kinds = {f["kind"] for f in json.loads(result.stdout)["findings"]}
     assert {"malformed_fact", "hash_mismatch", "row_mismatch"} <= kinds and "unreadable" not in kinds
+
+
+@pytest.mark.parametrize("processes", ["0", "2"])
+def test_verify_reads_text_that_is_not_utf8_as_damage(seeded, processes, monkeypatch):
+    """L12b: SQLite text that is not UTF-8 (CAST(X'..' AS TEXT) by plain SQL) in a fact's JSON and text
+    columns, and in another fact's entity type, is reported, not a decode error: in this process and in
+    worker processes."""
+    import statebook.lifecycle.sweep as sweep_module
+
+    path, entity_id = seeded
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE status_transitions SET patch = CAST(X'7bff7d' AS TEXT), reason_code = CAST(X'80' AS TEXT) "
+                     "WHERE entity_id = ? AND version = 2", (entity_id,))
+        conn.execute("INSERT INTO status_transitions (id, entity_type, entity_id, prev_fact_id, version, reason_code, "
+                     "reason_summary, evidence_refs, actor_type, actor_id, at, patch, metadata, policy_fingerprint, "
+                     "prev_hash, hash) VALUES ('x', CAST(X'c3' AS TEXT), 'e', '', 1, '', '', '[]', '', '', 0, '{}', "
+                     "'{}', '', '', '')")
+    conn.close()
+    monkeypatch.setattr(sweep_module, "PARALLEL_MIN_FACTS", 0)
+    monkeypatch.setattr(sweep_module, "CHUNK_FACTS", 1)
+    monkeypatch.setattr(sweep_module, "MAX_PROCESSES", int(processes))
+    result = invoke("--db", str(path), "verify", "--json")
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    findings = json.loads(result.stdout)["findings"]
+    kinds = {(f["kind"], f["entity_id"]) for f in findings}
+    assert {("hash_mismatch", entity_id), ("row_mismatch", entity_id), ("unregistered_type", "")} <= kinds
+    assert "unreadable" not in {k for k, _ in kinds}

@@ -18,13 +18,16 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from statebook.adapters.db import connect
-from statebook.lifecycle import Book, FakeClock, history, transition, verify
+from statebook.lifecycle import Book, FakeClock, transition, verify
 from statebook.lifecycle.facts import facts_table
 
 ENTITIES = ("ok-a", "victim", "ok-z")
 FACT_COLUMNS = ("patch", "metadata", "evidence_refs", "version", "at", "status", "previous_status", "prev_fact_id",
-                "id", "actor_type", "reason_code", "policy_fingerprint", "prev_hash", "hash")
-ROW_COLUMNS = ("title", "owner", "attempt", "labels", "score", "version", "updated_at", "last_fact_id", "chain_hash")
+                "id", "actor_type", "reason_code", "policy_fingerprint", "prev_hash", "hash", "entity_id", "entity_type")
+ROW_COLUMNS = ("title", "owner", "attempt", "labels", "score", "version", "updated_at", "last_fact_id", "chain_hash",
+               "id")
+IDS = {("fact", "entity_id"), ("row", "id")}
+"""Writes that move a fact or a row to another entity: never onto one of the other entities."""
 
 texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8) | st.sampled_from(
     ["", "open", "working", "blocked", "done", "{}", "[]", '{"attempt": 1}', "null", "1", "not json", "system"])
@@ -33,7 +36,12 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
     max_leaves=5,
 )
-sqlite_values = st.integers(-(2**63), 2**63 - 1) | st.floats() | texts | st.binary(max_size=4)
+class NotUtf8(bytes):
+    """Bytes written into SQLite as TEXT (``CAST(? AS TEXT)``): text that is not UTF-8."""
+
+
+sqlite_values = (st.integers(-(2**63), 2**63 - 1) | st.floats() | texts | st.binary(max_size=4)
+                 | st.sampled_from([b"\x80", b"ok\xff", b"\xc3"]).map(NotUtf8))
 
 
 def pg_value(column: sa.Column) -> st.SearchStrategy[Any]:
@@ -63,37 +71,72 @@ def damages(draw: st.DrawFn, backend: str) -> list[tuple[str, int, str, Any]]:
                                           else st.nothing()))
         else:
             value = draw(pg_value(table.c[column]))
+        if (where, column) in IDS:
+            assume(str(value) not in ENTITIES)
         out.append((where, draw(st.integers(0, 3)), column, value))
     return out
 
 
-async def _stored(conn: Any, table: sa.Table, column: str, key: Any) -> tuple[type, Any]:
-    value = (await conn.execute(sa.select(sa.cast(table.c[column], sa.Text) if isinstance(table.c[column].type, sa.JSON)
-                                          else table.c[column]).where(key))).scalar()
-    return type(value), json.loads(value) if isinstance(table.c[column].type, sa.JSON) and value is not None else value
+async def _stored(conn: Any, table: sa.Table, column: str, key: Any) -> tuple[Any, ...]:
+    """A stored value as compared for "did the write change it": JSON by its decoded value (another
+    spelling of the same value is no damage), anything else by type and value (on SQLite as its
+    storage class and bytes, which read whatever was written)."""
+    is_json = isinstance(table.c[column].type, sa.JSON)
+    cell = table.c[column]
+    if conn.dialect.name == "sqlite":
+        kind, value = (await conn.execute(sa.select(sa.func.typeof(cell), sa.cast(cell, sa.LargeBinary))
+                                          .where(key))).one_or_none() or (None, None)
+        text = value.decode("utf-8", "surrogateescape") if kind == "text" else None
+    else:
+        value = (await conn.execute(sa.select(sa.cast(cell, sa.Text) if is_json else cell).where(key))).scalar()
+        kind, text = type(value), value if is_json else None
+    if is_json and text is not None:
+        try:
+            return ("json", json.dumps(json.loads(text), sort_keys=True))
+        except ValueError:
+            pass
+    return (kind, value)
+
+
+async def _victim_facts(book: Book) -> list[int]:
+    """The seq of each of the victim's facts, in order (the facts may already be damaged past decoding)."""
+    t = facts_table
+    async with book.engine.connect() as conn:
+        return list((await conn.execute(sa.select(t.c.seq).where(t.c.entity_id == "victim").order_by(t.c.seq))).scalars())
 
 
 async def _damage(book: Book, backend: str, damage: list[tuple[str, int, str, Any]]) -> bool:
-    """Apply the writes; False when none changed a stored value (or the database refused one)."""
-    facts = await history(book, "task", "victim")
-    changed = False
+    """Apply the writes; False when together they changed no stored value (or the database refused them)."""
+    first: dict[tuple[str, Any, str], tuple[Any, ...]] = {}
+    moved = False  # the victim's row now has another id
     for where, index, column, value in damage:
-        table = facts_table if where == "fact" else tasks
-        key = table.c.id == (facts[index].id if where == "fact" else "victim")
+        table, by = (facts_table, "seq") if where == "fact" else (tasks, "id")
+        targets = await _victim_facts(book) if where == "fact" else [] if moved else ["victim"]
+        if not targets or column == by and where == "fact":
+            continue
+        target = targets[index % len(targets)]
+        key = table.c[by] == target
         try:
             async with book.engine.begin() as conn:
                 before = await _stored(conn, table, column, key)
                 if backend == "sqlite":  # raw, so the driver stores the value as it is (SQLite takes any type)
-                    await conn.exec_driver_sql(f"UPDATE {table.name} SET {column} = ? WHERE id = ?",
-                                               (value, facts[index].id if where == "fact" else "victim"))
+                    cell = "CAST(? AS TEXT)" if isinstance(value, NotUtf8) else "?"
+                    await conn.exec_driver_sql(f"UPDATE {table.name} SET {column} = {cell} WHERE {by} = ?",
+                                               (bytes(value) if isinstance(value, NotUtf8) else value, target))
                 else:
                     await conn.execute(sa.update(table).where(key).values({column: value}))
-                changed = changed or before != await _stored(conn, table, column, key)
         except (sa.exc.IntegrityError, sa.exc.DataError, sa.exc.ProgrammingError, sa.exc.DBAPIError):
-            pass  # a constraint or type the database enforces: not damage it lets through
-        if where == "fact" and column == "id":
-            facts = await history(book, "task", "victim")
-    return changed
+            continue  # a constraint or type the database enforces: not damage it lets through
+        first.setdefault((where, target, column), before)
+        moved = moved or (where, column) == ("row", "id")
+    if moved:
+        return True
+    async with book.engine.connect() as conn:
+        for (where, target, column), before in first.items():
+            table, by = (facts_table, "seq") if where == "fact" else (tasks, "id")
+            if before != await _stored(conn, table, column, table.c[by] == target):
+                return True
+    return False
 
 
 async def _run(url: str, backend: str, damage: list[tuple[str, int, str, Any]]) -> None:
@@ -109,12 +152,17 @@ async def _run(url: str, backend: str, damage: list[tuple[str, int, str, Any]]) 
             await transition(book, "task", entity_id, "working", expected="blocked", reason=STARTED, actor=SYSTEM)
         assert (await verify(book)).ok
         assume(await _damage(book, backend, damage))
+        # A sentinel after the victim in id order: it is still checked, and the one before it stays clean.
+        async with engine.begin() as conn:
+            await conn.execute(sa.update(tasks).where(tasks.c.id == "ok-z").values(title="edited"))
         report = await verify(book, processes=0)
-        assert report.findings, "a stored value changed and verify found nothing"
-        assert {f.entity_id for f in report.findings} <= {"victim"}, report.findings
+        others = [f for f in report.findings if f.entity_id in ENTITIES and f.entity_id != "victim"]
+        assert [(f.kind, f.entity_id) for f in others] == [("row_mismatch", "ok-z")], report.findings
+        assert len(report.findings) > 1, "a stored value changed and verify found nothing"
         assert "unreadable" not in {f.kind for f in report.findings}, report.findings
-        assert report.entities == len(ENTITIES), "every entity was checked"
-        assert report.to_json()["ok"] is False and json.dumps(report.to_json(), default=str)
+        assert report.entities >= len(ENTITIES), "every entity was checked"
+        assert all(type(f.entity_id) is str for f in report.findings)
+        assert json.dumps(report.to_json())
     finally:
         await engine.dispose()
 
