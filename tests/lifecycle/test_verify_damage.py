@@ -17,7 +17,7 @@ from conformance.support import BLOCKED, STARTED, SYSTEM, new_task, prepare, sta
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from statebook.adapters.db import connect
+from statebook.adapters.db import connect, reset_schema
 from statebook.lifecycle import Book, FakeClock, transition, verify
 from statebook.lifecycle.facts import facts_table
 
@@ -164,6 +164,10 @@ async def _run(url: str, backend: str, damage: list[tuple[str, int, str, Any]]) 
         assert all(type(f.entity_id) is str for f in report.findings)
         assert json.dumps(report.to_json())
     finally:
+        # A shared PostgreSQL database outlives the test: leave no task rows or facts behind.
+        await reset_schema(engine)
+        async with engine.begin() as conn:
+            await conn.execute(sa.delete(tasks))
         await engine.dispose()
 
 
