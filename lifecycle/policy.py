@@ -130,7 +130,7 @@ class Lifecycle:
 
     @property
     def accepted(self) -> tuple[Lifecycle, ...]:
-        """The earlier declarations whose facts verify accepts (see ``accepts``), newest first."""
+        """The earlier declarations whose facts verify accepts (see ``accepts``), each once."""
         return tuple(self.accepts or ())
 
     def policy_for(self, fingerprint: str) -> Lifecycle | None:
@@ -192,8 +192,10 @@ class Lifecycle:
             reason_prefixes=self.reason_prefixes | _fs(reason_prefixes),
             purgeable=(self.purgeable or frozenset()) | _fs(terminal),
             description=self.description if description is None else description,
-            # An extension only adds moves, so what the base wrote verifies under it too (L12c).
-            accepts=None if self.accepts is None else (self, *self.accepted),
+            # An extension only adds moves, so what the base wrote verifies under it too (L12c); a copy
+            # under another entity type has no history of its own.
+            accepts=None if self.accepts is None or (entity_type or self.entity_type) != self.entity_type
+            else (self, *self.accepted),
         )
 
     # -- checking commands --------------------------------------------------------------------
