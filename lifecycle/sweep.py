@@ -79,10 +79,10 @@ async def sweep(
 
 
 @asynccontextmanager
-async def lenient(conn: AsyncConnection, on: bool = True) -> AsyncIterator[None]:
-    """On SQLite (when ``on``), read text that is not UTF-8 with U+FFFD for the bad bytes instead of failing
-    (only damage stores such text, L12b); the connection's own text factory is restored after."""
-    if not on or conn.dialect.name != "sqlite":
+async def lenient(conn: AsyncConnection) -> AsyncIterator[None]:
+    """On SQLite, read text that is not UTF-8 with U+FFFD for the bad bytes instead of failing (only
+    damage stores such text, L12b); the connection's own text factory is restored after."""
+    if conn.dialect.name != "sqlite":
         yield
         return
     raw = (await conn.get_raw_connection()).driver_connection

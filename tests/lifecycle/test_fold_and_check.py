@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Fact, Lifecycle, PolicyError, edges, fold, managed_table
 from statebook.lifecycle.facts import GENESIS, fact_hash, insert_values, legacy_fact_hash
 from statebook.lifecycle.replay import check_entity
-from statebook.lifecycle.sweep import row_defaults
+from statebook.lifecycle.sweep import UNKNOWN, column_default, row_defaults
 
 META = sa.MetaData()
 JOBS = managed_table("fold_jobs", sa.Column("id", sa.String(32), primary_key=True), sa.Column("title", sa.Text),
@@ -274,3 +274,23 @@ def test_fold_fills_columns_no_fact_sets_from_the_declared_defaults():
     state = fold(facts, row_defaults(JOBS))
     assert (state["title"], state["attempt"]) == (None, None)
     assert check_entity(JOB, "j1", facts, {**state, "attempt": 3})[0].detail.startswith("column 'attempt'")
+
+
+@pytest.mark.parametrize(("column", "expected"), [
+    (sa.Column("a", sa.Integer), None),
+    (sa.Column("a", sa.Integer, server_default="0"), 0),
+    (sa.Column("a", sa.Float, server_default="1.5"), 1.5),
+    (sa.Column("a", sa.Text, server_default="skip"), "skip"),
+    (sa.Column("a", sa.Integer, server_default=sa.text("8")), 8),
+    (sa.Column("a", sa.Text, server_default=sa.text("'skip'")), "skip"),
+    (sa.Column("a", sa.Integer, default=3), 3),
+    (sa.Column("a", sa.Float, server_default=sa.func.now()), UNKNOWN),
+    (sa.Column("a", sa.Float, default=lambda: 1.0), UNKNOWN),
+    (sa.Column("a", sa.Text, server_default=sa.text("upper('x')")), UNKNOWN),
+    (sa.Column("a", sa.Boolean, server_default="0"), UNKNOWN),
+], ids=["none", "int", "float", "text", "sql_int", "sql_text", "python", "sql_function", "callable", "sql_expr",
+        "bool"])
+def test_the_default_a_fold_starts_from(column: sa.Column, expected: object):
+    """L7: a column's value when no fact sets it: the declared literal default, NULL without one, and
+    UNKNOWN (not folded, so not compared until a fact sets it) when the insert computes it."""
+    assert column_default(column) is expected if expected in (None, UNKNOWN) else column_default(column) == expected
