@@ -178,7 +178,7 @@ def backend_url(request, tmp_path_factory) -> tuple[str, str]:
     return "sqlite", f"sqlite:///{tmp_path_factory.mktemp('damage') / 'damage.db'}"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_damage_of_any_shape_is_a_finding_never_a_crash(backend_url: tuple[str, str], data: st.DataObject):
     """L12b: whatever is written into a fact's columns (patch, metadata, evidence_refs, version, at,
