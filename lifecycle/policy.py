@@ -91,6 +91,11 @@ class Lifecycle:
     notify_channel: str | None = field(default=None, compare=False)
     """PostgreSQL only: a channel the engine NOTIFYs (payload: the entity id) in the statement that
     creates an entity, so listeners wake when it commits. Operational, not part of the fingerprint."""
+    accepts: Iterable[Lifecycle] | None = field(default=None, compare=False, repr=False)
+    """Earlier declarations of this lifecycle whose facts ``verify`` still accepts (specs/lifecycle.md
+    L12c), with the declarations they accepted in turn. ``None``: the history is not declared, and a fact
+    written under another fingerprint is judged by the current policy. A tuple (even empty): every fact
+    must be written under the current policy or an accepted one, and take a move that policy allowed."""
     _index: Mapping[tuple[str, str], Edge] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
     _fingerprint: str = field(default="", init=False, repr=False, compare=False)
 
@@ -105,6 +110,8 @@ class Lifecycle:
         else:
             set_(self, "purgeable", _fs(self.purgeable))
         set_(self, "_index", MappingProxyType({(e.source, e.target): e for e in self.edges}))
+        if self.accepts is not None:
+            set_(self, "accepts", _earlier(self.entity_type, self.accepts))
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         set_(self, "_fingerprint", hashlib.sha256(text.encode()).hexdigest()[:16])
         set_(self, "_allowed", set())  # command shapes check_command accepted (it is a pure function of them)
@@ -120,6 +127,18 @@ class Lifecycle:
         if found is None and source == target and self.same_status == "allow" and source not in self.terminal:
             return Edge(source, target)
         return found
+
+    @property
+    def accepted(self) -> tuple[Lifecycle, ...]:
+        """The earlier declarations whose facts verify accepts (see ``accepts``), each once."""
+        return tuple(self.accepts or ())
+
+    def policy_for(self, fingerprint: str) -> Lifecycle | None:
+        """The declaration a fact written under ``fingerprint`` was checked against: this one, an
+        accepted one, or None (unknown)."""
+        if fingerprint == self.fingerprint:
+            return self
+        return next((lc for lc in self.accepted if lc.fingerprint == fingerprint), None)
 
     def targets(self, source: str) -> list[str]:
         return [e.target for e in self.edges if e.source == source]
@@ -178,6 +197,10 @@ class Lifecycle:
             reason_prefixes=self.reason_prefixes | _fs(reason_prefixes),
             purgeable=(self.purgeable or frozenset()) | _fs(terminal),
             description=self.description if description is None else description,
+            # An extension only adds moves, so what the base wrote verifies under it too (L12c); a copy
+            # under another entity type has no history of its own.
+            accepts=None if self.accepts is None or (entity_type or self.entity_type) != self.entity_type
+            else (self, *self.accepted),
         )
 
     # -- checking commands --------------------------------------------------------------------
@@ -266,6 +289,20 @@ class Lifecycle:
                     f"(pass guards={{{', '.join(repr(m) + ': <expected value>' for m in missing)}}})",
                     rule="guard",
                 )
+
+
+def _earlier(entity_type: str, accepts: Iterable[Lifecycle]) -> tuple[Lifecycle, ...]:
+    """``accepts`` with what each accepted in turn, once each; refuses another entity type's declaration."""
+    found: dict[str, Lifecycle] = {}
+    for lc in accepts:
+        if not isinstance(lc, Lifecycle) or lc.entity_type != entity_type:
+            raise PolicyError(
+                f"{entity_type}: accepts= lists earlier declarations of {entity_type!r} (Lifecycle objects); "
+                f"got {lc.entity_type if isinstance(lc, Lifecycle) else type(lc).__name__!r}"
+            )
+        for one in (lc, *lc.accepted):
+            found.setdefault(one.fingerprint, one)
+    return tuple(found.values())
 
 
 def validate(lc: Lifecycle) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any
 
 import sqlalchemy as sa
@@ -14,18 +14,25 @@ from .codec import dumps
 from .facts import GENESIS, Fact, decoded, facts_table, fact_hash, legacy_fact_hash
 from .policy import Lifecycle
 from .screen import Screen, Suspect
-from .sweep import sweep
+from .schema import LIFECYCLE_COLUMNS
+from .sweep import lenient, row_defaults, sweep
 
 
-def fold(facts: Iterable[Fact]) -> dict[str, Any] | None:
-    """The row an entity's facts describe (None when there are no facts or it was purged)."""
+def fold(facts: Iterable[Fact], defaults: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """The row an entity's facts describe (None when there are no facts or it was purged).
+
+    ``defaults`` (``sweep.row_defaults(table)``): the value of each column no fact sets, so the fold
+    is the whole row (L7). A patch that is not a JSON object raises ``TypeError``.
+    """
     state: dict[str, Any] | None = None
     for f in facts:
         if f.is_tombstone:
             state = None
             continue
         if state is None:
-            state = {}
+            state = dict(defaults or {})
+        if not isinstance(f.patch, dict):
+            raise TypeError(f"fact {f.id}: its patch is {type(f.patch).__name__}, not a JSON object")
         state.update(f.patch)
         state.update(
             status=f.status,
@@ -53,12 +60,14 @@ async def history(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
 
 
 async def replay(book: Book, entity_type: str, entity_id: str) -> dict[str, Any] | None:
-    return fold(await history(book, entity_type, entity_id))
+    """The row the entity's facts describe, every column (see :func:`fold`)."""
+    return fold(await history(book, entity_type, entity_id), row_defaults(book.policy(entity_type).table))
 
 
 async def as_of(book: Book, entity_type: str, entity_id: str, when: float) -> dict[str, Any] | None:
     """The entity's state as its facts described it at time ``when``."""
-    return fold(f for f in await history(book, entity_type, entity_id) if f.at <= when)
+    facts = await history(book, entity_type, entity_id)
+    return fold((f for f in facts if f.at <= when), row_defaults(book.policy(entity_type).table))
 
 
 async def read_row(book: Book, entity_type: str, entity_id: str) -> dict[str, Any] | None:
@@ -109,58 +118,112 @@ class Report:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        return a == b
-    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
-        return dumps(a) == dumps(b)
-    return a == b
+    try:
+        if isinstance(a, float) or isinstance(b, float):
+            return bool(a == b)
+        if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+            return dumps(a) == dumps(b)
+        return bool(a == b)
+    except (TypeError, ValueError):  # a value no JSON column could hold
+        return False
+
+
+_SHAPES: tuple[tuple[str, tuple[type, ...], bool, str], ...] = (
+    # field, the types it may hold, whether None is allowed, what was expected
+    ("id", (str,), False, "text"), ("prev_fact_id", (str,), False, "text"),
+    ("previous_status", (str,), True, "a status"), ("status", (str,), True, "a status"),
+    ("version", (int,), False, "an integer"), ("at", (int, float), False, "a number"),
+    ("reason_code", (str,), False, "text"), ("reason_summary", (str,), False, "text"),
+    ("actor_type", (str,), False, "text"), ("actor_id", (str,), False, "text"),
+    ("policy_fingerprint", (str,), False, "text"), ("prev_hash", (str,), False, "text"), ("hash", (str,), False, "text"),
+    ("patch", (dict,), False, "a JSON object"), ("metadata", (dict,), False, "a JSON object"),
+    ("evidence_refs", (list,), False, "a JSON array"),
+)
+
+
+def _malformed(f: Fact) -> list[str]:
+    """The fields of ``f`` holding a value of a type no fact is written with (L12b)."""
+    bad = []
+    for name, types, nullable, expected in _SHAPES:
+        value = getattr(f, name)
+        if value is None and nullable:
+            continue
+        if type(value) is bool or not isinstance(value, types):
+            bad.append(f"{name} is {value!r} ({type(value).__name__}), expected {expected}")
+    return bad
+
+
+def _move_allowed(policy: Lifecycle, f: Fact) -> bool:
+    """Whether ``policy`` allows the move ``f`` records (a creation: an initial status)."""
+    if f.is_creation:
+        return f.status in policy.initial
+    if f.is_tombstone:
+        return True  # a tombstone may follow any status
+    edge = policy.edge(f.previous_status or "", f.status or "")
+    return edge is not None and (not edge.actors or f.actor_type in edge.actors)
+
+
+def _move(f: Fact) -> str:
+    return f"created in {f.status!r}" if f.is_creation else f"{f.previous_status} -> {f.status} by {f.actor_type}"
+
+
+def _judge_move(lc: Lifecycle, f: Fact) -> tuple[str, str] | None:
+    """The finding (kind, detail) for the move ``f`` records, judged by the policy it was written under
+    (L12, L12c); None when that policy allowed it."""
+    policy = lc.policy_for(f.policy_fingerprint)
+    if policy is None and lc.accepts is not None:
+        accepted = ", ".join(p.fingerprint for p in lc.accepted) or "none"
+        return ("unknown_policy", f"fact {f.id} ({_move(f)}) was written under policy {f.policy_fingerprint!r}, "
+                f"which is neither the current policy {lc.fingerprint} nor one it accepts ({accepted})")
+    if _move_allowed(policy or lc, f):
+        return None
+    if policy is None:  # no declared history: an older fact is judged by today's policy
+        what = "it as an initial status" if f.is_creation else "it"
+        return ("edge_not_in_current_policy", f"{_move(f)} was written under policy {f.policy_fingerprint}; "
+                f"the current policy {lc.fingerprint} does not allow {what}")
+    if policy is lc:
+        return ("forbidden_edge", f"{_move(f)}: not an initial status" if f.is_creation else f"{_move(f)} is not allowed")
+    return ("forbidden_edge", f"{_move(f)} was written under the accepted policy {policy.fingerprint}, which "
+            "never allowed it")
 
 
 def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str, Any] | None) -> list[Finding]:
-    """Every check of one entity: chain, edges, fold == row."""
+    """Every check of one entity: shape, chain, edges, fold == row (every column)."""
     found: list[Finding] = []
 
     def flag(kind: str, detail: str, fact: Fact | None = None) -> None:
-        found.append(Finding(kind, lc.entity_type, entity_id, detail, fact.id if fact else None))
+        fact_id = None if fact is None else fact.id if type(fact.id) is str else repr(fact.id)  # damage: L12b
+        found.append(Finding(kind, lc.entity_type, entity_id, detail, fact_id))
 
     if not facts:
         flag("row_without_facts", "the row exists but has no facts")
         return found
     prev_id, prev_hash, prev_status, version = GENESIS, GENESIS, None, 0
+    foldable: list[Fact] = []
     for f in facts:
+        bad = _malformed(f)
+        if bad:
+            flag("malformed_fact", f"fact {f.id!r}: {'; '.join(bad)}", f)
         if f.prev_fact_id != prev_id or f.prev_hash != prev_hash:
             flag("broken_chain", f"fact {f.id} links to {f.prev_fact_id or 'genesis'!r}, expected {prev_id or 'genesis'!r} (a fact is missing or reordered)", f)
         try:
             # Facts written before the stored-text hash carry the earlier definition.
             intact = f.hash in (fact_hash(f.content(), f.prev_hash), legacy_fact_hash(f.content(), f.prev_hash))
-        except (TypeError, ValueError):  # a value no fact could have been hashed with
+        except (TypeError, ValueError, OverflowError):  # a value no fact could have been hashed with
             intact = False
         if not intact:
             flag("hash_mismatch", f"fact {f.id} does not match its hash (edited after it was written)", f)
         if f.previous_status != prev_status and f.prev_fact_id == prev_id:
             flag("status_discontinuity", f"fact {f.id} starts from {f.previous_status!r} but the entity was {prev_status!r}", f)
         if f.version != version + 1:
-            flag("version_gap", f"fact {f.id} has version {f.version}, expected {version + 1}", f)
-        if f.is_creation:
-            if f.status not in lc.initial:
-                if f.policy_fingerprint != lc.fingerprint:
-                    flag("edge_not_in_current_policy",
-                         f"created in {f.status!r} under policy {f.policy_fingerprint}; the current policy "
-                         f"{lc.fingerprint} does not allow it as an initial status", f)
-                else:
-                    flag("forbidden_edge", f"created in {f.status!r}, which is not an initial status", f)
-        elif not f.is_tombstone:
-            edge = lc.edge(f.previous_status or "", f.status or "")
-            allowed = edge is not None and (not edge.actors or f.actor_type in edge.actors)
-            if not allowed:
-                if f.policy_fingerprint != lc.fingerprint:
-                    flag("edge_not_in_current_policy",
-                         f"{f.previous_status} -> {f.status} by {f.actor_type} was written under policy "
-                         f"{f.policy_fingerprint}; the current policy {lc.fingerprint} does not allow it", f)
-                else:
-                    flag("forbidden_edge", f"{f.previous_status} -> {f.status} by {f.actor_type} is not allowed", f)
-        prev_id, prev_hash, prev_status, version = f.id, f.hash, f.status, f.version
-    state = fold(facts)
+            flag("version_gap", f"fact {f.id} has version {f.version!r}, expected {version + 1}", f)
+        verdict = _judge_move(lc, f)
+        if verdict is not None:
+            flag(*verdict, f)
+        foldable.append(f if isinstance(f.patch, dict) else replace(f, patch={}))
+        prev_id, prev_hash, prev_status = f.id, f.hash, f.status
+        version = f.version if type(f.version) is int else version + 1
+    state = fold(foldable, row_defaults(lc.table))
     if row is None:
         if state is not None:
             flag("missing_row", "facts exist but the row is gone and the history has no tombstone")
@@ -205,6 +268,8 @@ async def verify(
     report = Report()
     report.entities, report.facts, report.findings = await sweep(
         book, lifecycles, _judge, progress=progress, processes=processes)
+    if entity_type is None:
+        report.findings += await _unregistered(book)
     return report
 
 
@@ -212,7 +277,44 @@ def _judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect]) -> list[F
     """The findings for entities that failed the screen: the full check on their decoded values."""
     found: list[Finding] = []
     for entity_id, facts, row in suspects:
-        values = None if row is None else {
-            name: decoded(v) if name in screen.json_columns else v for name, v in zip(screen.columns, row)}
-        found += check_entity(lc, entity_id, [Fact.from_stored(f) for f in facts], values)
+        try:
+            values = None if row is None else {
+                name: decoded(v) if name in screen.json_columns else v for name, v in zip(screen.columns, row)}
+            if type(entity_id) is not str:  # damage stored a blob as the id (L12b)
+                entity_id = repr(entity_id)
+            found += check_entity(lc, entity_id, [Fact.from_stored(f) for f in facts], values)
+        except Exception as exc:  # noqa: BLE001 - damage of any shape is a finding, never a crash (L12b)
+            found.append(Finding("unreadable", lc.entity_type, entity_id if type(entity_id) is str else repr(entity_id),
+                                 f"the entity could not be checked ({type(exc).__name__}: {exc})"))
+    return found
+
+
+async def _unregistered(book: Book) -> list[Finding]:
+    """Facts of entity types, and managed tables with rows, that no registered lifecycle covers (L12a):
+    verify checks only what it knows, so what it does not know must not pass as clean."""
+    found: list[Finding] = []
+    known = {lc.entity_type for lc in book.registry}
+    managed = {lc.table.name for lc in book.registry}
+    shape = {"id", *LIFECYCLE_COLUMNS}
+    t = facts_table
+    async with book.read() as conn, lenient(conn):
+        counts = (await conn.execute(sa.select(t.c.entity_type, sa.func.count()).group_by(t.c.entity_type))).all()
+        for entity_type, n in sorted(counts, key=lambda c: str(c[0])):
+            if entity_type not in known:
+                found.append(Finding(
+                    "unregistered_type", str(entity_type), "",
+                    f"{n} fact(s) of entity type {entity_type!r}, which no registered lifecycle declares, were not "
+                    "checked; open the book with the application's registry (or verify one type at a time)"))
+        tables = await conn.run_sync(lambda sync: {
+            name: {c["name"] for c in columns}
+            for (_, name), columns in sa.inspect(sync).get_multi_columns().items()})
+        for name in sorted(tables):
+            if name in managed or not shape <= tables[name]:
+                continue
+            rows = (await conn.execute(sa.select(sa.func.count()).select_from(sa.table(name)))).scalar()
+            if rows:
+                found.append(Finding(
+                    "unregistered_table", "", "",
+                    f"table {name!r} has the lifecycle columns and {rows} row(s), but no registered lifecycle "
+                    "manages it, so they were not checked"))
     return found

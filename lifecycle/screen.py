@@ -52,8 +52,11 @@ class Screen:
 
     ``fields`` names the fact columns in the order they are read: first the scalar fields
     ``fact_hash`` encodes as one JSON array (``scalars`` of them), then the three JSON fields,
-    ``prev_hash`` and ``hash``. ``moves`` maps each allowed (previous, status) to the actor
-    types that may take it (empty: any).
+    ``prev_hash`` and ``hash``. ``moves`` maps each (previous, status) the current policy
+    (``fingerprint``) allows to the actor types that may take it (empty: any). ``defaults``: the
+    value of each data column no fact sets (L7). ``earlier``: fingerprint -> (moves, initial) of each
+    accepted earlier policy; ``strict``: a fact under any other fingerprint fails (L12c), else the
+    current policy judges it.
     """
 
     def __init__(
@@ -65,9 +68,13 @@ class Screen:
         json_columns: Collection[str],
         moves: Mapping[tuple[str, str], frozenset[str]],
         initial: Collection[str],
+        defaults: Mapping[str, Any] | None = None,
+        fingerprint: str = "",
+        earlier: Mapping[str, tuple[Mapping[tuple[str, str], frozenset[str]], Collection[str]]] | None = None,
+        strict: bool = False,
     ) -> None:
         self.spec = (entity_type, tuple(fields), scalars, tuple(columns), tuple(json_columns), dict(moves),
-                     tuple(initial))
+                     tuple(initial), dict(defaults or {}), fingerprint, dict(earlier or {}), strict)
         """The arguments again, as plain data: how a worker process gets the screen."""
         self.entity_type = entity_type
         self.fields = tuple(fields)
@@ -76,6 +83,10 @@ class Screen:
         self.json_columns = frozenset(json_columns)
         self.moves = dict(moves)
         self.initial = frozenset(initial)
+        self.fingerprint = fingerprint
+        self.strict = strict
+        self.policies = {fp: (dict(m), frozenset(i)) for fp, (m, i) in (earlier or {}).items()}
+        self.policies[fingerprint] = (self.moves, self.initial)
         at = {name: i for i, name in enumerate(self.fields)}
         self.entity_at = at["entity_id"]
         if self.fields[scalars:] != ("evidence_refs", "patch", "metadata", "prev_hash", "hash"):
@@ -85,28 +96,40 @@ class Screen:
         self.projection = tuple((index[col], at[field]) for col, field in PROJECTION if col in index)
         projected = {col for col, _ in PROJECTION}
         self.data = {name: (i, name in self.json_columns) for name, i in index.items() if name not in projected}
+        # Each data column with a known default: (its index, the stored values that equal it).
+        self.defaults = {
+            name: (index[name], (dumps_tree(value), *((None,) if value is None else ())) if name in self.json_columns
+                   else (value,))
+            for name, value in (defaults or {}).items() if name in self.data}
+        self._default_names = frozenset(self.defaults)
         self._at = (at["id"], at["prev_fact_id"], at["previous_status"], at["status"], at["version"],
-                    at["actor_type"])
-        self._allowed: dict[tuple[Any, Any, Any], bool] = {}
+                    at["actor_type"], at["policy_fingerprint"])
+        self._allowed: dict[tuple[Any, Any, Any, Any], bool] = {}
 
-    def allowed(self, previous: str | None, status: str | None, actor: str) -> bool:
-        """The move's verdict under the current policy, as ``check_entity`` gives it (memoised)."""
-        key = (previous, status, actor)
+    def allowed(self, previous: str | None, status: str | None, actor: str, fingerprint: str | None = None) -> bool:
+        """The move's verdict under the policy it was written with, as ``check_entity`` gives it (memoised)."""
+        fingerprint = self.fingerprint if fingerprint is None else fingerprint
+        key = (fingerprint, previous, status, actor)
         found = self._allowed.get(key)
         if found is None:
-            if previous is None:
-                found = status in self.initial
+            policy = self.policies.get(fingerprint)
+            if policy is None and not self.strict:
+                policy = self.policies[self.fingerprint]
+            if policy is None:
+                found = False  # neither the current policy nor an accepted one
+            elif previous is None:
+                found = status in policy[1]
             elif status is None:
                 found = True  # a tombstone may follow any status
             else:
-                actors = self.moves.get((previous, status))
+                actors = policy[0].get((previous, status))
                 found = actors is not None and (not actors or actor in actors)
             self._allowed[key] = found
         return found
 
     def passes(self, facts: Sequence[Sequence[Any]], row: Sequence[Any] | None) -> bool:
         """True when the entity is certainly intact; False sends it to the full check."""
-        ID, PREV_ID, PREVIOUS, STATUS, VERSION, ACTOR = self._at
+        ID, PREV_ID, PREVIOUS, STATUS, VERSION, ACTOR, POLICY = self._at
         n = self.scalars
         evidence, patch_at, metadata, prev_hash_at, hash_at = n, n + 1, n + 2, n + 3, n + 4
         allowed = self._allowed
@@ -125,9 +148,9 @@ class Screen:
                 if _sha256(text.encode()).hexdigest() != f[hash_at]:
                     return False
                 status = f[STATUS]
-                verdict = allowed.get((prev_status, status, f[ACTOR]))
+                verdict = allowed.get((f[POLICY], prev_status, status, f[ACTOR]))
                 if verdict is None:
-                    verdict = self.allowed(prev_status, status, f[ACTOR])
+                    verdict = self.allowed(prev_status, status, f[ACTOR], f[POLICY])
                 if not verdict:
                     return False
                 if status is None:
@@ -162,6 +185,12 @@ class Screen:
                     return False
             elif stored != value:
                 return False
+        # A column no fact set holds its declared default (L7: every column).
+        defaults = self.defaults
+        for name in self._default_names - state.keys():
+            i, same = defaults[name]
+            if row[i] not in same:
+                return False
         return True
 
 
@@ -185,10 +214,11 @@ class Merge:
         self._current: str | None = None
         self._bucket: list[Sequence[Any]] = []
 
-    def wants_rows(self, last_entity: str) -> bool:
+    def wants_rows(self, last_entity: Any) -> bool:
         """Whether more rows must be read before facts up to ``last_entity`` can be screened."""
         rows = self._rows
-        return not self._rows_done and (self._next == len(rows) or rows[-1][self.screen.id_index] < last_entity)
+        return not self._rows_done and (
+            self._next == len(rows) or _key(rows[-1][self.screen.id_index]) < _key(last_entity))
 
     def add_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """The next rows (empty: there are no more). After :meth:`end_facts`, all are orphans."""
@@ -205,13 +235,17 @@ class Merge:
         current, bucket = self._current, self._bucket
         for f in facts:
             if f[entity_at] != current:
+                entity = _key(f[entity_at])
+                if entity == current:  # a damaged id that is not text (L12b), still the same entity
+                    bucket.append(f)
+                    continue
                 if current is not None:
-                    if f[entity_at] < current:
+                    if entity < current:
                         # Matching rows to facts by position needs the database's order to be Python's.
                         raise ValueError(f"the database orders entity id {f[entity_at]!r} after {current!r}")
                     self._close(current, bucket)
                     bucket = self._bucket = []
-                current = self._current = f[entity_at]
+                current = self._current = entity
             bucket.append(f)
 
     def end_facts(self) -> None:
@@ -221,25 +255,36 @@ class Merge:
         self._orphans(None)
         self._facts_done = True
 
-    def _close(self, entity_id: str, facts: list[Sequence[Any]]) -> None:
-        self._orphans(entity_id)
+    def _close(self, entity: str, facts: list[Sequence[Any]]) -> None:
+        self._orphans(entity)
         rows, i, row = self._rows, self._next, None
-        if i < len(rows) and rows[i][self.screen.id_index] == entity_id:
+        if i < len(rows) and _key(rows[i][self.screen.id_index]) == entity:
             row = rows[i]
             self._next = i + 1
         self.entities += 1
         self.facts += len(facts)
         if not self.screen.passes(facts, row):
-            self.suspects.append((entity_id, facts, row))
+            self.suspects.append((facts[0][self.screen.entity_at], facts, row))
 
     def _orphans(self, before: str | None) -> None:
         """Rows (with ids before ``before``, or all left) that no fact mentions."""
         rows, i, id_at = self._rows, self._next, self.screen.id_index
-        while i < len(rows) and (before is None or rows[i][id_at] < before):
+        while i < len(rows) and (before is None or _key(rows[i][id_at]) < before):
             self.entities += 1
             self.suspects.append((rows[i][id_at], [], rows[i]))
             i += 1
         self._next = i
+
+
+_AFTER_TEXT = "\U0010ffff"
+
+
+def _key(entity_id: Any) -> str:
+    """An entity id as Merge orders it: text as is; anything else (only damage stores a blob in a
+    text column, L12b) after all text, as SQLite orders blobs, and among blobs in byte order."""
+    if type(entity_id) is str:
+        return entity_id
+    return _AFTER_TEXT + (entity_id.hex() if isinstance(entity_id, bytes) else repr(entity_id))
 
 
 Query = tuple[str, Sequence[Any]]
@@ -252,7 +297,30 @@ def screen_file(path: str, spec: tuple[Any, ...], facts: Query, rows: Query) -> 
     ``spec`` is a :attr:`Screen.spec`; ``facts`` and ``rows`` read the range in id order.
     """
     screen = Screen(*spec)
+    try:
+        return _screen_file(path, screen, facts, rows, None)
+    except sqlite3.OperationalError as exc:
+        if not undecodable(exc):
+            raise
+        return _screen_file(path, screen, facts, rows, lenient_text)
+
+
+def undecodable(exc: BaseException) -> bool:
+    """Whether a SQLite read failed on text that is not UTF-8 (sqlite3's own message says so)."""
+    return isinstance(exc, sqlite3.OperationalError) and "decode" in str(exc)
+
+
+def lenient_text(data: bytes) -> str:
+    """SQLite text that is not UTF-8 — only damage writes it (L12b) — with U+FFFD for the bad bytes, so
+    it reads as a value no fact was written with. Used only to re-read a range that failed to decode."""
+    return data.decode("utf-8", "replace")
+
+
+def _screen_file(path: str, screen: Screen, facts: Query, rows: Query,
+                 text: Any) -> tuple[int, int, list[Suspect]]:
     conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5, isolation_level=None)
+    if text is not None:
+        conn.text_factory = text
     try:
         conn.execute("BEGIN")
         row_cursor = conn.execute(*rows)

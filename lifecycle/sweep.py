@@ -33,7 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .book import Book
 from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table
 from .policy import Lifecycle
-from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError, screen_file
+from .schema import LIFECYCLE_COLUMNS
+from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError, lenient_text, screen_file, undecodable
 
 log = logging.getLogger("statebook.lifecycle")
 
@@ -59,21 +60,38 @@ async def sweep(
     """Screen every entity of ``lifecycles``: (entities, facts, what ``judge`` found)."""
     async with _snapshot(book) as conn:
         t = facts_table
-        counts = dict((await conn.execute(
-            sa.select(t.c.entity_type, sa.func.count())
-            .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
-            .group_by(t.c.entity_type)
-        )).all())
-        total = sum(counts.values())
-        workers, path = _workers(book, conn, total, processes)
-        chunks: list[_Chunk] = []
-        for lc in lifecycles:
-            screen = screen_of(lc)
-            ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if path else [(None, None)]
-            chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
+        async with lenient(conn):  # a few rows: ids that are not UTF-8 must not stop the sweep (L12b)
+            counts = dict((await conn.execute(
+                sa.select(t.c.entity_type, sa.func.count())
+                .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
+                .group_by(t.c.entity_type)
+            )).all())
+            total = sum(counts.values())
+            workers, path = _workers(book, conn, total, processes)
+            chunks: list[_Chunk] = []
+            for lc in lifecycles:
+                screen = screen_of(lc)
+                ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if path else [(None, None)]
+                chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
         run = _Run(conn, chunks, judge, total, progress, path)
         await run.all(workers)
         return run.entities, run.facts, [f for i in range(len(chunks)) for f in run.found[i]]
+
+
+@asynccontextmanager
+async def lenient(conn: AsyncConnection) -> AsyncIterator[None]:
+    """On SQLite, read text that is not UTF-8 with U+FFFD for the bad bytes instead of failing (only
+    damage stores such text, L12b); the connection's own text factory is restored after."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    raw = (await conn.get_raw_connection()).driver_connection
+    saved = raw.text_factory
+    raw.text_factory = lenient_text
+    try:
+        yield
+    finally:
+        raw.text_factory = saved
 
 
 @asynccontextmanager
@@ -103,17 +121,73 @@ def _workers(book: Book, conn: AsyncConnection, total: int, processes: int | Non
 
 
 def screen_of(lc: Lifecycle) -> Screen:
-    """The screen for ``lc`` under its current policy."""
+    """The screen for ``lc``: its current policy, the policies it accepts, its table's defaults."""
+    columns = lc.table.columns  # names as plain str (SQLAlchemy's str subclass would not unpickle in a worker)
+    earlier = {str(p.fingerprint): (_moves(p), tuple(p.initial)) for p in lc.accepted if p.fingerprint != lc.fingerprint}
+    return Screen(
+        str(lc.entity_type), STORED_FIELDS, len(SCALAR_FIELDS), [str(c.name) for c in columns],
+        [str(c.name) for c in columns if isinstance(c.type, sa.JSON)], _moves(lc), lc.initial,
+        defaults={str(k): v for k, v in row_defaults(lc.table).items()}, fingerprint=str(lc.fingerprint),
+        earlier=earlier, strict=lc.accepts is not None,
+    )
+
+
+def _moves(lc: Lifecycle) -> dict[tuple[str, str], frozenset[str]]:
+    """Each (previous, status) ``lc`` allows and the actor types that may take it (empty: any)."""
     moves = {(e.source, e.target): e.actors for e in lc.edges}
     for status in lc.statuses:
         same = lc.edge(status, status)  # an implicit same-status move, when the lifecycle allows one
         if same is not None:
             moves[(status, status)] = same.actors
-    columns = lc.table.columns  # names as plain str (SQLAlchemy's str subclass would not unpickle in a worker)
-    return Screen(
-        str(lc.entity_type), STORED_FIELDS, len(SCALAR_FIELDS), [str(c.name) for c in columns],
-        [str(c.name) for c in columns if isinstance(c.type, sa.JSON)], moves, lc.initial,
-    )
+    return moves
+
+
+UNKNOWN: Any = object()
+"""A default computed when the row is inserted (a callable, a sequence, a SQL expression): no fold can know it."""
+
+
+def column_default(column: sa.Column[Any]) -> Any:
+    """The value a row holds in ``column`` when its insert gives none: the declared default (Python-side
+    scalar or server default), None without one, :data:`UNKNOWN` when it is computed at insert time."""
+    if column.computed is not None or column.identity is not None:
+        return UNKNOWN
+    if column.default is not None:
+        return column.default.arg if column.default.is_scalar else UNKNOWN
+    server = column.server_default
+    if server is None:
+        return None
+    arg = getattr(server, "arg", None)
+    try:
+        kind = column.type.python_type
+    except NotImplementedError:
+        return UNKNOWN
+    if isinstance(arg, sa.TextClause):  # SQL text: only a plain literal is known
+        text = arg.text.strip()
+        if kind is str:
+            inner = text[1:-1]
+            return inner if len(text) >= 2 and text[0] == text[-1] == "'" and "'" not in inner else UNKNOWN
+        arg = text
+    if not isinstance(arg, str) or kind not in (int, float, str):
+        return UNKNOWN
+    try:
+        return kind(arg)
+    except ValueError:
+        return UNKNOWN
+
+
+_defaults: dict[sa.Table, dict[str, Any]] = {}
+
+
+def row_defaults(table: sa.Table) -> dict[str, Any]:
+    """The data columns of ``table`` whose value, when no fact sets it, is known: name -> that value.
+
+    The fold of an entity's facts starts from these (L7: the row equals the fold, every column)."""
+    found = _defaults.get(table)
+    if found is None:
+        found = _defaults[table] = {
+            c.name: d for c in table.columns if c.name not in LIFECYCLE_COLUMNS
+            and (d := column_default(c)) is not UNKNOWN}
+    return found
 
 
 async def _ranges(conn: AsyncConnection, lc: Lifecycle, count: int) -> list[tuple[str | None, str | None]]:
@@ -239,7 +313,15 @@ class _Run:
                     self.count(entities, facts)
                     self.found[i] = self.judged(chunk, suspects)
                     continue
-            self.found[i] = await self.on_snapshot(chunk)
+            counted = (self.entities, self.facts)
+            try:
+                self.found[i] = await self.on_snapshot(chunk)
+            except sqlite3.OperationalError as exc:
+                if not undecodable(exc):
+                    raise
+                self.entities, self.facts = counted  # read it again, counting it once
+                async with lenient(self.conn):
+                    self.found[i] = await self.on_snapshot(chunk)
 
     async def on_snapshot(self, chunk: _Chunk) -> list[Any]:
         """Screen one chunk on the snapshot's connection (PostgreSQL, or a bound transaction)."""

@@ -205,10 +205,15 @@ async def _verify(book: Book, entity_type: str | None, show_progress: bool) -> R
 
 @app.command("verify")
 def verify_cmd(
-    entity_type: str = typer.Option(None, "--type", metavar="TYPE", help="check one entity type only"),
+    entity_type: str = typer.Option(
+        None, "--type", metavar="TYPE",
+        help="check one entity type only (without it, facts and managed tables of types the registry does not "
+             "declare are findings)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
-    """Check every row against its facts and every fact against its chain and policy; exit 1 on a finding."""
+    """Check every row against its facts and every fact against its chain and policy; exit 1 on a finding.
+
+    What it cannot check is a finding too: unregistered types, damaged facts (specs/lifecycle.md L12a/b)."""
     report = run(with_book(_verify)(entity_type, err_console.is_terminal and not as_json))
     if as_json:
         typer.echo(_dump(report.to_json(), indent=2))

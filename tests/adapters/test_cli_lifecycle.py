@@ -200,3 +200,98 @@ def test_demo_refuses_to_overwrite_another_database(seeded):
     result = invoke("demo", "--db", str(path))
     assert_one_line_error(result)
     assert path.exists() and "not a demo database" in result.stderr
+
+
+async def _seed_tickets(url: str) -> str:
+    """The README's first lifecycle (``ticket``), written by an application with its own registry."""
+    import sqlalchemy as sa
+
+    from statebook.lifecycle import Lifecycle, edges, managed_table
+
+    meta = sa.MetaData()  # apart from statebook's schema, as an application's table would be
+    tickets = managed_table("tickets", sa.Column("id", sa.String(32), primary_key=True),
+                            sa.Column("title", sa.Text, nullable=False), statuses=("open", "closed"), meta=meta)
+    ticket = Lifecycle(
+        entity_type="ticket", table=tickets, statuses=("open", "closed"), initial={"open"}, terminal={"closed"},
+        edges=edges("open", "closed"), reason_prefixes={"ticket"}, reasons={"ticket.open.filed", "ticket.closed.fixed"},
+    )
+    registry = builtin_registry(seal=False)
+    registry.register(ticket)
+    book = await open_book(url, registry=registry.seal(), clock=FakeClock(START))
+    try:
+        async with book.engine.begin() as conn:
+            await conn.run_sync(meta.create_all)
+        made = await create(book, "ticket", values={"title": "disk full"}, status="open",
+                            reason=Reason("ticket.open.filed"), actor=Actor("user", "ana"))
+        await transition(book, "ticket", made.entity_id, "closed", expected="open",
+                         reason=Reason("ticket.closed.fixed", "freed 20 GB"), actor=Actor("user", "ana"))
+        return made.entity_id
+    finally:
+        await book.engine.dispose()
+
+
+def test_verify_reports_what_its_registry_does_not_know(tmp_path):
+    """L12a: `statebook verify` over the README's ticket example (not in the built-in registry), with a
+    tampered ticket row, does not say ok over it: it names the unregistered type and table and exits 1;
+    --type narrows the run to what it knows."""
+    path = tmp_path / "app.db"
+    ticket_id = asyncio.run(_seed_tickets(f"sqlite:///{path}"))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE tickets SET title = 'nothing to see' WHERE id = ?", (ticket_id,))
+    conn.close()
+    result = invoke("--db", str(path), "verify")
+    assert result.exit_code == 1, result.output
+    assert "verified 0 entities, 0 facts: 2 finding(s)" in result.stdout
+    assert "unregistered_type" in result.stdout and "ticket" in result.stdout
+    assert "unregistered_table" in result.stdout and "'tickets'" in result.stdout
+    report = json.loads(invoke("--db", str(path), "verify", "--json").stdout)
+    assert {(f["kind"], f["entity_type"]) for f in report["findings"]} == {
+        ("unregistered_type", "ticket"), ("unregistered_table", "")}
+    narrowed = invoke("--db", str(path), "verify", "--type", "dispatch")
+    assert narrowed.exit_code == 0, narrowed.output
+
+
+def test_verify_reports_a_malformed_fact_instead_of_crashing(seeded):
+    """L12b: a fact whose patch is valid JSON but not an object, and one whose version is text, are
+    findings printed in the report (exit 1), not a traceback; the other checks still run."""
+    path, entity_id = seeded
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE status_transitions SET patch = '[1, 2]' WHERE entity_id = ? AND version = 2", (entity_id,))
+        conn.execute("UPDATE status_transitions SET version = 'one' WHERE entity_id = ? AND version = 1", (entity_id,))
+        conn.execute("UPDATE dispatch_outbox SET deliver_to = 'elsewhere' WHERE id = ?", (entity_id,))
+    conn.close()
+    result = invoke("--db", str(path), "verify", "--json")
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    kinds = {f["kind"] for f in json.loads(result.stdout)["findings"]}
+    assert {"malformed_fact", "hash_mismatch", "row_mismatch"} <= kinds and "unreadable" not in kinds
+
+
+@pytest.mark.parametrize("processes", ["0", "2"])
+def test_verify_reads_text_that_is_not_utf8_as_damage(seeded, processes, monkeypatch):
+    """L12b: SQLite text that is not UTF-8 (CAST(X'..' AS TEXT) by plain SQL) in a fact's JSON and text
+    columns, and in another fact's entity type, is reported, not a decode error: in this process and in
+    worker processes."""
+    import statebook.lifecycle.sweep as sweep_module
+
+    path, entity_id = seeded
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE status_transitions SET patch = CAST(X'7bff7d' AS TEXT), reason_code = CAST(X'80' AS TEXT) "
+                     "WHERE entity_id = ? AND version = 2", (entity_id,))
+        conn.execute("INSERT INTO status_transitions (id, entity_type, entity_id, prev_fact_id, version, reason_code, "
+                     "reason_summary, evidence_refs, actor_type, actor_id, at, patch, metadata, policy_fingerprint, "
+                     "prev_hash, hash) VALUES ('x', CAST(X'c3' AS TEXT), 'e', '', 1, '', '', '[]', '', '', 0, '{}', "
+                     "'{}', '', '', '')")
+    conn.close()
+    monkeypatch.setattr(sweep_module, "PARALLEL_MIN_FACTS", 0)
+    monkeypatch.setattr(sweep_module, "CHUNK_FACTS", 1)
+    monkeypatch.setattr(sweep_module, "MAX_PROCESSES", int(processes))
+    result = invoke("--db", str(path), "verify", "--json")
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    findings = json.loads(result.stdout)["findings"]
+    kinds = {(f["kind"], f["entity_id"]) for f in findings}
+    assert {("hash_mismatch", entity_id), ("row_mismatch", entity_id), ("unregistered_type", "")} <= kinds
+    assert "unreadable" not in {k for k, _ in kinds}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 
@@ -26,8 +27,14 @@ from statebook.lifecycle import (
     transition,
     verify,
 )
+from statebook.adapters.registry import builtin_registry
 from statebook.lifecycle.facts import GENESIS, fact_hash, facts_table, insert_values
 from statebook.lifecycle.sweep import sweep
+from statebook.outbox import enqueue_dispatch
+from statebook.outbox.schema import dispatch_outbox
+from statebook.scheduler.runs import open_run
+from statebook.scheduler.schema import schedule_runs, schedules
+from statebook.scheduler.store import create_schedule
 
 from .support import (
     BLOCKED,
@@ -231,6 +238,33 @@ class AuditCases:
         assert finding.kind == "edge_not_in_current_policy"
         assert TASK_CREATED_WORKING.fingerprint in finding.detail and TASK.fingerprint in finding.detail
 
+    async def test_history_written_under_an_accepted_earlier_policy_verifies(self, book: Book):
+        """L12c: v1 allowed open -> done; v2 removed it. A v2 that accepts v1 verifies the old history (in the
+        screen: no entity reaches the full check); a v2 that accepts nothing reports every old fact as
+        unknown_policy; a fact forged under v1 on an edge neither policy allowed is a forbidden_edge."""
+        older = Book(book.engine, task_registry(TASK_WITH_SHORTCUT), book.clock)
+        await new_task(older, "t1")
+        await transition(older, "task", "t1", "done", expected="open", reason=FINISHED, actor=SYSTEM)
+        accepting = Book(book.engine, task_registry(dataclasses.replace(TASK, accepts=(TASK_WITH_SHORTCUT,))), book.clock)
+        assert (await verify(accepting)).ok
+        suspects = []
+        await sweep(accepting, [accepting.policy("task")], lambda lc, screen, s: suspects.extend(s) or [])
+        assert suspects == []
+        strict = Book(book.engine, task_registry(dataclasses.replace(TASK, accepts=())), book.clock)
+        assert [(f.kind, f.entity_id) for f in (await verify(strict)).findings] == [("unknown_policy", "t1")] * 2
+        await new_task(older, "t2")
+        (first,) = await history(book, "task", "t2")
+        forged = insert_values({**first.content(), "id": "forged", "prev_fact_id": first.id, "previous_status": "open",
+                                "status": "blocked", "version": 2, "reason_code": "task.blocked.waiting",
+                                "patch": {}}, first.hash)
+        await execute(book, sa.insert(facts_table).values(forged))
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t2").values(
+            status="blocked", version=2, status_reason_code="task.blocked.waiting", last_fact_id="forged",
+            chain_hash=forged["hash"]))
+        (finding,) = (await verify(accepting)).findings
+        assert (finding.kind, finding.entity_id, finding.fact_id) == ("forbidden_edge", "t2", "forged")
+        assert TASK_WITH_SHORTCUT.fingerprint in finding.detail
+
     async def test_verify_can_be_limited_to_one_entity_type(self, book: Book):
         """L12: verify(entity_type=...) checks that lifecycle only."""
         await new_task(book, "t1")
@@ -238,6 +272,77 @@ class AuditCases:
         assert not (await verify(book, "task")).ok
         only_dispatch = await verify(book, "dispatch")
         assert only_dispatch.ok and only_dispatch.entities == 0
+
+    async def test_columns_no_fact_sets_are_checked_too(self, book: Book):
+        """L7 / L12: the row equals the fold of its facts in EVERY column; a column no fact set folds to the
+        table's declared default, so editing it by SQL (a claim id, a poll cursor, the deferral count, a
+        run's reported spend, which the budget gate reads) is a row_mismatch naming it."""
+        did = await enqueue_dispatch(book, kind="note", deliver_to="ops", body={"text": "hi"})
+        schedule = await create_schedule(book, {
+            "name": "nightly", "trigger_type": "interval", "interval_sec": 60, "action_kind": "command",
+            "action_command": "true"})
+        run_id = await open_run(book, schedule, reason=Reason("schedule_run.running.fired"), context={},
+                                daemon_id="d1")
+        assert (await verify(book)).ok
+        for table, entity_id, values in (
+            (dispatch_outbox, did, {"claim_id": "f" * 32}),
+            (schedules, schedule["id"], {"github_cursor": "999", "deferrals": 3}),
+            (schedule_runs, run_id, {"cost_usd": 0.01, "tokens": 5}),
+        ):
+            await execute(book, sa.update(table).where(table.c.id == entity_id).values(values))
+        report = await verify(book)
+        found = {(f.kind, f.entity_type, f.entity_id, f.detail.split("'")[1]) for f in report.findings}
+        assert found == {
+            ("row_mismatch", "dispatch", did, "claim_id"),
+            ("row_mismatch", "schedule", schedule["id"], "github_cursor"),
+            ("row_mismatch", "schedule", schedule["id"], "deferrals"),
+            ("row_mismatch", "schedule_run", run_id, "cost_usd"),
+            ("row_mismatch", "schedule_run", run_id, "tokens"),
+        }
+
+    async def test_a_declared_default_edited_by_sql_is_found(self, book: Book):
+        """L7 / L12: a column filled by its server default at creation (never given, never patched) is checked
+        against that default; replay returns it as well."""
+        values = task_values()
+        del values["attempt"]  # server_default "0"
+        del values["score"]  # no default: NULL
+        await create(book, "task", values=values, status="open", reason=CREATED, actor=SYSTEM, entity_id="t1")
+        assert (await verify(book)).ok
+        folded = await replay(book, "task", "t1")
+        assert folded == await row(book, "t1") and (folded["attempt"], folded["score"]) == (0, None)
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t1").values(attempt=9, score=2.5))
+        report = await verify(book)
+        assert sorted((f.kind, f.detail.split("'")[1]) for f in report.findings) == [
+            ("row_mismatch", "attempt"), ("row_mismatch", "score")]
+
+    # -- what verify does not know is a finding (L12a) --------------------------------------------
+
+    async def test_facts_and_rows_of_an_unregistered_type_are_findings(self, book: Book):
+        """L12a: a book whose registry lacks a lifecycle that wrote facts (the application's own) reports its
+        facts and its managed table instead of saying ok over them; --type / entity_type narrows the run."""
+        await walked(book, "t1")
+        await execute(book, sa.update(tasks).where(tasks.c.id == "t1").values(status="done"))
+        builtin = Book(book.engine, builtin_registry(), book.clock)
+        report = await verify(builtin)
+        assert not report.ok and (report.entities, report.facts) == (0, 0)
+        assert sorted((f.kind, f.entity_type) for f in report.findings) == [
+            ("unregistered_table", ""), ("unregistered_type", "task")]
+        assert "4 fact(s)" in report.findings[0].detail or "4 fact(s)" in report.findings[1].detail
+        assert any(tasks.name in f.detail for f in report.findings)
+        assert (await verify(builtin, "dispatch")).ok, "narrowed to a registered type: only that type"
+        assert {f.kind for f in (await verify(book)).findings} == {"row_mismatch"}
+
+    async def test_a_managed_table_without_facts_is_a_finding(self, book: Book):
+        """L12a: rows in a table with the lifecycle columns that no registered lifecycle manages, even with
+        no fact at all, are reported; an empty such table is not."""
+        builtin = Book(book.engine, builtin_registry(), book.clock)
+        assert (await verify(builtin)).ok, "an empty unmanaged table is nothing to check"
+        forged = {**task_values(), "id": "forged", "status": "open", "version": 1, "updated_at": 0.0,
+                  "status_reason_code": "task.open.created", "status_reason_summary": "", "last_fact_id": "x",
+                  "chain_hash": "y"}
+        await execute(book, sa.insert(tasks).values(forged))
+        (finding,) = (await verify(builtin)).findings
+        assert finding.kind == "unregistered_table" and tasks.name in finding.detail and "1 row(s)" in finding.detail
 
     # -- purge -----------------------------------------------------------------------------------
 

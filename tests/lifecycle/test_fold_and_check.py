@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
-from statebook.lifecycle import Fact, Lifecycle, edges, fold, managed_table
+from statebook.lifecycle import Fact, Lifecycle, PolicyError, edges, fold, managed_table
 from statebook.lifecycle.facts import GENESIS, fact_hash, insert_values, legacy_fact_hash
 from statebook.lifecycle.replay import check_entity
+from statebook.lifecycle.sweep import UNKNOWN, column_default, row_defaults
 
 META = sa.MetaData()
 JOBS = managed_table("fold_jobs", sa.Column("id", sa.String(32), primary_key=True), sa.Column("title", sa.Text),
@@ -197,3 +199,98 @@ def test_histories_hashed_the_earlier_way_still_verify_and_tampering_still_shows
     edited = list(facts)
     edited[1] = dataclasses.replace(edited[1], patch={"attempt": 7})
     assert "hash_mismatch" in kinds(check_entity(JOB, "j1", edited, dict(fold(edited) or {})))
+
+
+# -- policy history (L12c) --------------------------------------------------------------------
+
+V1 = JOB.extend(edges=edges("new", "done"))
+"""An earlier policy: jobs could be closed straight from new."""
+V2_ACCEPTING = dataclasses.replace(JOB, accepts=(V1,))
+"""Today's policy (new -> done removed), declaring that facts written under V1 still verify."""
+V2_STRICT = dataclasses.replace(V2_ACCEPTING, accepts=())
+"""The same policy, declaring that it accepts no earlier one."""
+
+
+def test_facts_under_an_accepted_earlier_policy_verify():
+    """L12c: a lifecycle that removed an edge but accepts the earlier declaration verifies the old history
+    that took it; the fingerprint is today's, unchanged by what it accepts."""
+    assert V2_ACCEPTING.fingerprint == JOB.fingerprint == V2_STRICT.fingerprint != V1.fingerprint
+    old = chain(("new", {"id": "j1"}), ("done", {}), lc=V1)
+    assert check_entity(V2_ACCEPTING, "j1", old, fold(old)) == []
+    assert V2_ACCEPTING.policy_for(V1.fingerprint) is V1 and V2_ACCEPTING.policy_for("0" * 16) is None
+
+
+def test_without_accepting_it_the_old_history_is_a_finding():
+    """L12c: declaring history without the earlier policy makes each of its facts an unknown_policy finding
+    naming both fingerprints; leaving the history undeclared (accepts=None) keeps judging old facts by
+    today's policy (edge_not_in_current_policy)."""
+    old = chain(("new", {"id": "j1"}), ("done", {}), lc=V1)
+    found = check_entity(V2_STRICT, "j1", old, fold(old))
+    assert [(f.kind, f.fact_id) for f in found] == [("unknown_policy", "f1"), ("unknown_policy", "f2")]
+    assert V1.fingerprint in found[0].detail and V2_STRICT.fingerprint in found[0].detail
+    assert [f.kind for f in check_entity(JOB, "j1", old, fold(old))] == ["edge_not_in_current_policy"]
+
+
+def test_a_move_no_accepted_policy_allowed_is_forbidden():
+    """L12c: a fact forged under the accepted policy's fingerprint, on an edge that policy never had, is a
+    forbidden_edge naming that policy — accepting history does not accept everything."""
+    forged = chain(("new", {"id": "j1"}), ("busy", {}), ("done", {}), ("new", {}), lc=V1)
+    found = check_entity(V2_ACCEPTING, "j1", forged, fold(forged))
+    assert [(f.kind, f.fact_id) for f in found] == [("forbidden_edge", "f4")]
+    assert V1.fingerprint in found[0].detail
+
+
+def test_an_extension_accepts_what_it_extends_and_accepts_are_checked():
+    """L12c: extend() keeps a declared history and adds the base to it (an extension only adds moves), a
+    copy under another entity type starts without one; a declaration of another entity type cannot be
+    accepted."""
+    extended = V2_ACCEPTING.extend(edges=edges("done", "busy", actors="operator"))
+    assert {lc.fingerprint for lc in extended.accepted} == {V2_ACCEPTING.fingerprint, V1.fingerprint}
+    assert JOB.extend(statuses=()).accepts is None
+    assert V2_ACCEPTING.extend(entity_type="chore").accepts is None, "a copy under another type has no history"
+    other = dataclasses.replace(JOB, entity_type="task")
+    with pytest.raises(PolicyError, match="earlier declarations of 'job'"):
+        dataclasses.replace(JOB, accepts=(other,))
+
+
+def test_malformed_facts_are_findings_not_errors():
+    """L12b: a patch that is not an object, a version that is text, metadata that is a list: each is a
+    malformed_fact finding naming the field, and the rest of the check still runs."""
+    facts = chain(*HAPPY)
+    facts[1] = dataclasses.replace(facts[1], patch=[1, 2])
+    facts[2] = dataclasses.replace(facts[2], version="3", metadata=[])
+    found = check_entity(JOB, "j1", facts, dict(fold(chain(*HAPPY)) or {}))
+    malformed = [f for f in found if f.kind == "malformed_fact"]
+    assert [f.fact_id for f in malformed] == ["f2", "f3"]
+    assert "patch is [1, 2]" in malformed[0].detail and "version is '3'" in malformed[1].detail
+    assert "metadata" in malformed[1].detail
+    assert {"hash_mismatch", "version_gap"} <= set(kinds(found))
+
+
+def test_fold_fills_columns_no_fact_sets_from_the_declared_defaults():
+    """L7: with the table's defaults, the fold is the whole row — a column no fact set holds its default."""
+    facts = chain(("new", {"id": "j1"}))
+    assert "title" not in fold(facts)
+    state = fold(facts, row_defaults(JOBS))
+    assert (state["title"], state["attempt"]) == (None, None)
+    assert check_entity(JOB, "j1", facts, {**state, "attempt": 3})[0].detail.startswith("column 'attempt'")
+
+
+@pytest.mark.parametrize(("column", "expected"), [
+    (sa.Column("a", sa.Integer), None),
+    (sa.Column("a", sa.Integer, server_default="0"), 0),
+    (sa.Column("a", sa.Float, server_default="1.5"), 1.5),
+    (sa.Column("a", sa.Text, server_default="skip"), "skip"),
+    (sa.Column("a", sa.Integer, server_default=sa.text("8")), 8),
+    (sa.Column("a", sa.Text, server_default=sa.text("'skip'")), "skip"),
+    (sa.Column("a", sa.Integer, default=3), 3),
+    (sa.Column("a", sa.Float, server_default=sa.func.now()), UNKNOWN),
+    (sa.Column("a", sa.Float, default=lambda: 1.0), UNKNOWN),
+    (sa.Column("a", sa.Text, server_default=sa.text("upper('x')")), UNKNOWN),
+    (sa.Column("a", sa.Boolean, server_default="0"), UNKNOWN),
+], ids=["none", "int", "float", "text", "sql_int", "sql_text", "python", "sql_function", "callable", "sql_expr",
+        "bool"])
+def test_the_default_a_fold_starts_from(column: sa.Column, expected: object):
+    """L7: a column's value when no fact sets it: the declared literal default, NULL without one, and
+    UNKNOWN (not folded, so not compared until a fact sets it) when the insert computes it."""
+    assert column_default(column) is expected if expected in (None, UNKNOWN) else column_default(column) == expected

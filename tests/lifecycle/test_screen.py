@@ -7,6 +7,7 @@ histories at random and check exactly that, and that intact histories pass (else
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -19,12 +20,14 @@ from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.facts import GENESIS, JSON_FIELDS, STORED_FIELDS, decoded, insert_values
 from statebook.lifecycle.replay import check_entity
 from statebook.lifecycle.screen import Merge, Screen
-from statebook.lifecycle.sweep import screen_of
+from statebook.lifecycle.sweep import row_defaults, screen_of
 
 META = sa.MetaData()
 JOBS = managed_table(
     "screen_jobs", sa.Column("id", sa.String(32), primary_key=True), sa.Column("title", sa.Text),
-    sa.Column("attempt", sa.Integer), sa.Column("tags", sa.JSON), sa.Column("score", sa.Float), meta=META,
+    sa.Column("attempt", sa.Integer), sa.Column("tags", sa.JSON), sa.Column("score", sa.Float),
+    sa.Column("level", sa.Integer, nullable=False, server_default="3"),  # no fact sets it: its default is checked
+    meta=META,
 )
 JOB = Lifecycle(
     entity_type="job",
@@ -38,6 +41,13 @@ JOB = Lifecycle(
     reasons={"job.new.created", "job.busy.started", "job.done.ok", "job.purged.old"},
 )
 SCREEN = screen_of(JOB)
+DEFAULTS = row_defaults(JOBS)
+
+
+def folded(facts: list[Fact]) -> dict[str, Any] | None:
+    """The whole row the facts describe: the fold over the table's declared defaults (L7)."""
+    return fold(facts, DEFAULTS)
+
 COLUMNS = [c.name for c in JOBS.columns]
 MOVES = {"new": ["busy"], "busy": ["new", "done"], "done": ["new"]}
 
@@ -58,7 +68,8 @@ def histories(draw: st.DrawFn) -> list[Fact]:
     """A valid history of entity 'e1': created 'new', a walk along allowed edges, maybe a tombstone."""
     facts: list[Fact] = []
     status, prev_id, prev_hash, previous = "new", GENESIS, GENESIS, None
-    patch: dict[str, Any] = {"id": "e1", "title": "t", "attempt": 0, "tags": draw(json_values), "score": 1.5}
+    given = {"title": "t", "attempt": 0, "tags": draw(json_values), "score": 1.5}
+    patch: dict[str, Any] = {"id": "e1", **{k: v for k, v in given.items() if draw(st.booleans())}}
     for n in range(1, draw(st.integers(1, 5)) + 1):
         if n > 1:
             previous, status = status, draw(st.sampled_from(MOVES[status]))
@@ -108,7 +119,7 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
     """A stored history and row with one change an attacker or a bad write could make."""
     facts = draw(histories())
     rows = [stored_fact(f) for f in facts]
-    row = stored_row(fold(facts))
+    row = stored_row(folded(facts))
     kind = draw(st.sampled_from(["fact", "fact", "forge", "forge", "drop", "swap", "row", "no_row", "row_back"]))
     i = draw(st.integers(0, len(rows) - 1))
     if kind == "forge":
@@ -127,7 +138,7 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
         rows = [stored_fact(f) for f in chain]
         if draw(st.booleans()):
             try:
-                row = stored_row(fold(chain))
+                row = stored_row(folded(chain))
             except (TypeError, ValueError):
                 pass
     elif kind == "fact":
@@ -146,7 +157,7 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
     elif kind == "no_row":
         row = None
     elif kind == "row_back":
-        row = stored_row(fold(facts[:-1]) if facts[-1].is_tombstone else fold(facts))
+        row = stored_row(folded(facts[:-1]) if facts[-1].is_tombstone else folded(facts))
     return rows, row
 
 
@@ -154,7 +165,7 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
 @given(histories())
 def test_intact_histories_pass_the_screen(facts: list[Fact]):
     """L12: the history the engine would have written, stored as text, passes the screen."""
-    rows, row = [stored_fact(f) for f in facts], stored_row(fold(facts))
+    rows, row = [stored_fact(f) for f in facts], stored_row(folded(facts))
     assert full_check(rows, row) == []
     assert SCREEN.passes(rows, row)
 
@@ -183,7 +194,7 @@ def test_forged_but_well_hashed_histories(steps: list[tuple[str, str, int]]):
         content = {**fact.content(), "version": version}
         facts.append(Fact(**insert_values(content, prev_hash)))
         previous, prev_id, prev_hash = status, facts[-1].id, facts[-1].hash
-    rows, row = [stored_fact(f) for f in facts], stored_row(fold(facts))
+    rows, row = [stored_fact(f) for f in facts], stored_row(folded(facts))
     found = full_check(rows, row)
     assert SCREEN.passes(rows, row) == (found == []) == (len(steps) == 1 and steps[0][0] == "new")
 
@@ -191,7 +202,7 @@ def test_forged_but_well_hashed_histories(steps: list[tuple[str, str, int]]):
 def test_json_in_another_spelling_fails_the_screen_but_is_no_finding():
     """L12: the screen hashes stored text, so a re-spelled JSON value goes to the full check, which passes it."""
     facts = [_fact(1, GENESIS, GENESIS, None, "new", "system", {"id": "e1", "tags": [1]})]
-    rows, row = [stored_fact(f) for f in facts], stored_row(fold(facts))
+    rows, row = [stored_fact(f) for f in facts], stored_row(folded(facts))
     rows[0][STORED_FIELDS.index("metadata")] = '{ "n" : 1 }'
     assert not SCREEN.passes(rows, row)
     assert full_check(rows, row) == []
@@ -203,7 +214,7 @@ def test_merge_pairs_facts_and_rows_across_batches():
     def history(entity_id: str) -> tuple[list[list[Any]], list[Any] | None]:
         first = _fact(1, GENESIS, GENESIS, None, "new", "system", {"id": entity_id}, entity_id)
         second = _fact(2, first.id, first.hash, "new", "busy", "system", {"attempt": 1}, entity_id)
-        return [stored_fact(first), stored_fact(second)], stored_row(fold([first, second]))
+        return [stored_fact(first), stored_fact(second)], stored_row(folded([first, second]))
 
     (a, a_row), (b, _), (d, d_row) = history("a"), history("b"), history("d")
     rows = iter([[a_row], [_orphan("bb"), _orphan("c")], [d_row, _orphan("e")]])
@@ -229,3 +240,52 @@ def test_screen_arguments_are_plain_data():
     rebuilt = Screen(*SCREEN.spec)
     assert rebuilt.spec == SCREEN.spec and rebuilt.moves == SCREEN.moves and rebuilt.data == SCREEN.data
     assert all(type(c) is str for c in SCREEN.spec[3])  # SQLAlchemy's quoted_name would not unpickle there
+
+
+def test_columns_no_fact_sets_are_screened_against_their_defaults():
+    """L7 / L12: a data column no fact set must hold its declared default (a server default, else NULL; for
+    a JSON column SQL NULL or JSON null), else the entity fails the screen and the full check names the column."""
+    facts = [_fact(1, GENESIS, GENESIS, None, "new", "system", {"id": "e1"})]
+    rows = [stored_fact(f) for f in facts]
+    row = stored_row(folded(facts))
+    assert SCREEN.passes(rows, row) and full_check(rows, row) == []
+    sql_null = [None if c == "tags" else v for c, v in zip(COLUMNS, row)]
+    assert SCREEN.passes(rows, sql_null) and full_check(rows, sql_null) == []
+    assert row[COLUMNS.index("level")] == 3, "the server default"
+    for column, value in (("attempt", 3), ("score", 0.5), ("title", "forged"), ("tags", "[1]"), ("level", 4),
+                          ("level", "3")):
+        tampered = [value if c == column else v for c, v in zip(COLUMNS, row)]
+        assert not SCREEN.passes(rows, tampered), column
+        assert [(f.kind, f.detail.split("'")[1]) for f in full_check(rows, tampered)] == [("row_mismatch", column)]
+
+
+def test_the_screen_judges_each_fact_by_the_policy_it_was_written_under():
+    """L12c: a history written under an accepted earlier policy passes the screen of the lifecycle that
+    accepts it; the same history fails the screen (and has findings) when that policy is not accepted, or
+    when a forged fact takes a move no accepted policy allowed."""
+    v1 = JOB.extend(edges=edges("new", "done"))
+    v2 = dataclasses.replace(JOB, accepts=(v1,))
+    strict = dataclasses.replace(JOB, accepts=())
+
+    def written(lc: Lifecycle, *steps: tuple[str | None, str]) -> list[list[Any]]:
+        facts, prev_id, prev_hash = [], GENESIS, GENESIS
+        for n, (previous, status) in enumerate(steps, start=1):
+            content = {**_fact(n, prev_id, prev_hash, previous, status, "system", {"id": "e1"} if n == 1 else {})
+                       .content(), "policy_fingerprint": lc.fingerprint}
+            facts.append(Fact(**insert_values(content, prev_hash)))
+            prev_id, prev_hash = facts[-1].id, facts[-1].hash
+        return [stored_fact(f) for f in facts]
+
+    def verdicts(lc: Lifecycle, rows: list[list[Any]]) -> tuple[bool, list[str]]:
+        facts = [Fact.from_stored(f) for f in rows]
+        row = stored_row(folded(facts))
+        return screen_of(lc).passes(rows, row), [f.kind for f in check_entity(lc, "e1", facts, None if row is None else {
+            c: decoded(v) if c in SCREEN.json_columns else v for c, v in zip(COLUMNS, row)})]
+
+    old = written(v1, (None, "new"), ("new", "done"))
+    assert verdicts(v2, old) == (True, [])
+    assert verdicts(strict, old) == (False, ["unknown_policy", "unknown_policy"])
+    assert verdicts(JOB, old) == (False, ["edge_not_in_current_policy"])
+    forged = written(v1, (None, "new"), ("new", "busy"), ("busy", "done"), ("done", "new"))
+    assert verdicts(v2, forged) == (False, ["forbidden_edge"])
+    assert Screen(*screen_of(v2).spec).policies == screen_of(v2).policies
