@@ -210,7 +210,7 @@ async def _seed_tickets(url: str) -> str:
 
     meta = sa.MetaData()  # apart from statebook's schema, as an application's table would be
     tickets = managed_table("tickets", sa.Column("id", sa.String(32), primary_key=True),
-                            sa.Column("title", sa.Text, nullable=False), statuses=("open", "closed"), meta=meta)
+                            sa.Column("title", sa.Text, nullable=False), meta=meta)
     ticket = Lifecycle(
         entity_type="ticket", table=tickets, statuses=("open", "closed"), initial={"open"}, terminal={"closed"},
         edges=edges("open", "closed"), reason_prefixes={"ticket"}, reasons={"ticket.open.filed", "ticket.closed.fixed"},
