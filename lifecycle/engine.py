@@ -22,7 +22,7 @@ from .errors import (
 from .plan import HEAD, Command, NewEntity, Outcome, applied, conflict, matches, plan_create, plan_purge, plan_transition
 from .policy import Lifecycle
 from .reasons import Actor, Reason
-from .schema import data_column_names
+from .schema import data_column_names, row_defaults
 from .store import RowWrite, Store, Unit
 
 __all__ = ["Command", "NewEntity", "Outcome", "apply", "apply_many", "create", "create_many", "purge",
@@ -77,6 +77,7 @@ async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_a
     lc = book.policy(entity_type)
     at = book.clock.now()
     columns = data_column_names(lc.table)
+    defaults = row_defaults(lc.table)
     plans: list[RowWrite] = []
     chosen: list[str] = []  # caller-chosen ids may belong to a purged history; generated ones cannot
     for item in items:
@@ -95,6 +96,9 @@ async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_a
             unknown = ", ".join(sorted(data.keys() - columns))
             raise TransitionRejected(f"{entity_type}: {unknown} are not data columns of table {lc.table.name!r}",
                                      rule="patch")
+        if len(data) < len(columns):
+            # The fact records every data column (L7): those not given hold their declared default.
+            data = {**defaults, **data}
         plans.append(plan_create(lc, data, item, at))
     store = book.store
     tried: list[RowWrite] = []

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from .errors import PolicyError, RegistrySealed, TransitionRejected, UnknownEntityType, UnknownReason
 from .reasons import check_reason_code
-from .schema import LIFECYCLE_COLUMNS
+from .schema import LIFECYCLE_COLUMNS, UNKNOWN, column_default
 
 SameStatus = Literal["edge", "allow"]
 """How a move to the same status is treated: ``edge`` — only along a declared self-edge;
@@ -308,6 +308,7 @@ def _earlier(entity_type: str, accepts: Iterable[Lifecycle]) -> tuple[Lifecycle,
 def validate(lc: Lifecycle) -> None:
     """Raise :class:`PolicyError` for a lifecycle that cannot be operated safely."""
     name = lc.entity_type
+    check_foldable_defaults(lc)
     if not name or not name.replace("_", "").isalnum() or not name[0].isalpha():
         raise PolicyError(f"entity type {name!r} must be an identifier (letters, digits, underscores)")
     if not lc.statuses:
@@ -490,3 +491,17 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._by_type)
+
+
+def check_foldable_defaults(lc: Lifecycle) -> None:
+    """Every data column's default must be a value a fact can record (L7: the row is the fold of its facts,
+    every column): a literal, or none (NULL). A default the database computes at insert time — a SQL
+    function, a sequence, an identity, a Python callable — would make the row hold what no fact says."""
+    computed = [c.name for c in lc.table.columns
+                if c.name not in LIFECYCLE_COLUMNS and column_default(c) is UNKNOWN]
+    if computed:
+        raise PolicyError(
+            f"{lc.entity_type}: column(s) {', '.join(computed)} of table {lc.table.name!r} have a default computed "
+            "at insert time, which no fact would record; declare a literal default (server_default='0', "
+            "default=0) or none, and pass the value to create()"
+        )

@@ -249,3 +249,51 @@ def data_column_names(table: sa.Table) -> frozenset[str]:
         names = _data_names[table] = frozenset(data_columns(table))
     return names
 
+
+UNKNOWN: Any = object()
+"""A default computed when the row is inserted (a callable, a sequence, a SQL expression): no fold can know it."""
+
+
+def column_default(column: sa.Column[Any]) -> Any:
+    """The value a row holds in ``column`` when its insert gives none: the declared default (Python-side
+    scalar or server default), None without one, :data:`UNKNOWN` when it is computed at insert time."""
+    if column.computed is not None or column.identity is not None:
+        return UNKNOWN
+    if column.default is not None:
+        return column.default.arg if column.default.is_scalar else UNKNOWN
+    server = column.server_default
+    if server is None:
+        return None
+    arg = getattr(server, "arg", None)
+    try:
+        kind = column.type.python_type
+    except NotImplementedError:
+        return UNKNOWN
+    if isinstance(arg, sa.TextClause):  # SQL text: only a plain literal is known
+        text = arg.text.strip()
+        if kind is str:
+            inner = text[1:-1]
+            return inner if len(text) >= 2 and text[0] == text[-1] == "'" and "'" not in inner else UNKNOWN
+        arg = text
+    if not isinstance(arg, str) or kind not in (int, float, str):
+        return UNKNOWN
+    try:
+        return kind(arg)
+    except ValueError:
+        return UNKNOWN
+
+
+_defaults: dict[sa.Table, dict[str, Any]] = {}
+
+
+def row_defaults(table: sa.Table) -> dict[str, Any]:
+    """The data columns of ``table`` whose value, when no fact sets it, is known: name -> that value.
+
+    A create records these in its fact for the columns it is not given, and the fold of an entity's
+    facts starts from them (L7: the row equals the fold, every column)."""
+    found = _defaults.get(table)
+    if found is None:
+        found = _defaults[table] = {
+            c.name: d for c in table.columns if c.name not in LIFECYCLE_COLUMNS
+            and (d := column_default(c)) is not UNKNOWN}
+    return found

@@ -26,6 +26,7 @@ from statebook.lifecycle import (
     verify,
 )
 from statebook.lifecycle.facts import fact_hash
+from statebook.lifecycle.schema import LIFECYCLE_COLUMNS
 
 from .support import (
     BLOCKED,
@@ -58,6 +59,17 @@ class CommandCases:
     """Create and transition through the engine on a real database (the ``book`` fixture)."""
 
     # -- create ---------------------------------------------------------------------------------
+
+    async def test_a_create_records_the_defaults_of_columns_it_was_not_given(self, book: Book):
+        """L7: a create given only some data columns records every column in its fact — the omitted ones
+        with their declared default (``attempt`` 0, ``score`` NULL) — so the fold is the whole row."""
+        await create(book, "task", values={"title": "short", "labels": []}, status="open", reason=CREATED,
+                     actor=SYSTEM, entity_id="t9")
+        [first] = await history(book, "task", "t9")
+        assert first.patch["attempt"] == 0 and first.patch["score"] is None and first.patch["note"] is None
+        assert set(first.patch) == {c.name for c in tasks.columns} - set(LIFECYCLE_COLUMNS)
+        current = await row(book, "t9")
+        assert {k: current[k] for k in first.patch} == first.patch
 
     async def test_create_writes_the_row_and_its_first_fact(self, book: Book):
         """L5 / L7 / L8: create inserts the full row and one creation fact (previous status NULL) together."""

@@ -291,3 +291,21 @@ def test_the_builtin_lifecycles_have_no_trap_and_no_unreachable_status():
     for lc in builtin_registry():
         validate(lc)
         check_no_trap(lc)
+
+
+@pytest.mark.parametrize("column", [
+    sa.Column("stamp", sa.Float, server_default=sa.func.now()),
+    sa.Column("stamp", sa.Float, default=lambda: 1.0),
+    sa.Column("stamp", sa.Text, server_default=sa.text("upper('x')")),
+], ids=["sql-function", "python-callable", "sql-expression"])
+def test_a_default_computed_at_insert_time_is_refused(column):
+    """L1 / L7: a data column whose default the database (or a callable) computes at insert time would hold
+    what no fact records, so the row could not be the fold of its facts: registration refuses it, naming the
+    column and what to declare instead. A literal default is fine."""
+    meta = sa.MetaData()
+    table = managed_table("stamped", sa.Column("id", sa.String(32), primary_key=True), column, meta=meta)
+    with pytest.raises(PolicyError, match=r"stamp .*computed at insert time.*literal default"):
+        validate(widget(table=table, patch_fields=set(), edges=(*edges("open", "working"), *edges("working", "done", "open"))))
+    literal = managed_table("stamped_ok", sa.Column("id", sa.String(32), primary_key=True),
+                            sa.Column("stamp", sa.Float, server_default="0"), meta=meta)
+    validate(widget(table=literal, patch_fields=set()))
