@@ -26,7 +26,7 @@ async def _ack_required(book) -> tuple[str, str]:
 
 
 class AckTokenCases:
-    """O10: only the whole, exact ack token acknowledges an ack-required dispatch (issue 9 section 5) (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     @pytest.mark.parametrize("presented", [
         pytest.param(lambda t: "", id="empty"),

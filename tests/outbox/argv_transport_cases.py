@@ -51,7 +51,7 @@ BAD_TEMPLATES = [
 
 
 class ArgvTransportCases:
-    """The argv transport: whole-element substitution, no shell, stdin, timeout, captured errors (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_shell_metacharacters_in_route_and_payload_are_inert_argv(self, book, tmp_path, monkeypatch):
         """O13: route and payload arrive as exactly one argv element each, byte for byte; nothing the

@@ -16,7 +16,7 @@ CAP = 1800.0
 
 
 class BackoffCapCases:
-    """O9: the 1,800 s backoff cap — in the helper and in what finalization writes (issue 9 section 5) (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_a_failure_at_a_high_attempt_is_due_again_after_exactly_1800_seconds(self, book, clock):
         """O9, O7: driven through claim and finalize, the failure of attempt ``a`` writes

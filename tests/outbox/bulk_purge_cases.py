@@ -9,6 +9,19 @@ from statebook.outbox import admin, apply_retention, deliver_due_dispatches, enq
 from dispatch_support import Recorder, facts
 
 
+def count_purge_batches(monkeypatch) -> list[int]:
+    """Record the size of each ``purge_many`` call the outbox makes."""
+    calls: list[int] = []
+    real = admin.purge_many
+
+    async def counting(*args, **kw):
+        calls.append(len(args[2]))
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(admin, "purge_many", counting)
+    return calls
+
+
 async def settled(book, clock, n: int) -> list[str]:
     ids = await enqueue_dispatches(book, [{"kind": "k", "deliver_to": f"seat-{i}"} for i in range(n)])
     while await deliver_due_dispatches(book, transport=Recorder().transport, batch_size=500) != {
@@ -20,21 +33,14 @@ async def settled(book, clock, n: int) -> list[str]:
 
 
 class BulkPurgeCases:
-    """O16: bulk purge and retention are set-based and report progress (issue: 150,000 rows took 570 s, (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_bulk_purge_runs_in_batches_with_progress_and_tombstones(self, book, clock, monkeypatch):
         """O16: a bulk purge of 1,100 rows runs PURGE_BATCH rows per transaction (three purge_many calls, not
         1,100 purges), reports (done, total) after each batch up to the total, and every row keeps its
         tombstone; the history verifies."""
         ids = await settled(book, clock, 1100)
-        calls: list[int] = []
-        real = admin.purge_many
-
-        async def counting(*args, **kw):
-            calls.append(len(args[2]))
-            return await real(*args, **kw)
-
-        monkeypatch.setattr(admin, "purge_many", counting)
+        calls = count_purge_batches(monkeypatch)
         seen: list[tuple[int, int]] = []
         purged = await purge_dispatches(book, before=clock.now(), progress=lambda done, total: seen.append((done, total)))
         assert sorted(purged) == sorted(ids)
@@ -46,14 +52,7 @@ class BulkPurgeCases:
     async def test_retention_is_set_based_too(self, book, clock, monkeypatch):
         """O16: retention purges through the same batches (one purge_many per batch of delivered rows)."""
         await settled(book, clock, 600)
-        calls: list[int] = []
-        real = admin.purge_many
-
-        async def counting(*args, **kw):
-            calls.append(len(args[2]))
-            return await real(*args, **kw)
-
-        monkeypatch.setattr(admin, "purge_many", counting)
+        calls = count_purge_batches(monkeypatch)
         clock.advance(8 * 86400)
         counts = await apply_retention(book, now=clock.now())
         assert counts["delivered"] == 600 and calls == [500, 100]

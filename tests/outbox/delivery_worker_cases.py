@@ -37,7 +37,7 @@ async def _stopped(worker: DeliveryWorker, task: asyncio.Task) -> None:
 
 
 class DeliveryWorkerCases:
-    """DeliveryWorker: wakes on enqueue (in-process hook; LISTEN/NOTIFY on PostgreSQL), sleeps until due (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_an_enqueue_wakes_an_idle_worker_before_the_tick(self, book):
         """O14 (do-better 5): an idle worker (nothing due, 30 s tick) delivers a new dispatch as soon as

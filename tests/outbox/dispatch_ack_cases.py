@@ -22,7 +22,7 @@ from dispatch_support import Recorder, facts, failing, moves, row
 
 
 class DispatchAckCases:
-    """The acknowledgement tier beyond the outcome matrix: idempotent acks, races, refusals (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_a_repeated_correct_ack_succeeds_without_a_second_fact(self, book):
         """O10 (do-better 7): acking an acked row with the right token returns True and writes nothing;

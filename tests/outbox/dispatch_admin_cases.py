@@ -23,7 +23,7 @@ DAY = 86400.0
 
 
 class DispatchAdminCases:
-    """Operator surface: inspection, retry refusals, audited single and bulk purge, retention (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_get_and_list_newest_first_with_a_validated_status(self, book, clock):
         """O19: get_dispatch is None on a miss; list_dispatches is newest first, filters by status,

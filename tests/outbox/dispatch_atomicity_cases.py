@@ -65,7 +65,7 @@ async def _run_until(book: Book, clock, crash: str, result: TransportResult) -> 
 
 
 class DispatchAtomicityCases:
-    """Atomic outcomes under crashes between steps, and fencing of stale ("zombie") leases (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     @pytest.mark.parametrize("outcome", list(OUTCOMES))
     @pytest.mark.parametrize("crash", CRASH_POINTS)

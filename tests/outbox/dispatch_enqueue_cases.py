@@ -72,7 +72,7 @@ INVALID = [
 
 
 class DispatchEnqueueCases:
-    """Enqueue: the envelope, atomicity, deduplication (also racing on PostgreSQL) and validation (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_envelope_is_a_versioned_signal_serialised_once(self, book, clock):
         """O1: the stored payload is a DispatchSignal in JSON mode with its own id, the book clock's

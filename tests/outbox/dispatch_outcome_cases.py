@@ -30,7 +30,7 @@ def counted(**kw: int) -> dict[str, int]:
 
 
 class DispatchOutcomeCases:
-    """The seed's outcome matrix (ADR-0059 D4/D5/D6), one test per row, on both backends (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_success_is_delivered(self, book):
         """O9, O11, O17: a send that succeeds moves delivering -> delivered (transport_ok) by system:delivery."""

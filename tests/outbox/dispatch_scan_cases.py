@@ -23,7 +23,7 @@ from dispatch_support import Recorder, failing, row
 
 
 class DispatchScanCases:
-    """Scans: ordered, bounded, counting only won claims; bounded concurrency; SKIP LOCKED on PostgreSQL (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_scans_are_ordered_by_due_time_then_id_and_bounded(self, book, clock):
         """O11 (do-better 4): candidates come in (next_attempt_at, id) order — an older row retried

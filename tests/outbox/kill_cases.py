@@ -45,7 +45,7 @@ def claims(facts) -> list[int]:
 
 
 class KillCases:
-    """A worker process killed between the transport and finalize: another worker finishes the row (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_killed_after_transport_is_reclaimed_after_the_lease(self, book, clock, db_url, tmp_path):
         """O5 (O-lease-recovery, O-at-least-once): a claimant SIGKILLed after its transport ran and before

@@ -39,7 +39,7 @@ def _id(payload: str) -> str:
 
 
 class LeaseTimeoutCases:
-    """O21: a send starts only while its lease has at least the transport timeout left, and the lease is (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_a_second_worker_after_the_lease_lapses_sends_nothing_twice(self, book, clock, db_url):
         """O21, O5 (issue 9 hole 2.1): worker A runs batch 5 at concurrency 1 with 4-second sends;

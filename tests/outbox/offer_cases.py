@@ -22,7 +22,7 @@ WAIT = 10.0
 
 
 class OfferCases:
-    """Offers: an idle worker claims a just-enqueued dispatch from what the enqueue (or a NOTIFY) told it (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_an_idle_worker_claims_the_offered_row_and_sends_the_stored_bytes(self, book):
         """O14: an enqueue through the worker's book is offered to it; it claims and delivers that row, the

@@ -62,7 +62,7 @@ async def _purge_by_admin(book, did):
 
 
 class PurgeRaceCases:
-    """O16: a purge whose row changed version between its read and its delete is a conflict (issue 9 s. 5) (run on every backend by tests/conformance)."""
+    """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     @pytest.mark.parametrize("purging", [_purge_by_lifecycle, _purge_by_admin], ids=["lifecycle.purge", "purge_dispatch"])
     async def test_a_purge_racing_a_retry_is_a_conflict_not_a_deleted_row(self, book, backend, purging):

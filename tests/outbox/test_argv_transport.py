@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-from pathlib import Path
 
 
 from statebook.outbox import ArgvTransport
 
-
-NASTY_ROUTE = "seat-1; touch PWNED_ROUTE && echo $(id) `id` | cat > /dev/null & \"'*"
-NASTY_BODY = {"cmd": "$(touch PWNED_BODY)", "x": "`touch PWNED_BODY2`; rm -rf ~ | >&2 \\ \n'\""}
-
-
-def recorder_script(tmp_path: Path) -> Path:
-    """A command that writes its argv and stdin to capture.json in its working directory."""
-    script = tmp_path / "capture.py"
-    out = tmp_path / "capture.json"
-    script.write_text(
-        "import json, sys\n"
-        f"json.dump({{'argv': sys.argv[1:], 'stdin': sys.stdin.read()}}, open({str(out)!r}, 'w'))\n"
-    )
-    return script
-
-
-def captured(tmp_path: Path) -> dict:
-    return json.loads((tmp_path / "capture.json").read_text())
+from argv_transport_cases import _alive
 
 
 async def test_stderr_is_the_error_and_is_capped(tmp_path):
@@ -61,20 +42,3 @@ async def test_a_slow_command_is_killed_with_its_children(tmp_path):
     assert not _alive(pid)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
-
-
-BAD_TEMPLATES = [
-    None,
-    [],
-    "notify {deliver_to}",
-    ["notify", "{payload}"],
-    ["notify", 7, "{deliver_to}"],
-    ["{deliver_to}", "x"],
-    ["notify", "{deliver_to} "],
-]

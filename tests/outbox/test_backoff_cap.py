@@ -10,8 +10,7 @@ import pytest
 
 from statebook.outbox import backoff_seconds
 
-
-CAP = 1800.0
+from backoff_cap_cases import CAP
 
 
 def test_backoff_doubles_then_stops_at_exactly_1800_seconds():

@@ -21,19 +21,7 @@ from statebook.outbox import (
 
 from dispatch_support import Signalled
 
-TICK = 30.0
-WAIT = 10.0
-
-
-async def _started(worker: DeliveryWorker) -> asyncio.Task:
-    task = asyncio.ensure_future(worker.run_until_stopped())
-    await asyncio.wait_for(worker.idle.wait(), WAIT)
-    return task
-
-
-async def _stopped(worker: DeliveryWorker, task: asyncio.Task) -> None:
-    worker.stop()
-    await asyncio.wait_for(task, WAIT)
+from delivery_worker_cases import TICK, WAIT, _started, _stopped
 
 
 @pytest.mark.postgres

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 import sqlalchemy as sa
@@ -11,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statebook.adapters.db import connect
-from statebook.lifecycle import Book, facts_table, verify
+from statebook.lifecycle import Book, verify
 from statebook.outbox import (
     DispatchSignal,
     dispatch_outbox,
@@ -23,14 +22,7 @@ from statebook.outbox.signal import dispatch_envelope
 
 from dispatch_support import facts, moves
 
-HEX32 = re.compile(r"^[0-9a-f]{32}$")
-
-
-async def counts(book: Book) -> tuple[int, int]:
-    async with book.read() as conn:
-        rows = (await conn.execute(sa.select(sa.func.count()).select_from(dispatch_outbox))).scalar_one()
-        found = (await conn.execute(sa.select(sa.func.count()).select_from(facts_table))).scalar_one()
-    return rows, found
+from dispatch_enqueue_cases import _until_waiting_on_a_lock, counts
 
 
 @pytest.mark.postgres
@@ -87,42 +79,6 @@ async def test_a_batch_racing_a_producer_on_one_key_gets_the_committed_id(pg_url
     finally:
         await other.engine.dispose()
         await base.engine.dispose()
-
-
-async def _until_waiting_on_a_lock(book: Book, task: asyncio.Future, attempts: int = 400) -> None:
-    query = sa.text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")
-    engine = connect(book.engine.url.render_as_string(hide_password=False))
-    try:
-        for _ in range(attempts):
-            if task.done():
-                raise AssertionError(f"the second producer finished without waiting: {task.result()!r}")
-            async with engine.connect() as conn:
-                if (await conn.execute(query)).scalar_one() > 0:
-                    return
-            await asyncio.sleep(0.025)
-        raise AssertionError("the second producer never waited on the first one's uncommitted key")
-    finally:
-        await engine.dispose()
-
-
-INVALID = [
-    ({"kind": ""}, "kind"),
-    ({"kind": "a\x00b"}, "NUL"),
-    ({"deliver_to": "   "}, "deliver_to"),
-    ({"deliver_to": "seat\x00"}, "NUL"),
-    ({"deliver_to": None}, "deliver_to"),
-    ({"max_attempts": 0}, "max_attempts"),
-    ({"max_attempts": -3}, "max_attempts"),
-    ({"max_attempts": 2.5}, "max_attempts"),
-    ({"body": ["not", "an", "object"]}, "JSON object"),
-    ({"body": "text"}, "JSON object"),
-    ({"body": {"x": {1, 2}}}, "JSON"),
-    ({"body": {"x": float("nan")}}, "JSON"),
-    ({"body": {1: "int key"}}, "string keys"),
-    ({"expires_at": float("inf")}, "expires_at"),
-    ({"dedup_key": ""}, "dedup_key"),
-    ({"ack_required": "yes"}, "ack_required"),
-]
 
 
 @given(
