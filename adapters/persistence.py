@@ -269,6 +269,32 @@ class SQLStore:
     async def maintain(self) -> None:
         return None
 
+    # -- verify's reads ----------------------------------------------------------------------------
+    @asynccontextmanager
+    async def snapshot(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        async with conn.begin():
+            yield
+
+    @asynccontextmanager
+    async def lenient(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        yield
+
+    def undecodable(self, exc: BaseException) -> bool:
+        return False
+
+    async def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
+                      ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+        """Through a server-side cursor of SQLAlchemy's."""
+        result = await conn.stream(query.execution_options(yield_per=size))
+        async for part in result.partitions(size):
+            yield [tuple(r) for r in part]
+
+    def in_id_order(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        return column
+
+    def file_screen(self, bound: AsyncConnection | None) -> Any:
+        return None
+
     # -- shared statements -------------------------------------------------------------------------
     def insert_fact(self) -> Any:
         """INSERT one fact; parameters named after ``FACT_COLUMNS``, JSON fields as their stored text."""

@@ -122,6 +122,16 @@ class PostgresStore(SQLStore):
             conn.info[_STARTED] = tx
         return raw
 
+    @asynccontextmanager
+    async def snapshot(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        # Read committed would give verify's facts cursor and rows cursor different snapshots.
+        await conn.execution_options(isolation_level="REPEATABLE READ")
+        async with conn.begin():
+            yield
+
+    def in_id_order(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        return column.collate("C")  # code point order, whatever the database's collation
+
     # -- statements ----------------------------------------------------------------------------------
     def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
         return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.Text)))

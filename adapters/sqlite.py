@@ -6,11 +6,16 @@ per event loop), then ``BEGIN IMMEDIATE``: writers of one process wait in line i
 SQLite's busy handler, which sleeps in growing steps (up to 100 ms). Another process still meets
 the busy timeout (``adapters.db``). Because the writer is exclusive, rows read in a write unit
 cannot change before its statements run: no row locks exist or are needed.
+
+``verify`` reads a database file on connections of its own (:class:`SQLiteFile`, the reader in
+:mod:`.sqlite_screen`): in a thread here and in worker processes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,7 +28,8 @@ from sqlalchemy.util import greenlet_spawn
 from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.store import RowWrite, Unit, register_backend
 
-from .persistence import SQLStore
+from . import sqlite_screen
+from .persistence import SQLStore, translated
 
 
 class SQLiteStore(SQLStore):
@@ -146,6 +152,66 @@ class SQLiteStore(SQLStore):
             await fairy.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             await self.release(fairy)
+
+
+    # -- verify's reads ------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def lenient(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """The connection's own text factory is restored after (only damage stores such text, L12b)."""
+        raw = (await conn.get_raw_connection()).driver_connection
+        saved = raw.text_factory
+        raw.text_factory = sqlite_screen.lenient_text
+        try:
+            yield
+        finally:
+            raw.text_factory = saved
+
+    def undecodable(self, exc: BaseException) -> bool:
+        return sqlite_screen.undecodable(exc)
+
+    async def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
+                      ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+        """Straight from aiosqlite: no result objects."""
+        cursor = await (await conn.get_raw_connection()).driver_connection.execute(*standalone(query))
+        try:
+            while batch := await cursor.fetchmany(size):
+                yield batch
+        finally:
+            await cursor.close()
+
+    def file_screen(self, bound: AsyncConnection | None) -> SQLiteFile | None:
+        path = self.engine.url.database
+        if bound is not None or not path or path == ":memory:":
+            return None  # no file, or a bound transaction whose writes only its connection sees
+        return SQLiteFile(os.path.abspath(path))
+
+
+class SQLiteFile:
+    """verify's view of a database file: ranges screened by :func:`.sqlite_screen.screen_file` on a
+    read-only connection of their own, in a thread here or in a worker process (``FileScreen``)."""
+
+    worker = (sqlite_screen.WORKER, (os.path.dirname(os.path.abspath(sqlite_screen.__file__)),))
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def job(self, spec: tuple[Any, ...], facts: sa.Select[Any], rows: sa.Select[Any]) -> tuple[Any, ...]:
+        return (self.path, spec, standalone(facts), standalone(rows))
+
+    def screen(self, job: tuple[Any, ...]) -> tuple[int, int, list[Any]]:
+        try:
+            return sqlite_screen.screen_file(*job)
+        except sqlite3.Error as exc:  # e.g. a read-only open refused
+            raise translated(exc, job[2][0]) from exc
+
+
+_QMARK = sqlite.dialect(paramstyle="qmark")
+
+
+def standalone(query: sa.Select[Any]) -> tuple[str, list[Any]]:
+    """``query`` as SQL and positional parameters for a bare ``sqlite3`` (or aiosqlite) cursor."""
+    compiled = query.compile(dialect=_QMARK)
+    return compiled.string, [compiled.params[name] for name in compiled.positiontup or ()]
 
 
 class _WriterQueue:

@@ -15,7 +15,8 @@ from .facts import GENESIS, Fact, decoded, facts_table, fact_hash, legacy_fact_h
 from .policy import Lifecycle
 from .screen import Screen, Suspect
 from .schema import LIFECYCLE_COLUMNS
-from .sweep import lenient, row_defaults, sweep
+from .schema import row_defaults
+from .sweep import sweep
 
 
 def fold(facts: Iterable[Fact], defaults: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -297,7 +298,7 @@ async def _unregistered(book: Book) -> list[Finding]:
     managed = {lc.table.name for lc in book.registry}
     shape = {"id", *LIFECYCLE_COLUMNS}
     t = facts_table
-    async with book.read() as conn, lenient(conn):
+    async with book.read() as conn, book.store.lenient(conn):
         counts = (await conn.execute(sa.select(t.c.entity_type, sa.func.count()).group_by(t.c.entity_type))).all()
         for entity_type, n in sorted(counts, key=lambda c: str(c[0])):
             if entity_type not in known:

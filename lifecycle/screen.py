@@ -10,21 +10,20 @@ gets the full check, which decides. So the screen may be stricter than the full 
 more lenient.
 
 This module imports only the standard library and ``codec``, so it also runs as a script: a
-worker process that screens ranges of a SQLite file for ``verify`` (see :func:`serve`) starts in
-milliseconds, without SQLAlchemy.
+worker process that screens ranges of a database file for ``verify`` (see :func:`serve`) starts in
+milliseconds, without SQLAlchemy. The backend names the function it runs (``FileScreen.worker``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import pickle
-import sqlite3
 import sys
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, BinaryIO
-from urllib.parse import quote
 
 if __package__:
     from .codec import dumps_tree
@@ -287,68 +286,15 @@ def _key(entity_id: Any) -> str:
     return _AFTER_TEXT + (entity_id.hex() if isinstance(entity_id, bytes) else repr(entity_id))
 
 
-Query = tuple[str, Sequence[Any]]
-"""SQL for SQLite and its positional parameters."""
-
-
-def screen_file(path: str, spec: tuple[Any, ...], facts: Query, rows: Query) -> tuple[int, int, list[Suspect]]:
-    """Screen one range of a SQLite file in one read transaction: (entities, facts, suspects).
-
-    ``spec`` is a :attr:`Screen.spec`; ``facts`` and ``rows`` read the range in id order.
-    """
-    screen = Screen(*spec)
-    try:
-        return _screen_file(path, screen, facts, rows, None)
-    except sqlite3.OperationalError as exc:
-        if not undecodable(exc):
-            raise
-        return _screen_file(path, screen, facts, rows, lenient_text)
-
-
-def undecodable(exc: BaseException) -> bool:
-    """Whether a SQLite read failed on text that is not UTF-8 (sqlite3's own message says so)."""
-    return isinstance(exc, sqlite3.OperationalError) and "decode" in str(exc)
-
-
-def lenient_text(data: bytes) -> str:
-    """SQLite text that is not UTF-8 — only damage writes it (L12b) — with U+FFFD for the bad bytes, so
-    it reads as a value no fact was written with. Used only to re-read a range that failed to decode."""
-    return data.decode("utf-8", "replace")
-
-
-def _screen_file(path: str, screen: Screen, facts: Query, rows: Query,
-                 text: Any) -> tuple[int, int, list[Suspect]]:
-    conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=5, isolation_level=None)
-    if text is not None:
-        conn.text_factory = text
-    try:
-        conn.execute("BEGIN")
-        row_cursor = conn.execute(*rows)
-        fact_cursor = conn.execute(*facts)
-        merge = Merge(screen)
-        entity_at = screen.entity_at
-        while batch := fact_cursor.fetchmany(BATCH):
-            while merge.wants_rows(batch[-1][entity_at]):
-                merge.add_rows(row_cursor.fetchmany(BATCH))
-            merge.add_facts(batch)
-        merge.end_facts()
-        while batch := row_cursor.fetchmany(BATCH):
-            merge.add_rows(batch)
-        conn.execute("COMMIT")
-        return merge.entities, merge.facts, merge.suspects
-    finally:
-        conn.close()
-
-
-def serve(requests: BinaryIO, replies: BinaryIO) -> None:
-    """Worker loop: read pickled ``screen_file`` arguments, reply (True, result) or (False, error).
+def serve(requests: BinaryIO, replies: BinaryIO, run: Callable[..., Any]) -> None:
+    """Worker loop: read pickled arguments of ``run``, reply (True, result) or (False, error).
 
     Each message is an 8-byte big-endian length and a pickle; the loop ends when ``requests`` does.
     """
     while len(size := requests.read(8)) == 8:
         request = requests.read(int.from_bytes(size, "big"))
         try:
-            reply: tuple[bool, Any] = (True, screen_file(*pickle.loads(request)))
+            reply: tuple[bool, Any] = (True, run(*pickle.loads(request)))
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which then screens the range itself
             reply = (False, f"{type(exc).__name__}: {exc}")
         data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
@@ -356,24 +302,31 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         replies.flush()
 
 
+def imported(target: str) -> Callable[..., Any]:
+    """The function ``"module:name"`` names, imported with importlib."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 class WorkerError(Exception):
     """A worker process could not screen a range (the message says why)."""
 
 
 class Worker:
-    """A worker process running :func:`serve` (this file as a script) and its pipes."""
+    """A worker process running :func:`serve` (this file as a script) on a backend's function, and its pipes."""
 
     def __init__(self, process: Any) -> None:
         self.process = process
 
     @classmethod
     @asynccontextmanager
-    async def started(cls) -> AsyncIterator[Worker]:
+    async def started(cls, target: str, path: Sequence[str] = ()) -> AsyncIterator[Worker]:
+        """A worker that calls ``target`` (``"module:function"``, importable from ``path``) per message."""
         import asyncio  # here, so the worker script does not import it
 
         # Run by path, without site packages or environment: it needs only the standard library.
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-B", "-E", "-S", __file__,
+            sys.executable, "-B", "-E", "-S", __file__, target, *path,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )
         try:
@@ -390,7 +343,7 @@ class Worker:
             await process.wait()
 
     def send(self, args: tuple[Any, ...]) -> None:
-        """Queue one ``screen_file`` call (a few kB: the pipe takes it without waiting)."""
+        """Queue one call of the worker's function (a few kB: the pipe takes it without waiting)."""
         data = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
         self.process.stdin.write(len(data).to_bytes(8, "big") + data)
 
@@ -408,4 +361,6 @@ class Worker:
 
 
 if __name__ == "__main__":
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    _target, *_path = sys.argv[1:]
+    sys.path.extend(_path)  # after the standard library, so no module there can shadow it
+    serve(sys.stdin.buffer, sys.stdout.buffer, imported(_target))

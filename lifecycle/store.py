@@ -17,11 +17,14 @@ Plans are plain values (:class:`RowWrite`), so a backend needs no knowledge of l
 A :class:`Unit` is one transaction of the engine's statements (or, on PostgreSQL, a single
 statement in autocommit). A backend serialises its own writers where its database needs it
 (SQLite: one writer queue per database file, shared by every part of the process).
+
+``verify`` reads through the port too (``snapshot``, ``lenient``, ``batches``, ``in_id_order``,
+``file_screen``), so ``lifecycle/sweep.py`` asks the store, never the dialect, how to read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -136,6 +139,45 @@ class Store(Protocol):
 
     async def maintain(self) -> None:
         """Periodic housekeeping the backend needs (SQLite: a WAL checkpoint)."""
+
+    # -- verify's reads ----------------------------------------------------------------------------
+    def snapshot(self, conn: AsyncConnection) -> AbstractAsyncContextManager[None]:
+        """A read transaction on ``conn`` (not in one yet) in which every cursor sees one snapshot."""
+
+    def lenient(self, conn: AsyncConnection) -> AbstractAsyncContextManager[None]:
+        """Meanwhile ``conn`` reads text that is not UTF-8 with U+FFFD for the bad bytes (no-op where none is stored)."""
+
+    def undecodable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a read that failed on text that is not UTF-8 (read again under :meth:`lenient`)."""
+
+    def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
+                ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+        """The rows of ``query`` as tuples, about ``size`` at a time, streamed inside ``conn``'s transaction."""
+
+    def in_id_order(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """``column`` to order by so that text sorts in code point order (Python's)."""
+
+    def file_screen(self, bound: AsyncConnection | None) -> FileScreen | None:
+        """The database file that verify may screen on connections of its own, or None (unbound SQLite file only)."""
+
+
+class FileScreen(Protocol):
+    """A database file whose ranges verify screens off the book's connection: in a thread of this
+    process, and in worker processes (``screen.Worker``) that import only what :attr:`worker` names."""
+
+    path: str
+    """The file, for messages."""
+
+    worker: tuple[str, tuple[str, ...]]
+    """``("module:function", directories)``: what a worker process imports (after appending the
+    directories to ``sys.path``, standard library only) and calls with each :meth:`job`."""
+
+    def job(self, spec: tuple[Any, ...], facts: sa.Select[Any], rows: sa.Select[Any]) -> tuple[Any, ...]:
+        """The arguments (plain data) that screen one range: a ``Screen.spec`` and the range's two queries."""
+
+    def screen(self, job: tuple[Any, ...]) -> tuple[int, int, list[Any]]:
+        """Screen one :meth:`job` here, blocking (run it in a thread): (entities, facts, suspects).
+        Raises :class:`~.errors.StorageError` when the file cannot be read on a connection of its own."""
 
 
 _factories: dict[str, Callable[[AsyncEngine], Store]] = {}

@@ -3,12 +3,14 @@ in worker processes.
 
 Facts and rows are both read in entity id order and merged (:class:`screen.Merge`), so memory
 holds a batch, not a table. Each range is read in one transaction, so an entity's facts and row
-always come from one snapshot. A SQLite file (when the book is not bound to a transaction) is cut
-into ranges of about ``CHUNK_FACTS`` facts: a thread of this process screens ranges from the end of
-the list on its own connection while worker processes (:func:`screen.serve`) take them from the
-front — the screen is CPU-bound Python, so processes are what use more cores. Otherwise (PostgreSQL,
-or a bound transaction whose writes only its connection sees) each lifecycle is one range, read on
-the book's connection in one transaction. Entities that fail the screen go to ``judge`` (the full
+always come from one snapshot. When the store offers a database file to read on connections of
+its own (``Store.file_screen``: a SQLite file, the book not bound to a transaction) it is cut into
+ranges of about ``CHUNK_FACTS`` facts: a thread of this process screens ranges from the end of the
+list while worker processes (:func:`screen.serve`) take them from the front — the screen is
+CPU-bound Python, so processes are what use more cores. Otherwise (PostgreSQL, or a bound
+transaction whose writes only its connection sees) each lifecycle is one range, read on the book's
+connection in one transaction. Every dialect-specific read (the snapshot, undecodable text, the id
+order, streaming, the file) is the store's. Entities that fail the screen go to ``judge`` (the full
 check) here; findings come out in range order whoever screened them.
 """
 
@@ -18,7 +20,6 @@ import asyncio
 import logging
 import os
 import pickle
-import sqlite3
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -27,14 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .book import Book
+from .errors import StorageError
 from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table
 from .policy import Lifecycle
-from .schema import LIFECYCLE_COLUMNS, UNKNOWN, column_default, row_defaults  # noqa: F401  (re-exported)
-from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError, lenient_text, screen_file, undecodable
+from .schema import row_defaults
+from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError
+from .store import FileScreen, Store
 
 log = logging.getLogger("statebook.lifecycle")
 
@@ -58,40 +60,26 @@ async def sweep(
     processes: int | None = None,
 ) -> tuple[int, int, list[Any]]:
     """Screen every entity of ``lifecycles``: (entities, facts, what ``judge`` found)."""
+    store = book.store
     async with _snapshot(book) as conn:
         t = facts_table
-        async with lenient(conn):  # a few rows: ids that are not UTF-8 must not stop the sweep (L12b)
+        async with store.lenient(conn):  # a few rows: ids that are not UTF-8 must not stop the sweep (L12b)
             counts = dict((await conn.execute(
                 sa.select(t.c.entity_type, sa.func.count())
                 .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
                 .group_by(t.c.entity_type)
             )).all())
             total = sum(counts.values())
-            workers, path = _workers(book, conn, total, processes)
+            file = store.file_screen(book.conn)  # None for a bound book: its writes only its connection sees
+            workers = _workers(total, processes) if file is not None else 0
             chunks: list[_Chunk] = []
             for lc in lifecycles:
                 screen = screen_of(lc)
-                ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if path else [(None, None)]
+                ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if file else [(None, None)]
                 chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
-        run = _Run(conn, chunks, judge, total, progress, path)
+        run = _Run(store, conn, chunks, judge, total, progress, file)
         await run.all(workers)
         return run.entities, run.facts, [f for i in range(len(chunks)) for f in run.found[i]]
-
-
-@asynccontextmanager
-async def lenient(conn: AsyncConnection) -> AsyncIterator[None]:
-    """On SQLite, read text that is not UTF-8 with U+FFFD for the bad bytes instead of failing (only
-    damage stores such text, L12b); the connection's own text factory is restored after."""
-    if conn.dialect.name != "sqlite":
-        yield
-        return
-    raw = (await conn.get_raw_connection()).driver_connection
-    saved = raw.text_factory
-    raw.text_factory = lenient_text
-    try:
-        yield
-    finally:
-        raw.text_factory = saved
 
 
 @asynccontextmanager
@@ -101,23 +89,16 @@ async def _snapshot(book: Book) -> AsyncIterator[AsyncConnection]:
         if conn.in_transaction():
             yield conn
             return
-        if conn.dialect.name == "postgresql":
-            # Read committed would give the facts cursor and the rows cursor different snapshots.
-            await conn.execution_options(isolation_level="REPEATABLE READ")
-        async with conn.begin():
+        async with book.store.snapshot(conn):
             yield conn
 
 
-def _workers(book: Book, conn: AsyncConnection, total: int, processes: int | None) -> tuple[int, str | None]:
-    """How many worker processes to start, and the SQLite file chunks may be read from on their own
-    connections (None: read every chunk on the snapshot's connection)."""
-    path = conn.engine.url.database
-    if conn.dialect.name != "sqlite" or book.conn is not None or not path or path == ":memory:":
-        return 0, None  # no file, or a bound transaction whose writes only its connection sees
+def _workers(total: int, processes: int | None) -> int:
+    """How many worker processes to start for a file of ``total`` facts."""
     if processes is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         processes = min(cores - 1, MAX_PROCESSES) if total >= PARALLEL_MIN_FACTS else 0
-    return (max(processes, 0) if sys.executable else 0), os.path.abspath(path)
+    return max(processes, 0) if sys.executable else 0
 
 
 def screen_of(lc: Lifecycle) -> Screen:
@@ -171,8 +152,8 @@ class _Chunk:
     lo: str | None
     hi: str | None
 
-    def queries(self, dialect: str) -> tuple[sa.Select[Any], sa.Select[Any]]:
-        """(facts, rows) in id order: code point order, which is SQLite's BINARY and PostgreSQL's "C"."""
+    def queries(self, store: Store) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """(facts, rows) in id order: code point order (``Store.in_id_order``), as Merge compares ids."""
         t, table = facts_table, self.lc.table
         facts = sa.select(*(_stored(t.c[k]) for k in STORED_FIELDS)).where(t.c.entity_type == self.lc.entity_type)
         rows = sa.select(*(_stored(c) for c in table.columns))
@@ -180,19 +161,19 @@ class _Chunk:
             facts, rows = facts.where(t.c.entity_id >= self.lo), rows.where(table.c.id >= self.lo)
         if self.hi is not None:
             facts, rows = facts.where(t.c.entity_id < self.hi), rows.where(table.c.id < self.hi)
-        entity_id, row_id = t.c.entity_id, table.c.id
-        if dialect == "postgresql":
-            entity_id, row_id = entity_id.collate("C"), row_id.collate("C")
-        return facts.order_by(entity_id, t.c.seq), rows.order_by(row_id)
+        return facts.order_by(store.in_id_order(t.c.entity_id), t.c.seq), rows.order_by(store.in_id_order(table.c.id))
 
 
 class _Run:
     """The chunks of one sweep, screened here (from the end of the list) and by workers (from the front)."""
 
-    def __init__(self, conn: AsyncConnection, chunks: list[_Chunk], judge: Judge, total: int,
-                 progress: Callable[[int, int], None] | None, path: str | None) -> None:
+    def __init__(self, store: Store, conn: AsyncConnection, chunks: list[_Chunk], judge: Judge, total: int,
+                 progress: Callable[[int, int], None] | None, file: FileScreen | None) -> None:
+        self.store = store
         self.conn = conn
-        self.path = path
+        self.file = file
+        self.own = file
+        """The file as this process reads it (None once it could not: then on the snapshot's connection)."""
         self.chunks = chunks
         self.judge = judge
         self.total = total
@@ -205,9 +186,9 @@ class _Run:
         todo = deque(range(len(self.chunks)))
         async with AsyncExitStack() as stack:
             helpers = []
-            for _ in range(min(workers, len(todo) // 2)):
+            for _ in range(min(workers, len(todo) // 2) if self.file is not None else 0):
                 try:
-                    worker = await stack.enter_async_context(Worker.started())
+                    worker = await stack.enter_async_context(Worker.started(*self.file.worker))
                 except (OSError, NotImplementedError, RuntimeError) as exc:  # e.g. a loop without subprocesses
                     log.warning("verify: cannot start a worker process (%s); screening in this process", exc)
                     break
@@ -231,7 +212,7 @@ class _Run:
             i = todo.popleft()
             sent.append(i)
             chunk = self.chunks[i]
-            worker.send((self.path, chunk.screen.spec, *(_sqlite(q) for q in chunk.queries("sqlite"))))
+            worker.send(self.file.job(chunk.screen.spec, *chunk.queries(self.store)))
         return sent
 
     def count(self, entities: int, facts: int) -> None:
@@ -250,17 +231,16 @@ class _Run:
         while todo:
             i = todo.pop()
             chunk = self.chunks[i]
-            if self.path is not None:
+            if self.own is not None:
                 # A file this process may read on its own connection: a thread reads and screens it
                 # (no driver hand-offs per batch, and the event loop stays free meanwhile).
-                queries = (_sqlite(q) for q in chunk.queries("sqlite"))
+                job = self.own.job(chunk.screen.spec, *chunk.queries(self.store))
                 try:
-                    entities, facts, suspects = await asyncio.to_thread(
-                        screen_file, self.path, chunk.screen.spec, *queries)
-                except sqlite3.Error as exc:  # e.g. a read-only open refused: read on the book's connection
+                    entities, facts, suspects = await asyncio.to_thread(self.own.screen, job)
+                except StorageError as exc:  # e.g. a read-only open refused: read on the book's connection
                     log.warning("verify: cannot read %s on its own (%s); reading on the book's connection",
-                                self.path, exc)
-                    self.path = None
+                                self.own.path, exc)
+                    self.own = None
                 else:
                     self.count(entities, facts)
                     self.found[i] = self.judged(chunk, suspects)
@@ -268,22 +248,22 @@ class _Run:
             counted = (self.entities, self.facts)
             try:
                 self.found[i] = await self.on_snapshot(chunk)
-            except sqlite3.OperationalError as exc:
-                if not undecodable(exc):
+            except Exception as exc:
+                if not self.store.undecodable(exc):
                     raise
                 self.entities, self.facts = counted  # read it again, counting it once
-                async with lenient(self.conn):
+                async with self.store.lenient(self.conn):
                     self.found[i] = await self.on_snapshot(chunk)
 
     async def on_snapshot(self, chunk: _Chunk) -> list[Any]:
-        """Screen one chunk on the snapshot's connection (PostgreSQL, or a bound transaction)."""
-        facts_query, rows_query = chunk.queries(self.conn.dialect.name)
+        """Screen one chunk on the snapshot's connection (no file of its own, or a bound transaction)."""
+        facts_query, rows_query = chunk.queries(self.store)
         merge = Merge(chunk.screen)
         found: list[Any] = []
         entity_at = chunk.screen.entity_at
         seen = (0, 0)
-        async with aclosing(batches(self.conn, rows_query)) as rows:
-            async with aclosing(batches(self.conn, facts_query)) as facts:
+        async with aclosing(self.store.batches(self.conn, rows_query, BATCH)) as rows:
+            async with aclosing(self.store.batches(self.conn, facts_query, BATCH)) as facts:
                 async for batch in facts:
                     while merge.wants_rows(batch[-1][entity_at]):
                         merge.add_rows(await _next(rows))
@@ -320,30 +300,3 @@ async def _next(batches: AsyncIterator[Sequence[Sequence[Any]]]) -> Sequence[Seq
         return await batches.__anext__()
     except StopAsyncIteration:
         return ()
-
-
-_SQLITE = sqlite_dialect.dialect(paramstyle="qmark")
-
-
-def _sqlite(query: sa.Select[Any]) -> tuple[str, list[Any]]:
-    compiled = query.compile(dialect=_SQLITE)
-    return compiled.string, [compiled.params[name] for name in compiled.positiontup or ()]
-
-
-async def batches(conn: AsyncConnection, query: sa.Select[Any]) -> AsyncIterator[Sequence[Sequence[Any]]]:
-    """The rows of ``query`` as tuples, a batch at a time, inside ``conn``'s transaction.
-
-    On SQLite straight from aiosqlite (no result objects); on PostgreSQL through a server-side cursor.
-    """
-    if conn.dialect.name != "sqlite":
-        result = await conn.stream(query.execution_options(yield_per=BATCH))
-        async for part in result.partitions(BATCH):
-            yield [tuple(r) for r in part]
-        return
-    sql, params = _sqlite(query)
-    cursor = await (await conn.get_raw_connection()).driver_connection.execute(sql, params)
-    try:
-        while batch := await cursor.fetchmany(BATCH):
-            yield batch
-    finally:
-        await cursor.close()

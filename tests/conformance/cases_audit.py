@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 import sqlalchemy as sa
 
+import statebook.adapters.sqlite_screen as sqlite_screen
 import statebook.lifecycle.sweep as sweep_module
 from statebook.lifecycle import (
     Book,
@@ -459,7 +460,7 @@ class AuditCases:
         def refuse(*args):
             raise sqlite3.OperationalError("unable to open database file")
 
-        monkeypatch.setattr(sweep_module, "screen_file", refuse)
+        monkeypatch.setattr(sqlite_screen, "screen_file", refuse)
         with caplog.at_level(logging.WARNING, logger="statebook.lifecycle"):
             assert (await verify(book, processes=0)).to_json() == expected
         assert ("cannot read" in caplog.text) == (book.dialect == "sqlite")

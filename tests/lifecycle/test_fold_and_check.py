@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Fact, Lifecycle, PolicyError, edges, fold, managed_table
 from statebook.lifecycle.facts import GENESIS, fact_hash, insert_values, legacy_fact_hash
 from statebook.lifecycle.replay import check_entity
-from statebook.lifecycle.sweep import UNKNOWN, column_default, row_defaults
+from statebook.lifecycle.schema import UNKNOWN, column_default, row_defaults
 
 META = sa.MetaData()
 JOBS = managed_table("fold_jobs", sa.Column("id", sa.String(32), primary_key=True), sa.Column("title", sa.Text),

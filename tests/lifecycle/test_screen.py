@@ -20,7 +20,8 @@ from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.facts import GENESIS, JSON_FIELDS, STORED_FIELDS, decoded, insert_values
 from statebook.lifecycle.replay import check_entity
 from statebook.lifecycle.screen import Merge, Screen
-from statebook.lifecycle.sweep import row_defaults, screen_of
+from statebook.lifecycle.schema import row_defaults
+from statebook.lifecycle.sweep import screen_of
 
 META = sa.MetaData()
 JOBS = managed_table(
