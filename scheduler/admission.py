@@ -18,7 +18,6 @@ import sqlalchemy as sa
 from statebook.lifecycle import Book
 
 from .schema import schedule_runs
-from .writes import reading
 
 r = schedule_runs
 
@@ -67,7 +66,7 @@ async def metric_value(book: Book, cfg: Mapping[str, Any], now: float, *, exclud
     own = [r.c.ended_at >= since, r.c.ended_at <= now]
     if exclude_schedule is not None:
         own.append(sa.or_(r.c.schedule_id.is_(None), r.c.schedule_id != exclude_schedule))
-    async with reading(book) as conn:
+    async with book.read() as conn:
         if metric == "failed_runs":
             q = sa.select(sa.func.count()).where(r.c.status.in_(("failed", "timed_out")), *own)
             return float((await conn.execute(q)).scalar() or 0)
@@ -99,7 +98,7 @@ def in_cooldown(cfg: Mapping[str, Any], last_alert_at: float | None, now: float)
 
 async def has_running(book: Book, schedule_id: str) -> bool:
     q = sa.select(r.c.id).where(r.c.schedule_id == schedule_id, r.c.status == "running").limit(1)
-    async with reading(book) as conn:
+    async with book.read() as conn:
         return (await conn.execute(q)).first() is not None
 
 
@@ -108,7 +107,7 @@ async def spent(book: Book, schedule_id: str) -> tuple[float, int]:
     q = sa.select(sa.func.coalesce(sa.func.sum(r.c.cost_usd), 0.0), sa.func.coalesce(sa.func.sum(r.c.tokens), 0)).where(
         r.c.schedule_id == schedule_id
     )
-    async with reading(book) as conn:
+    async with book.read() as conn:
         cost, tokens = (await conn.execute(q)).one()
     return float(cost or 0), int(tokens or 0)
 
@@ -126,7 +125,7 @@ async def top_level_runs(book: Book, schedule_id: str) -> int:
     q = sa.select(sa.func.count()).where(
         r.c.schedule_id == schedule_id, r.c.chain_depth == 0, r.c.status != "skipped"
     )
-    async with reading(book) as conn:
+    async with book.read() as conn:
         return int((await conn.execute(q)).scalar() or 0)
 
 
@@ -159,7 +158,7 @@ async def read_inputs(book: Book, due: Sequence[Mapping[str, Any]], now: float) 
     overlap = [s["id"] for s in due if s["overlap_policy"] == "skip"]
     budget = [s["id"] for s in due if s.get("budget_usd") is not None or s.get("budget_tokens") is not None]
     limited = [s["id"] for s in due if s.get("max_runs") is not None]
-    async with reading(book) as conn:
+    async with book.read() as conn:
         if overlap:
             q = sa.select(r.c.schedule_id).distinct().where(r.c.schedule_id.in_(overlap), r.c.status == "running")
             out.running = {sid for (sid,) in await conn.execute(q)}
@@ -187,7 +186,7 @@ async def _metric_values(book: Book, due: Sequence[Mapping[str, Any]], now: floa
         cfg = s["threshold_config"]
         groups.setdefault((cfg["metric"], float(cfg["window_minutes"])), []).append(s["id"])
     values: dict[str, float] = {}
-    async with reading(book) as conn:
+    async with book.read() as conn:
         for (metric, window), ids in groups.items():
             since = now - window * 60
             own = [r.c.ended_at >= since, r.c.ended_at <= now]

@@ -32,7 +32,6 @@ from .runs import SCHEDULER, finalize_run, open_run
 from .schema import schedule_runs, schedules
 from .store import ScheduleError, get_schedule
 from .triggers import following, missed_between
-from .writes import reading, writing
 
 log = logging.getLogger("statebook.scheduler")
 
@@ -169,7 +168,7 @@ class SchedulerEngine:
     async def fenced(self) -> AsyncIterator[Book]:
         """A write transaction for a fire: its first statement is the leadership fence (S16), so a
         daemon that lost the lease writes nothing (``LeadershipLost``, rolled back)."""
-        async with writing(self.book) as tx:
+        async with self.book.begin() as tx:
             await self.leader.fence(tx)
             yield tx
 
@@ -219,7 +218,7 @@ class SchedulerEngine:
         q = sa.select(schedule_runs.c.id, schedule_runs.c.daemon_id, schedule_runs.c.schedule_id).where(
             schedule_runs.c.status == "running"
         )
-        async with reading(self.book) as conn:
+        async with self.book.read() as conn:
             rows = list(await conn.execute(q))
         others = {r.daemon_id for r in rows if r.daemon_id and r.daemon_id != self.daemon_id
                   and r.daemon_id not in _LIVE_DAEMONS}
@@ -248,7 +247,7 @@ class SchedulerEngine:
         if not ids:
             return
         q = sa.select(schedule_runs.c.id, schedule_runs.c.status).where(schedule_runs.c.id.in_(ids))
-        async with reading(self.book) as conn:
+        async with self.book.read() as conn:
             ended = [row.id for row in await conn.execute(q) if row.status != "running"]
         for run_id in ended:
             task = self.executor.current.get(run_id)
@@ -282,7 +281,7 @@ class SchedulerEngine:
             return 0
 
     async def _evaluate_due(self, now: float) -> int:
-        async with reading(self.book) as conn:
+        async with self.book.read() as conn:
             due = [dict(r._mapping) for r in await conn.execute(self._active_due(now))]
         timed: list[dict[str, Any]] = []
         decided: list[evaluation.Decision] = []
@@ -296,7 +295,7 @@ class SchedulerEngine:
                 self._start(started)
                 await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
             decided += await self._decide_timed(timed, now)
-            async with reading(self.book) as conn:
+            async with self.book.read() as conn:
                 self.next_due = (await conn.execute(
                     sa.select(sa.func.min(schedules.c.next_fire_at)).where(schedules.c.status == "active")
                 )).scalar()
@@ -407,7 +406,7 @@ class SchedulerEngine:
         Fenced (S16) unless it is an operator's manual fire, which needs no leadership; the run's
         trigger context records the lease epoch it was fired under."""
         try:
-            async with writing(self.book) as tx:
+            async with self.book.begin() as tx:
                 epoch = await self.leader.fence(tx) if fence else None
                 if epoch is not None:
                     context = {**context, "leader_epoch": epoch}
@@ -427,7 +426,7 @@ class SchedulerEngine:
                                       reason=Reason(run_reason, f"{context.get('trigger')} fire"))
         except _Abort:
             if s["status"] == "active":
-                async with (self.fenced() if fence else writing(self.book)) as tx:
+                async with (self.fenced() if fence else self.book.begin()) as tx:
                     await exhaust(tx, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
             return None
 
@@ -481,7 +480,7 @@ class SchedulerEngine:
     async def check_missed_fires(self, now: float | None = None) -> int:
         """At start: occurrences that fell due while no daemon ran, by each schedule's missed_fire_policy."""
         now = self.book.clock.now() if now is None else now
-        async with reading(self.book) as conn:
+        async with self.book.read() as conn:
             due = [dict(r._mapping) for r in await conn.execute(self._active_due(now, limit=100_000))]
         try:
             for s in due:

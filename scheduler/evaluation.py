@@ -31,7 +31,6 @@ from .occurrence import claim_command, exhaust_command
 from .runs import new_run, open_runs
 from .schema import schedules
 from .triggers import following
-from .writes import writing
 
 
 @dataclass
@@ -98,7 +97,7 @@ async def decide_and_write(book: Book, due: Sequence[Mapping[str, Any]], now: fl
     in the trigger context of every run fired."""
     decisions: list[Decision] = []
     try:
-        async with writing(book) as tx:
+        async with book.begin() as tx:
             epoch = await fence(tx) if fence is not None else None
             current = await lock_due(tx, due)
             inputs = await gates.read_inputs(tx, [s for s in current if s is not None], now)

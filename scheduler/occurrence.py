@@ -15,7 +15,6 @@ from typing import Any
 
 from statebook.lifecycle import Actor, Book, Command, Outcome, Reason, apply
 
-from .writes import writing
 
 SCHEDULER = Actor("system", "scheduler")
 
@@ -45,11 +44,11 @@ async def claim(book: Book, schedule: Mapping[str, Any], due: float, following: 
                 reason: Reason, fired: bool = True, extra: Mapping[str, Any] | None = None) -> Outcome:
     """Apply :func:`claim_command` in its own transaction (or ``book``'s)."""
     command = claim_command(schedule, due, following, now=book.clock.now(), reason=reason, fired=fired, extra=extra)
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         return await apply(tx, command)
 
 
 async def exhaust(book: Book, schedule: Mapping[str, Any], code: str, summary: str) -> Outcome:
     """Apply :func:`exhaust_command` in its own transaction (or ``book``'s)."""
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         return await apply(tx, exhaust_command(schedule, code, summary))

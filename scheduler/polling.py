@@ -32,7 +32,6 @@ from statebook.lifecycle import Reason, transition
 from . import admission as gates
 from .occurrence import SCHEDULER, claim, exhaust
 from .runs import open_run
-from .writes import writing
 
 if TYPE_CHECKING:
     from .engine import SchedulerEngine
@@ -272,7 +271,7 @@ class GithubPolling:
                            context: Mapping[str, Any]) -> str | None:
         """Move the cursor to ``event_id`` and open its run in ONE transaction (S1, S13); None on conflict."""
         eng = self.engine
-        async with writing(eng.book) as tx:
+        async with eng.book.begin() as tx:
             epoch = await eng.leader.fence(tx)  # S16
             if epoch is not None:
                 context = {**context, "leader_epoch": epoch}
