@@ -20,9 +20,8 @@ from statebook.lifecycle import (
 from statebook.outbox import enqueue_dispatch
 
 from .schema import schedule_runs
-from .store import RUN_TERMINAL, ScheduleError, get_run, get_schedule
+from .store import RUN_TERMINAL, SCHEDULER, ScheduleError, get_run, get_schedule
 
-SCHEDULER = Actor("system", "scheduler")
 NOTIFIED = ("completed", "failed", "timed_out", "cancelled")
 ERROR_DETAIL_LIMIT = 4000
 

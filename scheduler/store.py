@@ -17,6 +17,7 @@ from .schema import schedule_runs, schedules
 from .triggers import first_fire
 
 OPERATOR = Actor("operator", "cli")
+SCHEDULER = Actor("system", "scheduler")
 RUN_TERMINAL = ("completed", "failed", "timed_out", "skipped", "cancelled")
 
 

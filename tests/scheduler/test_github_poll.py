@@ -20,7 +20,7 @@ import pytest
 from statebook.adapters.github import GitHubPoller, next_link
 from statebook.lifecycle import history, verify
 from statebook.scheduler.engine import SchedulerEngine
-from statebook.scheduler.polling import check_filter
+from statebook.scheduler.requests import check_filter
 from statebook.scheduler.store import get_schedule
 
 from sched_helpers import FakeSpawner, make, runs_of, settings

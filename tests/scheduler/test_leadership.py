@@ -118,7 +118,7 @@ async def test_a_fenced_single_claim_writes_nothing(book, rival, clock):
     before = (len(await history(book, "schedule", s["id"])), len(await history(book, "schedule", g["id"])))
     clock.advance(60)  # both due again; a still believes it leads at epoch 1
     with pytest.raises(LeadershipLost):
-        await a._missed(dict(row), clock.now())
+        await a.firing.missed(dict(row), clock.now())
     lead_a.epoch = 1  # (a lost fence forgets the epoch; put a back in its frozen belief for the second path)
     with pytest.raises(LeadershipLost):
         await a.consider(dict(grow), clock.now())

@@ -50,9 +50,10 @@ async def test_run_of_a_dead_daemon_is_finalized_failed_at_start(book, clock):
     s = await make(book, interval_sec=10)
     crashed = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
     clock.advance(10)
-    # Simulate the crash: claim and open the run, but never launch it.
-    run_id = await crashed._claim_and_open(s, s["next_fire_at"], s["next_fire_at"] + 10, {"trigger": "interval"}, {},
-                                           "schedule_run.running.fired")
+    # Simulate the crash: claim and open the run (committed), but never launch it.
+    (decision,) = await crashed.firing.decide([s], clock.now())
+    assert decision.outcome == "fired"
+    run_id = decision.run_id
     assert (await runs_of(book, s["id"]))[0]["status"] == "running"
     survivor = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
     await survivor.start(loop=False)
