@@ -1,7 +1,8 @@
 """The ``github_poll`` trigger (S13): poll a repository's events, fire once per new event, keep a cursor.
 
 The HTTP client is an edge (``adapters/github.py``) behind the :class:`Poller` protocol; the
-composition root injects it into ``SchedulerEngine``. Without one, a github_poll schedule only
+composition root injects it into ``SchedulerEngine``, which hands it to :class:`GithubPolling` with its
+``Firing`` (admission and claims) as the one collaborator that writes. Without one, a github_poll schedule only
 advances its cadence (and a warning is logged once).
 
 One due occurrence of a github_poll schedule:
@@ -10,10 +11,11 @@ One due occurrence of a github_poll schedule:
    last complete poll (a 304 is a healthy poll with no events);
 2. select the new events: id above ``github_cursor`` (ids are increasing numbers), or, before the
    first fire, created no earlier than the schedule itself; then ``github_filter``;
-3. for each, oldest first, pass the gates (overlap, budget, max_runs, global slot); only then move
-   the cursor to the event's id in the same transaction that opens its run (a compare-and-set on
-   ``github_cursor`` and ``next_fire_at``, so an event fires at most once, even with two daemons);
-   the first event that cannot fire stops the pass and stays above the cursor;
+3. for each, oldest first, one transaction (``Firing.event``): lock the schedule, pass the gates
+   (overlap, budget, max_runs, global slot — ``admission.admit`` with a set of one), and only then
+   move the cursor to the event's id and open its run (a compare-and-set on ``github_cursor`` and
+   ``next_fire_at``, so an event fires at most once, even with two daemons, S1); the first event
+   that cannot fire stops the pass and stays above the cursor;
 4. one cadence transition with the health columns: ``last_healthy_poll_at`` and a reset
    ``poller_consecutive_401`` after 200/304, an incremented counter after 401. With events
    still waiting the poll comes back on the next tick rather than after the poll interval.

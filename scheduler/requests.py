@@ -1,7 +1,8 @@
-"""``CreateScheduleRequest``: the validated shape of a new schedule (seed ADR-0070 D2, plus ``at``).
+"""``CreateScheduleRequest``: the validated shape of a new schedule (specs/scheduler.md S2).
 
 One action vocabulary from creation to launch: agent, flow, fanout, play, flow_yaml, command.
-The seed's ``playbook`` spelling is refused with a pointer to ``play`` instead of being stored.
+The ``playbook`` spelling is refused with a pointer to ``play`` instead of being stored (S2). The
+``github_filter`` check lives here too (:func:`check_filter`); the poll reads the checked form (S13).
 """
 
 from __future__ import annotations
