@@ -100,35 +100,31 @@ class Firing:
 
     async def manual(self, schedule_id: str) -> str:
         """An operator's fire (S5): budget, max_runs and a global slot; a refusal raises and opens no run
-        (budget or max_runs spent exhausts an active schedule, as the tick would)."""
+        (budget or max_runs spent exhausts an active schedule, as the tick would). Returns the run id."""
         s = await get_schedule(self.book, schedule_id)
         if s["status"] not in ("active", "paused"):
             raise ScheduleError(f"schedule {s['name']} is {s['status']}; enable it before firing")
         now = self.book.clock.now()
         context = {"trigger": "manual", "schedule": s["name"], "fired_at": now}
         verdict: Verdict | None = None
+        run_id: str | None = None
         try:
             async with self.book.begin() as tx:  # not fenced: an operator's act needs no leadership (S16)
                 current, verdict = await self._judge(tx, s, now, ON_DEMAND, statuses=("active", "paused"), guards=())
                 refusal = _manual_refusal(s, current, verdict, self.slots)
-                if refusal is None and current is not None and verdict is not None:
-                    out = await _touch(tx, current, "schedule_run.running.manual")
-                    if out.conflict:
-                        refusal = ScheduleError(f"schedule {s['name']} could not be fired (changed concurrently)")
-                    else:
+                if current is not None and verdict is not None:
+                    if verdict.gate in ("budget", "max_runs") and current["status"] == "active":
+                        await exhaust(tx, current, f"schedule.exhausted.{verdict.gate}", verdict.summary)
+                    elif refusal is None and (await _touch(tx, current, "schedule_run.running.manual")).applied:
                         run_id = await open_run(tx, current, context=context, daemon_id=self.daemon_id,
                                                 reason=Reason("schedule_run.running.manual", "manual fire"))
-                elif verdict is not None and verdict.gate in ("budget", "max_runs") and current is not None \
-                        and current["status"] == "active":
-                    await exhaust(tx, current, f"schedule.exhausted.{verdict.gate}", verdict.summary)
         except BaseException:
             _release(verdict)
             raise
-        if refusal is not None:
+        if refusal is not None or run_id is None or verdict is None or verdict.handle is None:
             _release(verdict)
-            raise refusal
-        assert current is not None and verdict is not None and verdict.handle is not None
-        self._launch(current, run_id, context, verdict.handle)
+            raise refusal or ScheduleError(f"schedule {s['name']} could not be fired (changed concurrently)")
+        self._launch(current or s, run_id, context, verdict.handle)
         return run_id
 
     async def missed(self, s: Mapping[str, Any], now: float) -> None:
