@@ -23,7 +23,8 @@ from pydantic import ValidationError
 
 from statebook.lifecycle import Book, Registry, history, verify
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
-from statebook.scheduler.engine import SchedulerEngine, new_daemon_id
+from statebook.scheduler.engine import SchedulerEngine
+from statebook.scheduler.recovery import new_daemon_id
 from statebook.scheduler.schema import schedule_runs, schedules
 from statebook.scheduler.store import create_schedule, find_schedule
 

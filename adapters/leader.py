@@ -26,7 +26,6 @@ from sqlalchemy.exc import IntegrityError
 from statebook.lifecycle import Book
 from statebook.scheduler.leadership import LeadershipLost
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
-from statebook.scheduler.writes import reading, writing
 
 from .errors import ConfigError
 
@@ -68,7 +67,7 @@ class LeaseLeader:
     async def _heartbeat(self, now: float) -> bool:
         """Renew this daemon's heartbeat and, when leading, the lease; True if the lease was renewed."""
         d, lease = scheduler_daemons, scheduler_leases
-        async with writing(self.book) as tx:
+        async with self.book.begin() as tx:
             assert tx.conn is not None
             beat = await tx.conn.execute(sa.update(d).where(d.c.daemon_id == self.daemon_id).values(heartbeat_at=now))
             if beat.rowcount == 0:
@@ -85,7 +84,7 @@ class LeaseLeader:
         lease = scheduler_leases
         cutoff = now - self.lease_seconds
         try:
-            async with writing(self.book) as tx:
+            async with self.book.begin() as tx:
                 assert tx.conn is not None
                 if self._postgres:  # a fence of a frozen leader holds the row: try again next tick
                     await tx.conn.execute(sa.text(f"SET LOCAL lock_timeout = {TAKEOVER_LOCK_TIMEOUT_MS}"))
@@ -139,7 +138,7 @@ class LeaseLeader:
             return set()
         d = scheduler_daemons
         cutoff = self.book.clock.now() - self.lease_seconds
-        async with reading(self.book) as conn:
+        async with self.book.read() as conn:
             rows = await conn.execute(sa.select(d.c.daemon_id).where(d.c.daemon_id.in_(ids), d.c.heartbeat_at < cutoff))
             return {r.daemon_id for r in rows}
 
@@ -147,7 +146,7 @@ class LeaseLeader:
         """At a clean stop: give the lease up (a standby takes it on its next tick) and drop the heartbeat."""
         lease, d = scheduler_leases, scheduler_daemons
         try:
-            async with writing(self.book) as tx:
+            async with self.book.begin() as tx:
                 assert tx.conn is not None
                 if self.epoch is not None:
                     await tx.conn.execute(

@@ -1,6 +1,7 @@
 """statebook.scheduler — triggers, admission gates, isolated child runs, follow-ups."""
 
-from .engine import CapacityExhausted, SchedulerEngine
+from .engine import SchedulerEngine
+from .firing import CapacityExhausted
 from .launcher import Launch, LaunchRefused, ProcessResult, build_launch, spawn_and_wait
 from .policy import SCHEDULE, SCHEDULE_RUN
 from .polling import Poller, PollResult

@@ -1,10 +1,12 @@
-"""Fire gates in the seed's order: threshold+cooldown → overlap → budget → max_runs → global slot.
+"""Fire gates in S5's order: threshold+cooldown → overlap → budget → max_runs → global slot.
 
-The gates read; the engine writes what they decide (a skipped run, an advanced cadence, an
-exhausted schedule, a deferral record). Each gate is a plain function so tests can call it.
-:func:`read_inputs` reads what the gates need for a whole set of due schedules at once, with one
-grouped query per kind of input (the tick's evaluation); the one-schedule reads below serve manual
-fires, missed fires and github_poll events.
+:func:`admit` is the one place the gates are applied: given a set of schedules (in due order), the
+inputs the gates read for them (:func:`read_inputs`: one grouped query per kind of input) and the
+free slots, it gives each schedule a :class:`Verdict`. The tick decides a set
+(``evaluation.py``); a manual fire, a missed fire's recovery run and a github event decide a set of
+one (``firing.py``), with the gates their path applies (:class:`Gates`). The gates only read; the
+callers write what a verdict means on their path (a skipped run, an advanced cadence, an exhausted
+schedule, a deferral record, a refusal).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Book
+from statebook.outbox import dispatch_outbox
 
 from .schema import schedule_runs
-from .writes import reading
 
 r = schedule_runs
 
@@ -60,32 +62,6 @@ def _p95(values: Iterable[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
-async def metric_value(book: Book, cfg: Mapping[str, Any], now: float, *, exclude_schedule: str | None) -> float:
-    """The threshold metric over the last ``window_minutes`` from statebook's own tables."""
-    since = now - float(cfg["window_minutes"]) * 60
-    metric = cfg["metric"]
-    own = [r.c.ended_at >= since, r.c.ended_at <= now]
-    if exclude_schedule is not None:
-        own.append(sa.or_(r.c.schedule_id.is_(None), r.c.schedule_id != exclude_schedule))
-    async with reading(book) as conn:
-        if metric == "failed_runs":
-            q = sa.select(sa.func.count()).where(r.c.status.in_(("failed", "timed_out")), *own)
-            return float((await conn.execute(q)).scalar() or 0)
-        if metric == "total_cost":
-            q = sa.select(sa.func.coalesce(sa.func.sum(r.c.cost_usd), 0.0)).where(*own)
-            return float((await conn.execute(q)).scalar() or 0)
-        if metric == "p95_duration":
-            q = (sa.select(r.c.ended_at - r.c.fired_at).where(r.c.status.in_(("completed", "failed", "timed_out")), *own)
-                 .limit(100_000))
-            return _p95(float(v) for (v,) in await conn.execute(q))
-        if metric == "dead_letters":
-            from statebook.outbox import dispatch_outbox as d
-
-            q = sa.select(sa.func.count()).where(d.c.status == "dead_letter", d.c.updated_at >= since)
-            return float((await conn.execute(q)).scalar() or 0)
-    raise ValueError(f"unknown threshold metric {metric!r}")
-
-
 def breached(cfg: Mapping[str, Any], value: float) -> bool:
     limit = float(cfg["value"])
     return value >= limit if cfg.get("op", "gt") == "gte" else value > limit
@@ -97,22 +73,6 @@ def in_cooldown(cfg: Mapping[str, Any], last_alert_at: float | None, now: float)
 
 # -- overlap, budget, max_runs ---------------------------------------------------------------------
 
-async def has_running(book: Book, schedule_id: str) -> bool:
-    q = sa.select(r.c.id).where(r.c.schedule_id == schedule_id, r.c.status == "running").limit(1)
-    async with reading(book) as conn:
-        return (await conn.execute(q)).first() is not None
-
-
-async def spent(book: Book, schedule_id: str) -> tuple[float, int]:
-    """Cumulative reported cost and tokens of every run of the schedule (follow-ups included)."""
-    q = sa.select(sa.func.coalesce(sa.func.sum(r.c.cost_usd), 0.0), sa.func.coalesce(sa.func.sum(r.c.tokens), 0)).where(
-        r.c.schedule_id == schedule_id
-    )
-    async with reading(book) as conn:
-        cost, tokens = (await conn.execute(q)).one()
-    return float(cost or 0), int(tokens or 0)
-
-
 def over_budget(schedule: Mapping[str, Any], cost: float, tokens: int) -> str | None:
     if schedule.get("budget_usd") is not None and cost >= schedule["budget_usd"]:
         return f"spent ${cost:.4f} of a ${schedule['budget_usd']:.4f} budget"
@@ -121,21 +81,26 @@ def over_budget(schedule: Mapping[str, Any], cost: float, tokens: int) -> str | 
     return None
 
 
-async def top_level_runs(book: Book, schedule_id: str) -> int:
-    """Runs that count against max_runs: top-level (not follow-ups) and not skipped."""
-    q = sa.select(sa.func.count()).where(
-        r.c.schedule_id == schedule_id, r.c.chain_depth == 0, r.c.status != "skipped"
-    )
-    async with reading(book) as conn:
-        return int((await conn.execute(q)).scalar() or 0)
-
-
 def deferral_recorded(count: int, every: int) -> bool:
     """Record the first deferral and every ``every``-th one after it (1, 11, 21, ... for 10)."""
     return (count - 1) % every == 0
 
 
-# -- every gate input of a set of due schedules, grouped -------------------------------------------
+# -- which gates, and every gate input of a set of schedules, grouped ------------------------------
+
+@dataclass(frozen=True)
+class Gates:
+    """The gates a path applies (the order is always S5's); budget, max_runs and the slot always apply."""
+
+    threshold: bool = True
+    overlap: bool = True
+
+
+DUE = Gates()
+"""a due occurrence: the tick's timed schedules and a github event (a github_poll schedule has no threshold, S2)"""
+ON_DEMAND = Gates(threshold=False, overlap=False)
+"""a manual fire and a missed fire's recovery run (S5, S6): budget, max_runs and a global slot"""
+
 
 @dataclass
 class GateInputs:
@@ -151,15 +116,18 @@ class GateInputs:
     """top-level non-skipped runs, for schedules with max_runs"""
 
 
-async def read_inputs(book: Book, due: Sequence[Mapping[str, Any]], now: float) -> GateInputs:
-    """The same values as :func:`metric_value`, :func:`has_running`, :func:`spent` and
-    :func:`top_level_runs` for every schedule in ``due`` that has the gate, one query per input
-    (per metric and window for thresholds). Give a bound book to read inside the claim transaction."""
+async def read_inputs(book: Book, due: Sequence[Mapping[str, Any]], now: float, *,
+                      gates: Gates | None = None) -> GateInputs:
+    """What ``gates`` (all of them by default) read for every schedule in ``due`` that has the gate,
+    one query per input (per metric and window for thresholds). Give a bound book, after the row
+    lock, to read inside the claim transaction (S5: max_runs is counted where no other claimant can
+    add a run)."""
+    gates = gates or DUE
     out = GateInputs()
-    overlap = [s["id"] for s in due if s["overlap_policy"] == "skip"]
+    overlap = [s["id"] for s in due if gates.overlap and s["overlap_policy"] == "skip"]
     budget = [s["id"] for s in due if s.get("budget_usd") is not None or s.get("budget_tokens") is not None]
     limited = [s["id"] for s in due if s.get("max_runs") is not None]
-    async with reading(book) as conn:
+    async with book.read() as conn:
         if overlap:
             q = sa.select(r.c.schedule_id).distinct().where(r.c.schedule_id.in_(overlap), r.c.status == "running")
             out.running = {sid for (sid,) in await conn.execute(q)}
@@ -175,25 +143,26 @@ async def read_inputs(book: Book, due: Sequence[Mapping[str, Any]], now: float) 
                  .group_by(r.c.schedule_id))
             found_counts = {sid: int(n) for sid, n in await conn.execute(q)}
             out.counted = {sid: found_counts.get(sid, 0) for sid in limited}
-    out.metrics = await _metric_values(book, [s for s in due if s.get("threshold_config")], now)
+    thresholds = [s for s in due if gates.threshold and s.get("threshold_config")]
+    if thresholds:
+        out.metrics = await _metric_values(book, thresholds, now)
     return out
 
 
 async def _metric_values(book: Book, due: Sequence[Mapping[str, Any]], now: float) -> dict[str, float]:
-    """:func:`metric_value` of each schedule's threshold: per (metric, window), one query grouped by
-    schedule, then each schedule's value without its own runs."""
+    """Each schedule's threshold metric over its last ``window_minutes``, from statebook's own tables,
+    without the schedule's own runs: per (metric, window), one query grouped by schedule."""
     groups: dict[tuple[str, float], list[str]] = {}
     for s in due:
         cfg = s["threshold_config"]
         groups.setdefault((cfg["metric"], float(cfg["window_minutes"])), []).append(s["id"])
     values: dict[str, float] = {}
-    async with reading(book) as conn:
+    async with book.read() as conn:
         for (metric, window), ids in groups.items():
             since = now - window * 60
             own = [r.c.ended_at >= since, r.c.ended_at <= now]
             if metric == "dead_letters":
-                from statebook.outbox import dispatch_outbox as d
-
+                d = dispatch_outbox
                 q = sa.select(sa.func.count()).where(d.c.status == "dead_letter", d.c.updated_at >= since)
                 total = float((await conn.execute(q)).scalar() or 0)
                 values.update(dict.fromkeys(ids, total))
@@ -213,3 +182,47 @@ async def _metric_values(book: Book, due: Sequence[Mapping[str, Any]], now: floa
             per_schedule = [(owner, float(v or 0)) for owner, v in await conn.execute(q.group_by(r.c.schedule_id))]
             values.update({sid: float(sum(v for owner, v in per_schedule if owner != sid)) for sid in ids})
     return values
+
+
+# -- the gates ---------------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    """What the gates decided for one schedule: the first gate that refused, or ``fire``."""
+
+    gate: str
+    """``threshold_ok``, ``threshold_cooldown``, ``overlap``, ``budget``, ``max_runs``, ``capacity`` or ``fire``"""
+    summary: str = ""
+    handle: SlotHandle | None = None
+    """the global slot a fire holds (the caller launches it, or releases it)"""
+    alert: dict[str, Any] | None = None
+    """a threshold breach (metric, value, threshold) that later gates saw; a fire stamps ``last_alert_at``"""
+
+
+def admit(due: Sequence[Mapping[str, Any]], inputs: GateInputs, slots: Slots, *, now: float,
+          gates: Gates | None = None) -> list[Verdict]:
+    """S5 for each schedule of ``due``, in order (so the free slots go to the earliest); reads nothing."""
+    return [_admit(s, inputs, slots, now, gates or DUE) for s in due]
+
+
+def _admit(s: Mapping[str, Any], inputs: GateInputs, slots: Slots, now: float, gates: Gates) -> Verdict:
+    alert = None
+    cfg = s.get("threshold_config")
+    if gates.threshold and cfg:
+        value = inputs.metrics[s["id"]]
+        if not breached(cfg, value):
+            return Verdict("threshold_ok", f"{cfg['metric']}={value:g} within bounds")
+        if in_cooldown(cfg, s.get("last_alert_at"), now):
+            return Verdict("threshold_cooldown", f"{cfg['metric']}={value:g} breached in cooldown")
+        alert = {"metric": cfg["metric"], "value": value, "threshold": cfg["value"]}
+    if gates.overlap and s["overlap_policy"] == "skip" and s["id"] in inputs.running:
+        return Verdict("overlap", "a run of this schedule is still running", alert=alert)
+    over = over_budget(s, *inputs.spent[s["id"]]) if s["id"] in inputs.spent else None
+    if over:
+        return Verdict("budget", over, alert=alert)
+    if s.get("max_runs") is not None and inputs.counted[s["id"]] >= s["max_runs"]:
+        return Verdict("max_runs", f"{s['max_runs']} run(s) used", alert=alert)
+    handle = slots.try_take()
+    if handle is None:
+        return Verdict("capacity", f"all {slots.limit} slots busy", alert=alert)
+    return Verdict("fire", handle=handle, alert=alert)

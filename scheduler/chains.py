@@ -1,4 +1,4 @@
-"""Follow-ups (seed ADR-0070 D4): pick at most one continuation and overlay it on the parent.
+"""Follow-ups (specs/scheduler.md S8): pick at most one continuation and overlay it on the parent.
 
 ``on_success`` after exit 0, ``on_fail`` after anything else. The overlay's keys replace the
 parent's action fields; unknown keys are ignored. The child inherits the parent's own

@@ -3,17 +3,17 @@
 The tick's schedule evaluation (S1, S5) in a constant number of statements, whatever the number
 of due schedules:
 
-1. lock the due rows (PostgreSQL ``FOR UPDATE``; on SQLite the transaction holds the write lock)
-   and re-read them: a row no longer ``active`` at the occurrence read before is someone else's
-   claim (``conflict``, nothing written);
+1. lock the due rows (:func:`occurrence.lock`: PostgreSQL ``FOR UPDATE``; on SQLite the transaction
+   holds the write lock) and re-read them: a row no longer ``active`` at the occurrence read before
+   is someone else's claim (``conflict``, nothing written);
 2. read every gate input with one grouped query per input (:func:`admission.read_inputs`) — inside
    the transaction, after the lock, so max_runs is counted where no other claimant can add a run;
-3. decide each schedule in due order with :func:`decide` (the gates in the seed's order, the global
-   slot last) — it reads nothing: the row, the inputs and the free slots (a fire takes one);
+3. let :func:`admission.admit` decide the set in due order (the gates in S5's order, the global slot
+   last) and turn each verdict into what it writes (:func:`decide`);
 4. write the decisions: every schedule transition (claim, advance, exhaust) with one ``apply_many``,
    every run (fired, skipped for overlap, deferral record) with one ``create_many``.
 
-Launches happen after the commit, outside the transaction (the engine's job).
+Launches happen after the commit, outside the transaction (``firing.Firing.started``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ import sqlalchemy as sa
 from statebook.lifecycle import Book, Command, NewEntity, Reason, apply_many
 
 from . import admission as gates
-from .occurrence import claim_command, exhaust_command
+from .occurrence import claim_command, exhaust_command, lock
 from .runs import new_run, open_runs
 from .schema import schedules
 from .triggers import following
-from .writes import writing
 
 
 @dataclass
@@ -58,32 +57,11 @@ class Decision:
             self.handle = None
 
 
-async def lock_due(tx: Book, due: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any] | None]:
-    """The rows of ``due`` as they are under the row lock, in order; None for a row that is no longer
-    active at the occurrence it had (claimed, paused or changed by someone else meanwhile).
-
-    The lock reads only what says whether a row changed (its version); a row that changed but is
-    still due at the same occurrence (an operator's update) is read again in full."""
+def due_query(now: float, limit: int = 1000) -> sa.Select:
+    """Active schedules due at ``now``, in due order ``(next_fire_at, id)`` (S5: the earliest get the slots)."""
     s = schedules
-    assert tx.conn is not None
-    query = (sa.select(s.c.id, s.c.status, s.c.version, s.c.next_fire_at)
-             .where(s.c.id.in_([row["id"] for row in due])).order_by(s.c.id))
-    query = tx.store.lock_rows(query, "wait")  # in id order: two evaluators lock overlapping sets without deadlock
-    locked = {row.id: row for row in await tx.conn.execute(query)}
-    out: list[Mapping[str, Any] | None] = []
-    changed: list[str] = []
-    for row in due:
-        held = locked.get(row["id"])
-        if held is None or held.status != "active" or held.next_fire_at != row["next_fire_at"]:
-            out.append(None)
-            continue
-        out.append(row)
-        if held.version != row["version"]:
-            changed.append(row["id"])
-    if changed:
-        fresh = {r.id: dict(r._mapping) for r in await tx.conn.execute(sa.select(s).where(s.c.id.in_(changed)))}
-        out = [fresh.get(row["id"], row) if row is not None else None for row in out]
-    return out
+    return (sa.select(s).where(s.c.status == "active", s.c.next_fire_at.is_not(None), s.c.next_fire_at <= now)
+            .order_by(s.c.next_fire_at, s.c.id).limit(limit))
 
 
 async def decide_and_write(book: Book, due: Sequence[Mapping[str, Any]], now: float, *, zone: str | None,
@@ -97,75 +75,79 @@ async def decide_and_write(book: Book, due: Sequence[Mapping[str, Any]], now: fl
     ``fence`` (the leadership's, S16) runs first in the transaction; the epoch it returns is recorded
     in the trigger context of every run fired."""
     decisions: list[Decision] = []
+    verdicts: list[gates.Verdict] = []
     try:
-        async with writing(book) as tx:
+        async with book.begin() as tx:
             epoch = await fence(tx) if fence is not None else None
-            current = await lock_due(tx, due)
-            inputs = await gates.read_inputs(tx, [s for s in current if s is not None], now)
+            current = await lock(tx, due)
+            live = [s for s in current if s is not None]
+            inputs = await gates.read_inputs(tx, live, now)
+            verdicts = gates.admit(live, inputs, slots, now=now)
+            judged = iter(verdicts)
             for stale, s in zip(due, current, strict=True):
                 if s is None:
                     decisions.append(Decision(stale, "conflict"))
                     continue
-                decisions.append(decide(s, inputs, now=now, zone=zone, slots=slots, deferrals=deferrals,
-                                        record_every=record_every, daemon_id=daemon_id, epoch=epoch))
+                decisions.append(decide(s, next(judged), now=now, zone=zone, deferrals=deferrals,
+                                        record_every=record_every, daemon_id=daemon_id, epoch=epoch,
+                                        limit=slots.limit))
             await write(tx, decisions)
     except BaseException:
-        for d in decisions:
-            d.release()
+        for v in verdicts:
+            if v.handle is not None:
+                v.handle.release()
         raise
     return decisions
 
 
-def decide(s: Mapping[str, Any], inputs: gates.GateInputs, *, now: float, zone: str | None, slots: gates.Slots,
-           deferrals: Mapping[str, int], record_every: int, daemon_id: str, epoch: int | None = None) -> Decision:
-    """The gates in the seed's order for one due schedule (S5); takes a slot for a fire."""
+def decide(s: Mapping[str, Any], verdict: gates.Verdict, *, now: float, zone: str | None,
+           deferrals: Mapping[str, int], record_every: int, daemon_id: str, epoch: int | None = None,
+           limit: int = 0) -> Decision:
+    """What the tick writes for one due schedule's verdict (S5); a fire keeps the verdict's slot."""
     due = s["next_fire_at"]
     nxt = following(s, due, now, zone)
-    context: dict[str, Any] = {"trigger": s["trigger_type"], "occurrence_at": due, "schedule": s["name"]}
-    if epoch is not None:
-        context["leader_epoch"] = epoch
-    extra: dict[str, Any] = {}
-    cfg = s.get("threshold_config")
-    if cfg:
-        value = inputs.metrics[s["id"]]
-        if not gates.breached(cfg, value):
-            return _advance(s, due, nxt, now, "schedule.active.threshold_ok", f"{cfg['metric']}={value:g} within bounds")
-        if gates.in_cooldown(cfg, s.get("last_alert_at"), now):
-            return _advance(s, due, nxt, now, "schedule.active.threshold_cooldown",
-                            f"{cfg['metric']}={value:g} breached in cooldown")
-        context.update(metric=cfg["metric"], value=value, threshold=cfg["value"])
-        extra["last_alert_at"] = now
-    if s["overlap_policy"] == "skip" and s["id"] in inputs.running:
+    context = {**occurrence_context(s, epoch), **(verdict.alert or {})}
+    gate = verdict.gate
+    if gate in ("threshold_ok", "threshold_cooldown"):
+        return Decision(s, gate, claim_command(s, due, nxt, now=now, fired=False,
+                                               reason=Reason(f"schedule.active.{gate}", verdict.summary)))
+    if gate == "overlap":
         return Decision(s, "skipped_overlap", claim_command(
             s, due, nxt, now=now, fired=False, reason=Reason("schedule.active.skipped_overlap", "previous run still running"),
         ), new_run(s, now=now, status="skipped", context=context, daemon_id=daemon_id, occurrence_at=due, reason=Reason(
-            "schedule_run.skipped.overlap", "a run of this schedule is still running")), context)
-    if s["id"] in inputs.spent:
-        over = gates.over_budget(s, *inputs.spent[s["id"]])
-        if over:
-            return Decision(s, "exhausted_budget", exhaust_command(s, "schedule.exhausted.budget", over))
-    if s.get("max_runs") is not None and inputs.counted[s["id"]] >= s["max_runs"]:
-        return Decision(s, "exhausted_max_runs",
-                        exhaust_command(s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used"))
-    handle = slots.try_take()
-    if handle is None:
+            "schedule_run.skipped.overlap", verdict.summary)), context)
+    if gate in ("budget", "max_runs"):
+        return Decision(s, f"exhausted_{gate}", exhaust_command(s, f"schedule.exhausted.{gate}", verdict.summary))
+    if gate == "capacity":
         count = deferrals.get(s["id"], 0) + 1
-        record = None
-        if gates.deferral_recorded(count, record_every):
-            record = new_run(s, now=now, status="skipped", context={**context, "deferrals": count}, daemon_id=daemon_id,
-                             occurrence_at=due, reason=Reason(
-                                 "schedule_run.skipped.deferred_capacity",
-                                 f"all {slots.limit} slots busy; deferral {count}, the fire stays due"))
-        return Decision(s, "deferred", None, record, context, deferrals=count)
+        return Decision(s, "deferred", None, deferral_record(s, context, count, now=now, every=record_every,
+                                                             limit=limit, daemon_id=daemon_id),
+                        context, deferrals=count)
+    extra = {"last_alert_at": now} if verdict.alert is not None else {}
     command = claim_command(s, due, nxt, now=now, extra=extra, reason=Reason(
         "schedule.active.fire_claimed", f"occurrence {due} claimed by {daemon_id}"))
     run = new_run(s, now=now, context=context, daemon_id=daemon_id, occurrence_at=due,
                   reason=Reason("schedule_run.running.fired", f"{context.get('trigger')} fire"))
-    return Decision(s, "fired", command, run, context, handle)
+    return Decision(s, "fired", command, run, context, verdict.handle)
 
 
-def _advance(s: Mapping[str, Any], due: float, nxt: float | None, now: float, code: str, summary: str) -> Decision:
-    return Decision(s, code.rsplit(".", 1)[1], claim_command(s, due, nxt, now=now, fired=False, reason=Reason(code, summary)))
+def occurrence_context(s: Mapping[str, Any], epoch: int | None) -> dict[str, Any]:
+    """The trigger context of a due occurrence's run; with the lease epoch it was fired under (S16)."""
+    context: dict[str, Any] = {"trigger": s["trigger_type"], "occurrence_at": s["next_fire_at"], "schedule": s["name"]}
+    if epoch is not None:
+        context["leader_epoch"] = epoch
+    return context
+
+
+def deferral_record(s: Mapping[str, Any], context: Mapping[str, Any], count: int, *, now: float, every: int,
+                    limit: int, daemon_id: str) -> NewEntity | None:
+    """The skipped ``deferred_capacity`` run of deferral ``count`` (S5: the first and every ``every``-th)."""
+    if not gates.deferral_recorded(count, every):
+        return None
+    return new_run(s, now=now, status="skipped", context={**context, "deferrals": count}, daemon_id=daemon_id,
+                   occurrence_at=s["next_fire_at"], reason=Reason(
+                       "schedule_run.skipped.deferred_capacity",
+                       f"all {limit} slots busy; deferral {count}, the fire stays due"))
 
 
 async def write(tx: Book, decisions: Sequence[Decision]) -> None:

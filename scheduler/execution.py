@@ -169,7 +169,7 @@ class Executor:
         return status, result.exit_code
 
     async def _launched(self, run_id: str, pid: int, launch: Launch) -> None:
-        # The schedule_run graph has no running -> running edge (seed ADR-0070 D3), so the child's pid
+        # The schedule_run graph has no running -> running edge (specs/schedule_run.md), so the child's pid
         # is kept in memory and recorded with the terminal transition.
         self.pids[run_id] = pid
         log.info("run %s launched pid %s in %s", run_id, pid, launch.cwd)

@@ -2,8 +2,9 @@
 
 The composition root injects an implementation (``adapters/leader.py``: a lease row with a heartbeat
 and a fencing epoch). The engine calls :meth:`Leader.is_leader` once per tick — which is also when a
-daemon's heartbeat is renewed —, :meth:`Leader.fence` as the first statement of every transaction
-that writes for a fire, and :meth:`Leader.stale_owners` when it reaps runs. Without an injected
+daemon's heartbeat is renewed —; its ``Firing`` calls :meth:`Leader.fence` as the first statement of
+every transaction that writes for an automatic fire, and ``recovery.reap`` asks
+:meth:`Leader.stale_owners` when the leader reaps runs. Without an injected
 leader (tests, ``statebook schedule fire``) the engine always leads and fences nothing.
 """
 

@@ -6,18 +6,21 @@ A one-shot (no following time) is claimed by moving the schedule to ``exhausted`
 
 ``claim_command`` and ``exhaust_command`` build the transitions; ``claim`` and ``exhaust`` apply one.
 A tick's evaluation applies many of them together (``lifecycle.apply_many``), with the same guards.
+:func:`lock` takes the row locks of a set of schedules (of one, for the single-schedule paths) and
+tells which are still as their claimant read them, before the gates are read and decided.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from statebook.lifecycle import Actor, Book, Command, Outcome, Reason, apply
+import sqlalchemy as sa
 
-from .writes import writing
+from statebook.lifecycle import Book, Command, Outcome, Reason, apply
 
-SCHEDULER = Actor("system", "scheduler")
+from .schema import schedules
+from .store import SCHEDULER
 
 
 def claim_command(schedule: Mapping[str, Any], due: float, following: float | None, *, now: float,
@@ -45,11 +48,41 @@ async def claim(book: Book, schedule: Mapping[str, Any], due: float, following: 
                 reason: Reason, fired: bool = True, extra: Mapping[str, Any] | None = None) -> Outcome:
     """Apply :func:`claim_command` in its own transaction (or ``book``'s)."""
     command = claim_command(schedule, due, following, now=book.clock.now(), reason=reason, fired=fired, extra=extra)
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         return await apply(tx, command)
 
 
 async def exhaust(book: Book, schedule: Mapping[str, Any], code: str, summary: str) -> Outcome:
     """Apply :func:`exhaust_command` in its own transaction (or ``book``'s)."""
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         return await apply(tx, exhaust_command(schedule, code, summary))
+
+
+async def lock(tx: Book, rows: Sequence[Mapping[str, Any]], *, statuses: tuple[str, ...] = ("active",),
+               guards: tuple[str, ...] = ("next_fire_at",)) -> list[Mapping[str, Any] | None]:
+    """The schedules ``rows`` as they are under their row lock, in order; None for a row no longer in
+    ``statuses`` or whose ``guards`` columns changed (claimed, paused or exhausted by someone else
+    since it was read: a ``conflict``, S1).
+
+    The lock reads only what says whether a row changed (its version); a row that changed but still
+    passes (an operator's update) is read again in full, so the gates judge its new values (S5)."""
+    s = schedules
+    assert tx.conn is not None
+    query = (sa.select(s.c.id, s.c.status, s.c.version, *(s.c[g] for g in guards))
+             .where(s.c.id.in_([row["id"] for row in rows])).order_by(s.c.id))
+    query = tx.store.lock_rows(query, "wait")  # in id order: two claimants lock overlapping sets without deadlock
+    locked = {row.id: row._mapping for row in await tx.conn.execute(query)}
+    out: list[Mapping[str, Any] | None] = []
+    changed: list[str] = []
+    for row in rows:
+        held = locked.get(row["id"])
+        if held is None or held["status"] not in statuses or any(held[g] != row[g] for g in guards):
+            out.append(None)
+            continue
+        out.append(row)
+        if held["version"] != row["version"]:
+            changed.append(row["id"])
+    if changed:
+        fresh = {r.id: dict(r._mapping) for r in await tx.conn.execute(sa.select(s).where(s.c.id.in_(changed)))}
+        out = [fresh.get(row["id"], row) if row is not None else None for row in out]
+    return out

@@ -1,4 +1,4 @@
-"""The built-in ``schedule_run`` (seed ADR-0070 D3) and ``schedule`` lifecycles."""
+"""The built-in ``schedule_run`` and ``schedule`` lifecycles (specs/schedule_run.md, specs/schedule.md)."""
 
 from __future__ import annotations
 

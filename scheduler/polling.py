@@ -1,7 +1,8 @@
 """The ``github_poll`` trigger (S13): poll a repository's events, fire once per new event, keep a cursor.
 
 The HTTP client is an edge (``adapters/github.py``) behind the :class:`Poller` protocol; the
-composition root injects it into ``SchedulerEngine``. Without one, a github_poll schedule only
+composition root injects it into ``SchedulerEngine``, which hands it to :class:`GithubPolling` with its
+``Firing`` (admission and claims) as the one collaborator that writes. Without one, a github_poll schedule only
 advances its cadence (and a warning is logged once).
 
 One due occurrence of a github_poll schedule:
@@ -10,10 +11,11 @@ One due occurrence of a github_poll schedule:
    last complete poll (a 304 is a healthy poll with no events);
 2. select the new events: id above ``github_cursor`` (ids are increasing numbers), or, before the
    first fire, created no earlier than the schedule itself; then ``github_filter``;
-3. for each, oldest first, pass the gates (overlap, budget, max_runs, global slot); only then move
-   the cursor to the event's id in the same transaction that opens its run (a compare-and-set on
-   ``github_cursor`` and ``next_fire_at``, so an event fires at most once, even with two daemons);
-   the first event that cannot fire stops the pass and stays above the cursor;
+3. for each, oldest first, one transaction (``Firing.event``): lock the schedule, pass the gates
+   (overlap, budget, max_runs, global slot — ``admission.admit`` with a set of one), and only then
+   move the cursor to the event's id and open its run (a compare-and-set on ``github_cursor`` and
+   ``next_fire_at``, so an event fires at most once, even with two daemons, S1); the first event
+   that cannot fire stops the pass and stays above the cursor;
 4. one cadence transition with the health columns: ``last_healthy_poll_at`` and a reset
    ``poller_consecutive_401`` after 200/304, an incremented counter after 401. With events
    still waiting the poll comes back on the next tick rather than after the poll interval.
@@ -25,21 +27,13 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-from statebook.lifecycle import Reason, transition
-
-from . import admission as gates
-from .occurrence import SCHEDULER, claim, exhaust
-from .runs import open_run
-from .writes import writing
-
-if TYPE_CHECKING:
-    from .engine import SchedulerEngine
+from .firing import Firing
+from .requests import check_filter
 
 log = logging.getLogger("statebook.scheduler")
 
-FILTER_KEYS = ("types", "actions", "labels")
 TITLE_LIMIT = 200
 
 PollStatus = Literal["ok", "not_modified", "unauthorized", "failed"]
@@ -65,26 +59,6 @@ class Poller(Protocol):
 
 
 # -- selecting events ---------------------------------------------------------------------------
-
-def check_filter(flt: Mapping[str, Any] | None) -> dict[str, frozenset[str]]:
-    """Validate ``github_filter``; e.g. ``{"types": ["IssuesEvent"], "actions": ["opened"], "labels": ["bug"]}``.
-
-    Every key is optional; an event must match each key given (any of its values).
-    """
-    if flt is None:
-        return {}
-    if not isinstance(flt, Mapping):
-        raise ValueError(f"github_filter must be an object with keys {', '.join(FILTER_KEYS)}, got {flt!r}")
-    unknown = sorted(set(flt) - set(FILTER_KEYS))
-    if unknown:
-        raise ValueError(f"github_filter has unknown keys {', '.join(unknown)}; use {', '.join(FILTER_KEYS)}")
-    out: dict[str, frozenset[str]] = {}
-    for key, values in flt.items():
-        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
-            raise ValueError(f"github_filter {key!r} must be a non-empty list of strings, got {values!r}")
-        out[key] = frozenset(values)
-    return out
-
 
 def event_number(event: Mapping[str, Any]) -> int | None:
     """The event's id as a number (GitHub event ids are increasing decimal strings); None if it is not one."""
@@ -165,28 +139,24 @@ def event_context(base: Mapping[str, Any], repo: str, event: Mapping[str, Any]) 
 
 # -- one due poll -------------------------------------------------------------------------------
 
-class _Abort(Exception):
-    """Roll back an event claim: max_runs was reached once the claim held the row lock."""
-
-
 class GithubPolling:
-    """Runs the due occurrences of github_poll schedules for one engine (which owns the gates' state)."""
+    """Runs the due occurrences of github_poll schedules; each event is admitted and claimed by ``firing``."""
 
-    def __init__(self, engine: SchedulerEngine, poller: Poller | None) -> None:
-        self.engine = engine
+    def __init__(self, firing: Firing, poller: Poller | None, *, tick_seconds: float) -> None:
+        self.firing = firing
         self.poller = poller
+        self.tick_seconds = tick_seconds
         self.etags: dict[tuple[str, str], str] = {}
         """(schedule id, repo) -> ETag of the last poll that left no event waiting (kept in memory)."""
         self._warned = False
 
     async def poll(self, s: Mapping[str, Any], due: float, nxt: float | None, context: Mapping[str, Any]) -> str:
         """Handle the occurrence ``due`` of github_poll schedule ``s``; returns what happened."""
-        eng = self.engine
         if self.poller is None:
             if not self._warned:
                 self._warned = True
                 log.warning("github_poll schedules only advance their cadence: no GitHub poller is configured")
-            return await eng._advance(s, due, nxt, "schedule.active.poll_unconfigured", "no GitHub poller configured")
+            return await self._finish(s, due, nxt, "schedule.active.poll_unconfigured", "no GitHub poller configured", {})
         repo = s["github_repo"]
         try:
             flt = check_filter(s.get("github_filter"))
@@ -197,7 +167,7 @@ class GithubPolling:
             result = await self.poller.fetch(repo, etag=self.etags.get(key), cursor=s.get("github_cursor"))
         except Exception as exc:  # noqa: BLE001 - an adapter failure is a failed poll, never a dead tick
             result = PollResult("failed", detail=f"poller raised {exc!r}")
-        now = eng.book.clock.now()
+        now = self.firing.book.clock.now()
         if result.status == "unauthorized":
             count = int(s.get("poller_consecutive_401") or 0) + 1
             log.warning("GitHub answered 401 for %s (%d in a row); check scheduler.github_token", repo, count)
@@ -215,7 +185,7 @@ class GithubPolling:
         cursor, fired, waiting = s.get("github_cursor"), 0, None
         for number, event in events:
             ctx = event_context(context, repo, event)
-            outcome = await self._fire_event(s, due, cursor, str(number), ctx)
+            outcome = await self.firing.event(s, due, cursor, str(number), ctx)
             if outcome in ("exhausted", "conflict"):
                 return outcome  # the schedule moved on without us: no cadence write
             if outcome != "fired":
@@ -230,7 +200,7 @@ class GithubPolling:
             return await self._finish(s, due, nxt, "schedule.active.poll", summary, healthy, fired=fired)
         # Events wait: forget the ETag (a 304 would hide them) and come back on the next tick.
         self.etags.pop(key, None)
-        retry = now + eng.cfg.tick_seconds
+        retry = now + self.tick_seconds
         why = "a run of this schedule is still running" if waiting == "overlap" else "no global slot is free"
         summary = f"{repo}: {fired} fired, {pending} event(s) wait ({why})"
         return await self._finish(s, due, retry if nxt is None else min(nxt, retry), "schedule.active.poll_deferred",
@@ -238,54 +208,7 @@ class GithubPolling:
 
     async def _finish(self, s: Mapping[str, Any], due: float, nxt: float | None, code: str, summary: str,
                       patch: Mapping[str, Any], *, fired: int = 0) -> str:
-        async with self.engine.fenced() as tx:
-            out = await claim(tx, s, due, nxt, fired=False, extra=patch, reason=Reason(code, summary))
-        if out.conflict:
+        """The poll's one cadence transition, with the health columns (S13)."""
+        if not await self.firing.advance(s, due, nxt, code, summary, patch):
             return "conflict"
         return "fired" if fired else code.rsplit(".", 1)[1]
-
-    async def _fire_event(self, s: Mapping[str, Any], due: float, cursor: str | None, event_id: str,
-                          context: Mapping[str, Any]) -> str:
-        """The gates, then claim the event and open its run: "fired", "overlap", "capacity", "exhausted", "conflict"."""
-        eng = self.engine
-        if s["overlap_policy"] == "skip" and await gates.has_running(eng.book, s["id"]):
-            return "overlap"
-        over = await eng._over_budget(s)
-        if over:
-            async with eng.fenced() as tx:
-                await exhaust(tx, s, "schedule.exhausted.budget", over)
-            return "exhausted"
-        if s.get("max_runs") is not None and await gates.top_level_runs(eng.book, s["id"]) >= s["max_runs"]:
-            async with eng.fenced() as tx:
-                await exhaust(tx, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
-            return "exhausted"
-        try:
-            # Capacity first: the cursor only moves for an event that fires.
-            outcome = await eng.fire_in_slot(s, due, context, lambda: self._claim_event(s, due, cursor, event_id, context))
-        except _Abort:
-            async with eng.fenced() as tx:
-                await exhaust(tx, s, "schedule.exhausted.max_runs", f"{s['max_runs']} run(s) used")
-            return "exhausted"
-        return "capacity" if outcome == "deferred" else outcome
-
-    async def _claim_event(self, s: Mapping[str, Any], due: float, cursor: str | None, event_id: str,
-                           context: Mapping[str, Any]) -> str | None:
-        """Move the cursor to ``event_id`` and open its run in ONE transaction (S1, S13); None on conflict."""
-        eng = self.engine
-        async with writing(eng.book) as tx:
-            epoch = await eng.leader.fence(tx)  # S16
-            if epoch is not None:
-                context = {**context, "leader_epoch": epoch}
-            out = await transition(
-                tx, "schedule", s["id"], "active", expected="active", actor=SCHEDULER,
-                guards={"next_fire_at": due, "github_cursor": cursor},
-                patch={"github_cursor": event_id, "last_fired_at": tx.clock.now()},
-                reason=Reason("schedule.active.poll_event", f"{context['event_type']} {event_id} claimed by "
-                              f"{eng.daemon_id}", (f"github_event:{event_id}",)),
-            )
-            if out.conflict:
-                return None
-            if s.get("max_runs") is not None and await gates.top_level_runs(tx, s["id"]) >= s["max_runs"]:
-                raise _Abort
-            return await open_run(tx, s, context=context, daemon_id=eng.daemon_id, occurrence_at=due,
-                                  reason=Reason("schedule_run.running.fired", f"github event {event_id}"))

@@ -1,12 +1,14 @@
-"""``CreateScheduleRequest``: the validated shape of a new schedule (seed ADR-0070 D2, plus ``at``).
+"""``CreateScheduleRequest``: the validated shape of a new schedule (specs/scheduler.md S2).
 
 One action vocabulary from creation to launch: agent, flow, fanout, play, flow_yaml, command.
-The seed's ``playbook`` spelling is refused with a pointer to ``play`` instead of being stored.
+The ``playbook`` spelling is refused with a pointer to ``play`` instead of being stored (S2). The
+``github_filter`` check lives here too (:func:`check_filter`); the poll reads the checked form (S13).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import yaml
@@ -20,6 +22,7 @@ ActionKind = Literal["agent", "flow", "fanout", "play", "flow_yaml", "command"]
 THRESHOLD_METRICS = ("failed_runs", "total_cost", "p95_duration", "dead_letters")
 THRESHOLD_OPS = ("gt", "gte")
 NOTIFY_ON = ("completed", "failed", "timed_out", "cancelled")
+FILTER_KEYS = ("types", "actions", "labels")
 _REPO = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
@@ -121,8 +124,6 @@ class CreateScheduleRequest(BaseModel):
         elif t == "github_poll":
             if not self.github_repo or not _REPO.match(self.github_repo):
                 raise ValueError(f"github_poll trigger needs github_repo as 'owner/name', got {self.github_repo!r}")
-            from .polling import check_filter  # local: polling imports the engine's write helpers
-
             check_filter(self.github_filter)
         if self.threshold_config is not None:
             if t not in ("cron", "interval"):
@@ -184,3 +185,23 @@ def check_notify(notify: dict[str, Any]) -> None:
     on = notify.get("on")
     if on is not None and (not isinstance(on, list) or any(s not in NOTIFY_ON for s in on)):
         raise ValueError(f"notify 'on' must be a list of terminal run statuses among {', '.join(NOTIFY_ON)}")
+
+
+def check_filter(flt: Mapping[str, Any] | None) -> dict[str, frozenset[str]]:
+    """Validate ``github_filter``; e.g. ``{"types": ["IssuesEvent"], "actions": ["opened"], "labels": ["bug"]}``.
+
+    Every key is optional; an event must match each key given (any of its values).
+    """
+    if flt is None:
+        return {}
+    if not isinstance(flt, Mapping):
+        raise ValueError(f"github_filter must be an object with keys {', '.join(FILTER_KEYS)}, got {flt!r}")
+    unknown = sorted(set(flt) - set(FILTER_KEYS))
+    if unknown:
+        raise ValueError(f"github_filter has unknown keys {', '.join(unknown)}; use {', '.join(FILTER_KEYS)}")
+    out: dict[str, frozenset[str]] = {}
+    for key, values in flt.items():
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
+            raise ValueError(f"github_filter {key!r} must be a non-empty list of strings, got {values!r}")
+        out[key] = frozenset(values)
+    return out

@@ -20,10 +20,8 @@ from statebook.lifecycle import (
 from statebook.outbox import enqueue_dispatch
 
 from .schema import schedule_runs
-from .writes import reading, writing
-from .store import RUN_TERMINAL, ScheduleError, get_run, get_schedule
+from .store import RUN_TERMINAL, SCHEDULER, ScheduleError, get_run, get_schedule
 
-SCHEDULER = Actor("system", "scheduler")
 NOTIFIED = ("completed", "failed", "timed_out", "cancelled")
 ERROR_DETAIL_LIMIT = 4000
 
@@ -68,7 +66,7 @@ async def open_run(book: Book, schedule: Mapping[str, Any], *, reason: Reason, s
     A run created ``failed`` (refused before launch) notifies like any other ending.
     """
     run = new_run(schedule, now=book.clock.now(), reason=reason, status=status, actor=actor, ended=ended, **values)
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         out = await create(tx, "schedule_run", values=run.values, status=status, reason=reason, actor=actor)
         if status in NOTIFIED:
             await _notify(tx, schedule, out.entity_id, status, out.fact_id or "", reason, run.values)
@@ -79,7 +77,7 @@ async def open_runs(book: Book, runs: Sequence[tuple[Mapping[str, Any], NewEntit
     """Insert many runs (each with its schedule, from :func:`new_run`) in one transaction; ids in order."""
     if not runs:
         return []
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         outs = await create_many(tx, "schedule_run", [run for _, run in runs])
         for (schedule, run), out in zip(runs, outs, strict=True):
             if run.status in NOTIFIED:
@@ -123,7 +121,7 @@ async def finalize_run(book: Book, run_id: str, target: str, *, reason: Reason, 
     full = {"ended_at": now, **(patch or {})}
     if "error_detail" in full:
         full["error_detail"] = _bounded(full["error_detail"])
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         out = await transition(tx, "schedule_run", run_id, target, expected=expected, reason=reason, actor=actor,
                                patch=full)
         if out.applied:
@@ -159,13 +157,13 @@ async def finalize_runs(book: Book, endings: Sequence[Ending]) -> list[Outcome]:
         if "error_detail" in full:
             full["error_detail"] = _bounded(full["error_detail"])
         commands.append(Command("schedule_run", e.run_id, e.target, e.reason, e.actor, e.expected, {}, full))
-    async with writing(book) as tx:
+    async with book.begin() as tx:
         outs = await apply_many(tx, commands)
         # Only endings that may notify need the run row (the body) and perhaps the schedule.
         maybe = [(e, out) for e, out in zip(endings, outs, strict=True)
                  if out.applied and (e.schedule is None or e.schedule.get("notify"))]
         if maybe:
-            async with reading(tx) as conn:
+            async with tx.read() as conn:
                 q = sa.select(schedule_runs).where(schedule_runs.c.id.in_([e.run_id for e, _ in maybe]))
                 rows = {r.id: dict(r._mapping) for r in await conn.execute(q)}
             for e, out in maybe:

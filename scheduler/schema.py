@@ -1,4 +1,4 @@
-"""The ``schedules`` and ``schedule_runs`` tables (seed ADR-0070 D2/D3) plus the lifecycle columns."""
+"""The ``schedules`` and ``schedule_runs`` tables plus the lifecycle columns (specs/schedule.md, specs/schedule_run.md)."""
 
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ schedules = managed_table(
 schedule_runs = managed_table(
     "schedule_runs",
     sa.Column("id", sa.String(32), primary_key=True),
-    # The seed cascades deletes from schedules; here a schedule is never deleted as a row (it moves
-    # to 'deleted'), so its runs and their history stay.
+    # No cascade: a schedule is never deleted as a row (it moves to 'deleted'), so its runs and their
+    # history stay (specs/schedule.md).
     sa.Column("schedule_id", sa.String(32), sa.ForeignKey("schedules.id"), nullable=True),
     sa.Column("invocation_id", sa.Text),
     sa.Column("trigger_context", sa.JSON, nullable=False),

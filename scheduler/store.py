@@ -1,6 +1,7 @@
-"""Schedules and runs as lifecycle entities: create, read, enable, disable, delete, cancel.
+"""Schedules as lifecycle entities: create, read, enable, disable, delete; runs read (``runs.py`` writes them).
 
-Every change goes through ``statebook.lifecycle`` (create/transition); reads are plain queries.
+Every change goes through ``statebook.lifecycle`` (create/transition); reads are plain queries. The
+actors the scheduler's facts name live here: ``OPERATOR`` (the CLI) and ``SCHEDULER`` (the engine).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .schema import schedule_runs, schedules
 from .triggers import first_fire
 
 OPERATOR = Actor("operator", "cli")
+SCHEDULER = Actor("system", "scheduler")
 RUN_TERMINAL = ("completed", "failed", "timed_out", "skipped", "cancelled")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -106,8 +106,3 @@ def missed_between(schedule: Mapping[str, Any], due: float, now: float, default_
             break
     return count
 
-
-def iso(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=epoch)).isoformat()

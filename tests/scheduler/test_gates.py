@@ -5,7 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from statebook.lifecycle import history, verify
-from statebook.scheduler.engine import CapacityExhausted, SchedulerEngine
+from statebook.scheduler.engine import SchedulerEngine
+from statebook.scheduler.firing import CapacityExhausted
 from statebook.scheduler.runs import finalize_run
 from statebook.scheduler.store import get_schedule
 from statebook.lifecycle import Reason

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from statebook.adapters.github import GitHubPoller, next_link
-from statebook.lifecycle import history, verify
+from statebook.lifecycle import Reason, history, verify
 from statebook.scheduler.engine import SchedulerEngine
-from statebook.scheduler.polling import check_filter
+from statebook.scheduler.requests import check_filter
+from statebook.scheduler.runs import finalize_run, open_run
 from statebook.scheduler.store import get_schedule
 
 from sched_helpers import FakeSpawner, make, runs_of, settings
@@ -326,6 +327,33 @@ async def test_max_runs_exhausts_without_moving_the_cursor_past_the_refused_even
     assert row["status"] == "exhausted" and row["status_reason_code"] == "schedule.exhausted.max_runs"
     assert row["github_cursor"] == ids[0] and fired_ids(await runs_of(book, s["id"])) == ids[:1]
     await eng.stop()
+
+
+async def test_an_event_passes_the_gates_in_s5_order(book, clock, github):
+    """S13, S5: an event of a schedule both overlapping (a run still running) and over budget waits
+    (overlap, gate 2) and the schedule stays active; once the run ended, budget (gate 3) exhausts it.
+    The cursor never moves past the event that did not fire."""
+    s = await make_poll(book, overlap_policy="skip", budget_usd=0.5)
+    earlier = await open_run(book, s, context={"trigger": "manual"}, daemon_id="elsewhere:1:x",
+                             reason=Reason("schedule_run.running.manual", "an earlier fire"))
+    await finalize_run(book, earlier, "completed", reason=Reason("schedule_run.completed.exit_zero"),
+                       patch={"exit_code": 0, "cost_usd": 1.0})
+    held = await open_run(book, s, context={"trigger": "manual"}, daemon_id="elsewhere:1:x",
+                          reason=Reason("schedule_run.running.manual", "held by another daemon"))
+    github.add(clock)
+    eng = await engine_for(book, clock, github)
+    await eng.tick()
+    row = await get_schedule(book, s["id"])
+    assert (row["status"], row["status_reason_code"]) == ("active", "schedule.active.poll_deferred")
+    assert "still running" in row["status_reason_summary"] and row["github_cursor"] is None
+    await finalize_run(book, held, "completed", reason=Reason("schedule_run.completed.exit_zero"), patch={"exit_code": 0})
+    clock.advance(TICK)
+    await eng.tick()
+    row = await get_schedule(book, s["id"])
+    assert (row["status"], row["status_reason_code"]) == ("exhausted", "schedule.exhausted.budget")
+    assert row["github_cursor"] is None and len(await runs_of(book, s["id"])) == 2
+    await eng.stop()
+    assert (await verify(book)).ok
 
 
 async def test_filter_by_type_and_label_and_event_in_argv(book, clock, github):

@@ -13,8 +13,9 @@ import sqlalchemy as sa
 from statebook.adapters.db import connect
 from statebook.adapters.leader import LeaseLeader
 from statebook.lifecycle import Book, history, verify
-from statebook.scheduler.engine import _LIVE_DAEMONS, SchedulerEngine
+from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.leadership import LeadershipLost
+from statebook.scheduler.recovery import _LIVE_DAEMONS
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
 from statebook.scheduler.store import get_schedule
 
@@ -118,7 +119,7 @@ async def test_a_fenced_single_claim_writes_nothing(book, rival, clock):
     before = (len(await history(book, "schedule", s["id"])), len(await history(book, "schedule", g["id"])))
     clock.advance(60)  # both due again; a still believes it leads at epoch 1
     with pytest.raises(LeadershipLost):
-        await a._missed(dict(row), clock.now())
+        await a.firing.missed(dict(row), clock.now())
     lead_a.epoch = 1  # (a lost fence forgets the epoch; put a back in its frozen belief for the second path)
     with pytest.raises(LeadershipLost):
         await a.consider(dict(grow), clock.now())

@@ -45,14 +45,35 @@ async def test_missed_fire_run_once_reserves_next_then_one_recovery_run(book, cl
     assert (await verify(book)).ok
 
 
+async def test_missed_fire_run_once_passes_the_gates(book, clock):
+    """S6, S5: the recovery run is admitted like a manual fire: max_runs used up exhausts the schedule
+    (after the reservation moved next_fire_at) and no recovery run is opened."""
+    s = await make(book, interval_sec=10, missed_fire_policy="run_once", max_runs=1)
+    first = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
+    await first.fire_now(s["id"])
+    await first.wait_idle()
+    clock.advance(95)
+    eng = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
+    await eng.start(loop=False)
+    await eng.wait_idle()
+    assert [r["trigger_context"]["trigger"] for r in await runs_of(book, s["id"])] == ["manual"]
+    row = await get_schedule(book, s["id"])
+    assert (row["status"], row["status_reason_code"]) == ("exhausted", "schedule.exhausted.max_runs")
+    assert row["next_fire_at"] > clock.now()
+    assert eng.slots.used == 0
+    await eng.stop()
+    assert (await verify(book)).ok
+
+
 async def test_run_of_a_dead_daemon_is_finalized_failed_at_start(book, clock):
     """S3: a run left `running` (claimed, never finished: crash between claim and launch) ends failed daemon_died."""
     s = await make(book, interval_sec=10)
     crashed = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
     clock.advance(10)
-    # Simulate the crash: claim and open the run, but never launch it.
-    run_id = await crashed._claim_and_open(s, s["next_fire_at"], s["next_fire_at"] + 10, {"trigger": "interval"}, {},
-                                           "schedule_run.running.fired")
+    # Simulate the crash: claim and open the run (committed), but never launch it.
+    (decision,) = await crashed.firing.decide([s], clock.now())
+    assert decision.outcome == "fired"
+    run_id = decision.run_id
     assert (await runs_of(book, s["id"]))[0]["status"] == "running"
     survivor = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
     await survivor.start(loop=False)

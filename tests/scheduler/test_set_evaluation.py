@@ -6,7 +6,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Reason, transition, verify
 from statebook.outbox.schema import dispatch_outbox
-from statebook.scheduler import admission, execution
+from statebook.scheduler import admission, evaluation, execution
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.runs import SCHEDULER, finalize_run, open_run
 from statebook.scheduler.store import disable_schedule, get_schedule
@@ -31,7 +31,7 @@ async def ended_run(book, s, **patch):
 
 async def due_rows(eng, now):
     async with eng.book.read() as conn:
-        return [dict(r._mapping) for r in await conn.execute(eng._active_due(now))]
+        return [dict(r._mapping) for r in await conn.execute(evaluation.due_query(now))]
 
 
 async def dispatches(book):

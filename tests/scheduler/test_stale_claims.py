@@ -16,11 +16,12 @@ import pytest
 
 from statebook.adapters.db import connect, open_book
 from statebook.lifecycle import Book, history, verify
+from statebook.scheduler import firing
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.occurrence import claim
 from statebook.scheduler.polling import PollResult
 from statebook.scheduler.runs import open_run
-from statebook.scheduler.store import get_schedule
+from statebook.scheduler.store import ScheduleError, get_schedule
 from statebook.lifecycle import Reason
 
 from sched_helpers import FakeSpawner, make, runs_of, settings
@@ -46,8 +47,8 @@ async def test_stale_missed_fire_skip_records_one_skip(book, rival, clock):
     clock.advance(35)
     stale = await get_schedule(book, s["id"])
     first, second = engine(book, clock), engine(rival, clock)
-    await first._missed(dict(stale), clock.now())
-    await second._missed(dict(stale), clock.now())
+    await first.firing.missed(dict(stale), clock.now())
+    await second.firing.missed(dict(stale), clock.now())
     runs = await runs_of(book, s["id"])
     assert [(r["status"], r["status_reason_code"]) for r in runs] == [("skipped", "schedule_run.skipped.missed_fire")]
     assert (await get_schedule(book, s["id"]))["next_fire_at"] == s["next_fire_at"] + 30
@@ -60,8 +61,8 @@ async def test_stale_missed_fire_run_once_launches_one_recovery_run(book, rival,
     clock.advance(35)
     stale = await get_schedule(book, s["id"])
     first, second = engine(book, clock), engine(rival, clock)
-    await first._missed(dict(stale), clock.now())
-    await second._missed(dict(stale), clock.now())
+    await first.firing.missed(dict(stale), clock.now())
+    await second.firing.missed(dict(stale), clock.now())
     await first.wait_idle()
     await second.wait_idle()
     runs = await runs_of(book, s["id"])
@@ -127,7 +128,7 @@ async def test_stale_github_event_claim_fires_the_event_once(book, rival, clock)
     assert (await get_schedule(book, s["id"]))["github_cursor"] == "40000000007"
 
 
-async def test_stale_manual_fire_respects_max_runs(book, rival, clock):
+async def test_stale_manual_fire_respects_max_runs(book, rival, clock, monkeypatch):
     """S5: a manual fire whose pre-checks read a stale count is refused inside its transaction (max_runs)."""
     s = await make(book, interval_sec=1000, max_runs=1)
     stale = await get_schedule(book, s["id"])
@@ -135,14 +136,15 @@ async def test_stale_manual_fire_respects_max_runs(book, rival, clock):
     await first.fire_now(s["id"])
     await first.wait_idle()
     # The second daemon passed its pre-checks on the stale row; only the claim transaction remains.
-    run_id = await second._claim_and_open(dict(stale), None, None, {"trigger": "manual"}, {},
-                                          "schedule_run.running.manual")
-    assert run_id is None
+    stale_read(monkeypatch, stale)
+    with pytest.raises(ScheduleError, match="all 1 of its runs"):
+        await second.fire_now(s["id"])
     assert len(await runs_of(book, s["id"])) == 1
     assert (await get_schedule(book, s["id"]))["status"] == "exhausted"
+    assert second.slots.used == 0
 
 
-async def test_stale_manual_fire_of_an_exhausted_schedule_is_refused(book, rival, clock):
+async def test_stale_manual_fire_of_an_exhausted_schedule_is_refused(book, rival, clock, monkeypatch):
     """S1: a manual fire with a row read before the schedule was exhausted opens no run (status guard)."""
     s = await make(book, trigger_type="at", at_time=clock.now() + 5, interval_sec=None)
     stale = await get_schedule(book, s["id"])
@@ -151,10 +153,21 @@ async def test_stale_manual_fire_of_an_exhausted_schedule_is_refused(book, rival
     await first.tick()
     await first.wait_idle()
     assert (await get_schedule(book, s["id"]))["status"] == "exhausted"
-    run_id = await engine(rival, clock)._claim_and_open(dict(stale), None, None, {"trigger": "manual"}, {},
-                                                        "schedule_run.running.manual")
-    assert run_id is None
+    stale_read(monkeypatch, stale)
+    second = engine(rival, clock)
+    with pytest.raises(ScheduleError, match="changed concurrently"):
+        await second.fire_now(s["id"])
     assert len(await runs_of(book, s["id"])) == 1
+    assert second.slots.used == 0
+
+
+def stale_read(monkeypatch, row: dict[str, Any]) -> None:
+    """The manual fire's first read of the schedule returns ``row`` (read before another daemon moved it)."""
+
+    async def read(book, ref):
+        return dict(row)
+
+    monkeypatch.setattr(firing, "get_schedule", read)
 
 
 async def test_overlap_is_reported_before_budget(book, clock):

@@ -67,7 +67,8 @@ from statebook.adapters.db import open_book, reset_schema
 from statebook.adapters.settings import LauncherSettings, SchedulerSettings, Settings
 from statebook.lifecycle import Book, FakeClock, verify
 from statebook.scheduler import engine as engine_module
-from statebook.scheduler.engine import CapacityExhausted, SchedulerEngine
+from statebook.scheduler.engine import SchedulerEngine
+from statebook.scheduler.firing import CapacityExhausted
 from statebook.scheduler.runs import cancel_run
 from statebook.scheduler.store import ScheduleError, create_schedule
 
