@@ -47,6 +47,8 @@ class LeaseLeader:
         self.name = name
         self.epoch: int | None = None
         """the epoch this daemon leads under; None while standing by"""
+        self.valid_until = float("-inf")
+        """the clock time until which the last renewal (or takeover) keeps the lease this daemon's"""
         self._lock = daemon_lock
         self._postgres = book.dialect == "postgresql"
 
@@ -77,7 +79,10 @@ class LeaseLeader:
             renewed = await tx.conn.execute(
                 sa.update(lease).where(lease.c.name == self.name, lease.c.holder == self.daemon_id,
                                        lease.c.epoch == self.epoch).values(heartbeat_at=now))
-            return renewed.rowcount == 1
+        if renewed.rowcount == 1:
+            self.valid_until = now + self.lease_seconds
+            return True
+        return False
 
     async def _take_over(self, now: float) -> bool:
         """Take the lease if nobody holds it or its heartbeat is stale: a compare-and-set on the epoch."""
@@ -108,6 +113,7 @@ class LeaseLeader:
         previous = f" from {row.holder} (heartbeat {now - row.heartbeat_at:.1f}s old)" if row is not None else ""
         log.info("daemon %s took the scheduler lease at epoch %d%s", self.daemon_id, epoch, previous)
         self.epoch = epoch
+        self.valid_until = now + self.lease_seconds
         return True
 
     # -- inside a fire's transaction ------------------------------------------------------------
@@ -130,6 +136,9 @@ class LeaseLeader:
             raise LeadershipLost(f"daemon {self.daemon_id} led at epoch {lost} but the lease is now {now}; "
                                  "nothing written, standing by")
         return self.epoch
+
+    def holds(self, now: float) -> bool:
+        return self.epoch is not None and now < self.valid_until
 
     # -- reaping --------------------------------------------------------------------------------
     async def stale_owners(self, owners: Iterable[str]) -> set[str]:

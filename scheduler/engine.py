@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, Clock
+from statebook.lifecycle import Book, Clock, Reason
 
 from . import admission as gates
 from . import evaluation
@@ -25,6 +25,7 @@ from .firing import Firing
 from .leadership import Leader, LeadershipLost, Unfenced
 from .polling import GithubPolling, Poller
 from .recovery import _LIVE_DAEMONS, new_daemon_id, reap
+from .runs import finalize_run
 from .schema import schedule_runs, schedules
 from .triggers import following
 
@@ -265,6 +266,9 @@ class SchedulerEngine:
 
         async def fire() -> None:
             try:
+                if context.get("leader_epoch") is not None and not self.leader.holds(self.book.clock.now()):
+                    await self._not_launched(s, run_id, context["leader_epoch"])
+                    return
                 await self.executor.run_chain(s, run_id, context)
             except asyncio.CancelledError:
                 me = asyncio.current_task()
@@ -278,6 +282,15 @@ class SchedulerEngine:
         task = asyncio.create_task(fire(), name=f"fire-{run_id}")
         self.fire_tasks.add(task)
         task.add_done_callback(self.fire_tasks.discard)
+
+    async def _not_launched(self, s: Mapping[str, Any], run_id: str, epoch: int) -> None:
+        """S16: a fire committed under a lease that has lapsed since (this process stalled between the
+        commit and the launch) starts no process; its run ends failed, saying why."""
+        log.warning("run %s of %s not launched: the scheduler lease of epoch %d lapsed before the launch",
+                    run_id, s["name"], epoch)
+        await finalize_run(self.book, run_id, "failed", schedule=s, patch={"error_detail": "not launched"},
+                           reason=Reason("schedule_run.failed.launch_error",
+                                         f"not launched: the scheduler lease of epoch {epoch} lapsed before the launch"))
 
     # -- manual fire and missed fires ---------------------------------------------------------
     async def fire_now(self, schedule_id: str) -> str:

@@ -36,6 +36,11 @@ class Leader(Protocol):
         """The daemons among ``owners`` whose heartbeat is older than the lease (their runs may be reaped)."""
         ...
 
+    def holds(self, now: float) -> bool:
+        """Whether the lease this daemon fires under is still its own at ``now`` by its last renewal: a fire
+        committed under the lease is launched only while this holds (S16)."""
+        ...
+
 
 class Unfenced:
     """Always the leader; fences nothing and knows no heartbeats (one engine, no coordination)."""
@@ -48,3 +53,6 @@ class Unfenced:
 
     async def stale_owners(self, owners: Iterable[str]) -> set[str]:
         return set()
+
+    def holds(self, now: float) -> bool:
+        return True

@@ -182,3 +182,33 @@ async def test_release_hands_the_lease_over_at_once(book, rival, clock):
         assert [r.daemon_id for r in await conn.execute(sa.select(scheduler_daemons))] == ["host-b:2:b"]
     await b.stop()
     await lead_b.release()
+
+
+async def test_a_fire_whose_lease_lapsed_before_the_launch_starts_no_process(book, clock):
+    """S16: the leader commits a fire, then stalls past its lease before launching it (a GC pause, SIGSTOP):
+    when it resumes it starts no process for that fire — a standby may lead by now — and the run ends
+    failed, saying why; the history verifies."""
+    s = await make(book, interval_sec=TICK)
+    spawner = FakeSpawner()
+    a, lead_a = daemon(book, clock, "host-a:1:a", spawner)
+    await a.start(loop=False)
+    launch = a.firing.launch
+
+    def stalled(*args, **kw):
+        clock.advance(LEASE + 1)  # the process froze between the fire's commit and its launch
+        return launch(*args, **kw)
+
+    a.firing.launch = stalled
+    clock.advance(TICK)
+    await a.tick()
+    await a.wait_idle()
+    assert spawner.launches == []
+    [run] = await runs_of(book, s["id"])
+    assert run["status"] == "failed" and run["trigger_context"]["leader_epoch"] == 1
+    [*_, last] = await history(book, "schedule_run", run["id"])
+    assert last.reason_code == "schedule_run.failed.launch_error" and "lapsed" in last.reason_summary
+    assert not lead_a.holds(clock.now())
+    a.firing.launch = launch
+    assert await lead_a.is_leader() and lead_a.holds(clock.now())  # nobody took over: it renews and leads on
+    await a.stop()
+    assert (await verify(book)).ok
