@@ -1,5 +1,5 @@
-"""``LifecycleConformance`` and ``OutboxConformance``: the contracts of the engine and of the outbox on top of
-it, as test cases a backend inherits.
+"""``LifecycleConformance``, ``OutboxConformance`` and ``SchedulerConformance``: the contracts of the engine and
+of the parts built on it, as test cases a backend inherits.
 
 A backend runs the suite by subclassing it together with the mixin for its concurrency model and
 providing one fixture, ``db_url`` (a URL ``statebook.adapters.db.connect`` accepts)::
@@ -49,7 +49,17 @@ from lease_timeout_cases import LeaseTimeoutCases  # noqa: E402
 from offer_cases import OfferCases  # noqa: E402
 from purge_race_cases import PurgeRaceCases  # noqa: E402
 
-__all__ = ["ConcurrentWriterCases", "LifecycleConformance", "OutboxConformance", "SerialWriterCases"]
+from chains_and_notify_cases import ChainsAndNotifyCases  # noqa: E402  (tests/scheduler, on sys.path)
+from gate_cases import GateCases  # noqa: E402
+from github_poll_cases import GithubPollCases  # noqa: E402
+from launcher_cases import LauncherCases  # noqa: E402
+from leadership_cases import LeadershipCases  # noqa: E402
+from missed_and_recovery_cases import MissedAndRecoveryCases  # noqa: E402
+from set_evaluation_cases import SetEvaluationCases  # noqa: E402
+from stale_claim_cases import StaleClaimCases  # noqa: E402
+
+__all__ = ["ConcurrentWriterCases", "LifecycleConformance", "OutboxConformance", "SchedulerConformance",
+           "SerialWriterCases"]
 
 POOL_SIZE = 25
 """Room for the racing cases: every racer holds its own connection."""
@@ -101,3 +111,11 @@ class OutboxConformance(
 ):
     """The outbox's cases (specs/outbox.md), from tests/outbox/*_cases.py: every one runs on each backend that
     inherits this class, next to ``LifecycleConformance``. Cases may ask for ``backend`` (the backend's name)."""
+
+
+class SchedulerConformance(
+    SetEvaluationCases, GateCases, StaleClaimCases, MissedAndRecoveryCases, ChainsAndNotifyCases, GithubPollCases,
+    LeadershipCases, LauncherCases,
+):
+    """The scheduler's cases (specs/scheduler.md), from tests/scheduler/*_cases.py, on each backend that
+    inherits this class."""

@@ -1,14 +1,14 @@
-"""L15: the lifecycle conformance suite on PostgreSQL (the session's throwaway cluster, emptied per test)."""
+"""L15: the conformance suites (lifecycle, outbox, scheduler) on PostgreSQL (the throwaway cluster, emptied per test)."""
 
 from __future__ import annotations
 
 import pytest
 
-from .suite import ConcurrentWriterCases, LifecycleConformance, OutboxConformance
+from .suite import ConcurrentWriterCases, LifecycleConformance, OutboxConformance, SchedulerConformance
 
 
 @pytest.mark.postgres
-class TestPostgres(LifecycleConformance, OutboxConformance, ConcurrentWriterCases):
+class TestPostgres(LifecycleConformance, OutboxConformance, SchedulerConformance, ConcurrentWriterCases):
     @pytest.fixture
     def db_url(self, pg_url: str) -> str:
         return pg_url

@@ -1,13 +1,13 @@
-"""L15: the lifecycle conformance suite on SQLite (a fresh database file per test)."""
+"""L15: the conformance suites (lifecycle, outbox, scheduler) on SQLite (a fresh database file per test)."""
 
 from __future__ import annotations
 
 import pytest
 
-from .suite import LifecycleConformance, OutboxConformance, SerialWriterCases
+from .suite import LifecycleConformance, OutboxConformance, SchedulerConformance, SerialWriterCases
 
 
-class TestSQLite(LifecycleConformance, OutboxConformance, SerialWriterCases):
+class TestSQLite(LifecycleConformance, OutboxConformance, SchedulerConformance, SerialWriterCases):
     @pytest.fixture
     def db_url(self, tmp_path) -> str:
         return f"sqlite:///{tmp_path / 'conformance.db'}"
