@@ -21,6 +21,7 @@ from .delivery import (
     finalize,
     finalize_all,
     next_due,
+    release,
     run_leases,
     scan,
     settle,
@@ -46,5 +47,5 @@ __all__ = [
     "Retention", "Signal", "Transport", "TransportResult", "ack_dispatch", "apply_retention", "backoff_seconds",
     "claim", "claim_due", "deliver_due_dispatches", "dispatch_outbox", "enqueue_dispatch", "enqueue_dispatches",
     "enqueue_revival_heartbeat", "execute", "expire", "finalize", "finalize_all", "get_dispatch", "list_dispatches", "next_due",
-    "purge_dispatch", "purge_dispatches", "retry_dispatch", "run_leases", "scan", "settle",
+    "purge_dispatch", "purge_dispatches", "release", "retry_dispatch", "run_leases", "scan", "settle",
 ]

@@ -62,6 +62,7 @@ ACTIVE = sa.text(status_in("dispatch_outbox.status", DUE_STATUSES))
 from the dispatch lifecycle (:data:`.policy.DUE_STATUSES`)."""
 
 Finalized = Literal["delivered", "awaiting_ack", "retried", "dead_letter", "conflict"]
+Released = Literal["released", "conflict"]
 Settled = Literal["expired", "dead_letter"]
 
 
@@ -137,8 +138,8 @@ class Lease:
     def may_start(self, now: float) -> bool:
         """True while a send bounded by the timeout still ends inside the lease (O21).
 
-        A lease that waited too long is not sent: its row stays ``delivering`` until the lease
-        lapses and a later scan reclaims it, so no second claimant can send beside it.
+        A lease that waited too long is not sent; the pass gives its attempt back
+        (:func:`release_command`), fenced like a finalization, so no second claimant can send beside it.
         """
         return self.lease_until - now >= self.timeout
 
@@ -321,3 +322,21 @@ def finalize_command(lease: Lease, result: TransportResult, now: float, actor: A
     metadata = {"transport": dict(result.evidence)} if result.evidence else None
     guards = {"attempt": a, "claim_id": lease.claim_id}
     return _command(lease.dispatch_id, target, reason, actor, "delivering", guards, patch, metadata), ret
+
+
+def release_command(lease: Lease, now: float, actor: Actor) -> Command:
+    """The transition giving back a lease skipped before its send (O21): ``delivering -> pending``.
+
+    Nothing was sent, so the attempt is not used up: ``attempt`` goes back to ``lease.attempt - 1``
+    and the row is due ``now``, for the next claim to take as the same attempt number. Guarded, like
+    a finalization (O8), on the lease's attempt and claim id: a lease whose row was reclaimed since
+    gets ``conflict`` and writes nothing. The claim id stays, as every finalization leaves it; the
+    next claim writes a new one.
+    """
+    a = lease.attempt
+    left = max(lease.lease_until - now, 0.0)
+    reason = Reason("dispatch.pending.released", f"lease of attempt {a} had {left:.1f} s left, less than the "
+                    f"{lease.timeout:g} s transport timeout; not sent")
+    guards = {"attempt": a, "claim_id": lease.claim_id}
+    patch = {"attempt": a - 1, "next_attempt_at": now}
+    return _command(lease.dispatch_id, "pending", reason, actor, "delivering", guards, patch)

@@ -12,7 +12,8 @@ as they arrive — results finishing while a finalization commits are recorded t
 transaction, each still its own transition. A pass never holds a lease it cannot start in time
 (O21): it first claims no more than its free send slots, and claims beyond them only as far as the
 sends it has seen show they will start within the lease margin; every send checks its lease just
-before it starts and is skipped, not sent, when less than the transport timeout is left.
+before it starts and is skipped, not sent, when less than the transport timeout is left; the pass
+then releases it (``delivering -> pending``, the attempt given back, due at once).
 
 >>> counts = await deliver_due_dispatches(book, transport=CallableTransport(send))  # doctest: +SKIP
 """
@@ -34,6 +35,7 @@ from .attempts import (
     Candidate,
     Finalized,
     Lease,
+    Released,
     Settled,
     backoff_seconds,
     claim_command,
@@ -41,6 +43,7 @@ from .attempts import (
     finalize_command,
     lease_seconds,
     next_due,
+    release_command,
     scan,
     scan_heads,
     settle_command,
@@ -52,7 +55,7 @@ __all__ = [
     "CLAIM_LEASE_SECONDS", "COUNTERS", "Candidate", "Lease", "backoff_seconds", "claim", "claim_due", "claim_offered",
     "deliver_offered",
     "deliver_due_dispatches", "execute", "expire", "finalize", "finalize_all", "lease_seconds", "next_due",
-    "run_leases", "scan", "settle",
+    "release", "release_all", "run_leases", "scan", "settle",
 ]
 
 
@@ -144,6 +147,16 @@ async def finalize(
     return ret if await _applied(book, command) else "conflict"
 
 
+async def release(book: Book, lease: Lease, *, now: float, actor: Actor = DELIVERY_ACTOR) -> Released:
+    """Give back a lease that was not sent (O21) as ONE transition ``delivering -> pending``.
+
+    Nothing was sent, so the attempt is not used up: the row returns to ``lease.attempt - 1``, due
+    ``now``, and the next claim takes it as the same attempt number. Fenced like a finalization (O8):
+    a lease whose row was reclaimed, acknowledged or retried since gets ``conflict`` and writes nothing.
+    """
+    return "released" if await _applied(book, release_command(lease, now, actor)) else "conflict"
+
+
 # -- passes ---------------------------------------------------------------------------------------
 log = logging.getLogger("statebook.outbox")
 
@@ -224,28 +237,52 @@ async def finalize_all(
     book: Book, done: list[tuple[Lease, TransportResult]], *, now: float, actor: Actor = DELIVERY_ACTOR
 ) -> list[Finalized]:
     """Finalize several results in one transaction, one transition each (distinct dispatches)."""
-    planned = [finalize_command(lease, result, now, actor) for lease, result in done]
-    heads = {lease.dispatch_id: lease.head() for lease, _ in done}
+    planned = [(lease, *finalize_command(lease, result, now, actor)) for lease, result in done]
+    return await _record_all(book, planned)  # type: ignore[return-value]
+
+
+async def release_all(
+    book: Book, leases: list[Lease], *, now: float, actor: Actor = DELIVERY_ACTOR
+) -> list[Released]:
+    """Release several unsent leases in one transaction, one transition each (distinct dispatches)."""
+    planned = [(lease, release_command(lease, now, actor), "released") for lease in leases]
+    return await _record_all(book, planned)  # type: ignore[return-value]
+
+
+async def _record_all(book: Book, planned: list[tuple[Lease, Command, str]]) -> list[str]:
+    """Apply each lease's command in one transaction; what each returns, or ``conflict`` where it lost."""
+    heads = {lease.dispatch_id: lease.head() for lease, _, _ in planned}
     seen = {k: v for k, v in heads.items() if v is not None}
-    outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
-    return [ret if outcome.applied else "conflict" for (_, ret), outcome in zip(planned, outcomes, strict=True)]
+    outcomes = await apply_many(book, [command for _, command, _ in planned], seen=seen)
+    return [ret if outcome.applied else "conflict" for (_, _, ret), outcome in zip(planned, outcomes, strict=True)]
 
 
-async def _finalize_group(
-    book: Book, done: list[tuple[Lease, TransportResult]], now: Callable[[], float], actor: Actor
-) -> list[Finalized | None]:
+def _record_command(lease: Lease, result: TransportResult | None, now: float, actor: Actor) -> tuple[Command, str]:
+    """A sent lease's finalization, or the release of one that was not sent (``result`` None)."""
+    if result is None:
+        return release_command(lease, now, actor), "released"
+    return finalize_command(lease, result, now, actor)
+
+
+async def _record_group(
+    book: Book, done: list[tuple[Lease, TransportResult | None]], now: Callable[[], float], actor: Actor
+) -> list[str | None]:
+    """Record what a pass's sends came to — outcomes and releases — together, one transition each."""
     if len({lease.dispatch_id for lease, _ in done}) == len(done):
         try:
-            return list(await finalize_all(book, done, now=now(), actor=actor))
+            at = now()
+            return list(await _record_all(book, [(lease, *_record_command(lease, result, at, actor))
+                                                 for lease, result in done]))
         except Exception:
             log.warning("group finalization failed; finalizing one by one", exc_info=True)
-    outcomes: list[Finalized | None] = []
+    outcomes: list[str | None] = []
     for lease, result in done:
+        command, ret = _record_command(lease, result, now(), actor)
         try:
-            outcomes.append(await finalize(book, lease, result, now=now(), actor=actor))
+            outcomes.append(ret if await _applied(book, command) else "conflict")
         except Exception:
             # The row stays delivering; its lease lapses and a later scan reclaims it.
-            log.exception("could not finalize dispatch %s attempt %s", lease.dispatch_id, lease.attempt)
+            log.exception("could not record dispatch %s attempt %s", lease.dispatch_id, lease.attempt)
             outcomes.append(None)
     return outcomes
 
@@ -279,7 +316,8 @@ async def run_leases(
     """Execute leases with at most ``concurrency`` transports in flight; finalize as they finish.
 
     Each send checks its lease with ``now`` right before it starts and is skipped when less than the
-    transport timeout is left (O21): its row stays ``delivering`` and a later scan reclaims it. With
+    transport timeout is left (O21): the lease is released — its row ``pending`` again, due at once,
+    the attempt not used up — in the same transaction as the outcomes that finish with it. With
     ``refill``, slots that fall idle are filled by claiming more leases, ``budget`` rows at most.
     """
     if book.conn is not None:
@@ -343,15 +381,12 @@ async def run_leases(
             while not queue.empty():
                 done.append(queue.get_nowait())
             remaining -= len(done)
-            sent: list[tuple[Lease, TransportResult]] = []
             for lease, result in done:
-                if result is not None:
-                    sent.append((lease, result))
-                else:
+                if result is None:
                     log.warning("dispatch %s attempt %s not sent: less than its %gs transport timeout was left "
-                                "of the lease; a later scan reclaims it", lease.dispatch_id, lease.attempt,
+                                "of the lease; releasing it for a later claim", lease.dispatch_id, lease.attempt,
                                 lease.timeout)
-            for outcome in await _finalize_group(book, sent, clock, actor) if sent else ():
+            for outcome in await _record_group(book, done, clock, actor):
                 key = _COUNTED.get(outcome or "")
                 if key:
                     counts[key] += 1

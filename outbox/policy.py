@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from statebook.lifecycle import Lifecycle, edges
 
 from .schema import DISPATCH_STATUSES, TERMINAL_STATUSES, dispatch_outbox
@@ -11,7 +13,7 @@ NOTIFY_CHANNEL = "statebook_dispatch"
 
 OPERATOR = "operator"
 
-DISPATCH_REASONS = frozenset(
+DISPATCH_V1_REASONS = frozenset(
     {
         "dispatch.pending.enqueued",
         "dispatch.delivering.attempt",
@@ -28,8 +30,13 @@ DISPATCH_REASONS = frozenset(
         "dispatch.purged.retention",
     }
 )
+"""The reason codes of the first declaration (:data:`DISPATCH_V1`)."""
 
-DISPATCH = Lifecycle(
+DISPATCH_REASONS = DISPATCH_V1_REASONS | {
+    "dispatch.pending.released",  # a lease skipped before its send gives its attempt back (O21)
+}
+
+DISPATCH_V1 = Lifecycle(
     entity_type="dispatch",
     table=dispatch_outbox,
     statuses=DISPATCH_STATUSES,
@@ -46,11 +53,18 @@ DISPATCH = Lifecycle(
     ),
     patch_fields={"attempt", "next_attempt_at", "last_error", "claim_id"},
     reason_prefixes={"dispatch"},
-    reasons=DISPATCH_REASONS,
+    reasons=DISPATCH_V1_REASONS,
     same_status="edge",
     description="A durable outbound notification: claimed, sent by a transport, retried, acknowledged.",
     notify_channel=NOTIFY_CHANNEL,
 )
+"""The dispatch policy before ``dispatch.pending.released`` (fingerprint ``866724ec4c6fc103``), under
+which databases written until then hold their facts; :data:`DISPATCH` accepts them (specs/lifecycle.md
+L12c). Frozen: a later change to the built-in policy adds a declaration, it never edits this one."""
+
+DISPATCH = dataclasses.replace(DISPATCH_V1, reasons=DISPATCH_REASONS, accepts=(DISPATCH_V1,))
+"""The built-in ``dispatch`` lifecycle: :data:`DISPATCH_V1` plus the release reason (O21), accepting
+the facts written under :data:`DISPATCH_V1`."""
 
 DUE_STATUSES = DISPATCH.active
 """The statuses a delivery scan claims from: ``pending`` (to send) and ``delivering`` (a lapsed lease),

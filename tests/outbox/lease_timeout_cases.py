@@ -8,6 +8,7 @@ sees exactly the durations the test scripts, and no assertion depends on real ti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -15,18 +16,25 @@ from collections import Counter
 from statebook.adapters.daemon import Delivery
 from statebook.adapters.db import open_book
 from statebook.adapters.settings import Settings
-from statebook.lifecycle import verify
+from statebook.lifecycle import Book, Registry, verify
+from statebook.lifecycle.sweep import sweep
 from statebook.outbox import (
+    DISPATCH,
     NOTIFY_TIMEOUT_SECONDS,
     CallableTransport,
     claim,
     deliver_due_dispatches,
+    TransportResult,
     enqueue_dispatch,
     execute,
+    finalize,
     list_dispatches,
+    release,
     run_leases,
     scan,
 )
+from statebook.outbox.policy import DISPATCH_V1
+from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 from dispatch_support import Recorder, facts, row
 
@@ -107,27 +115,140 @@ class LeaseTimeoutCases:
         assert counts["attempted"] == counts["delivered"] == 6
         assert waiting == [set()] * 6
 
-    async def test_a_lease_without_the_timeout_left_is_not_sent_and_is_reclaimed_later(self, book, clock):
+    async def test_a_lease_without_the_timeout_left_is_not_sent_and_is_released(self, book, clock):
         """O21, O5: a lease that waited until less than the transport timeout is left is skipped, not
-        sent — its row stays delivering — and once the lease lapses a later pass reclaims the row as
-        the next attempt and sends it once."""
+        sent, and released by ONE fact ``delivering -> pending`` (``dispatch.pending.released``): the row
+        is pending with its attempt given back (0, not 1) and due now. A later pass sends it once, as
+        attempt 1 again. (Before the release the row stayed delivering, attempt 1, until its lease.)"""
         did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
         [candidate] = await scan(book, now=clock.now())
         lease = await claim(book, candidate, now=clock.now())
         assert lease is not None
         clock.advance(lease.lease_until - clock.now() - NOTIFY_TIMEOUT_SECONDS + 0.5)  # 9.5 s left of the lease
+        assert await execute(lease, Recorder().transport, now=clock.now()) is None
+        rec = Recorder()
+        counts = await run_leases(book, [lease], rec.transport)
+        assert rec.calls == [] and counts["delivered"] == counts["retried"] == counts["dead_letter"] == 0
+        r = await row(book, did)
+        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", 0, clock.now())
+        released = (await facts(book, did))[2:]
+        assert [(f.previous_status, f.status, f.reason_code) for f in released] == [
+            ("delivering", "pending", "dispatch.pending.released")]
+        assert released[0].patch == {"attempt": 0, "next_attempt_at": clock.now()}
+        assert "attempt 1 had 9.5 s left" in released[0].reason_summary and "not sent" in released[0].reason_summary
+        assert (await verify(book, "dispatch")).ok
+
+        counts = await deliver_due_dispatches(book, transport=rec.transport)  # due now: no wait for the lease
+        assert counts["delivered"] == 1 and rec.ids() == [did]
+        claimed, delivered = (await facts(book, did))[3:]
+        assert (claimed.reason_code, claimed.patch["attempt"]) == ("dispatch.delivering.attempt", 1)
+        assert (delivered.reason_code, delivered.patch["attempt"]) == ("dispatch.delivered.transport_ok", 1)
+        assert (await row(book, did))["attempt"] == 1
+
+    async def test_a_skipped_lease_of_the_only_attempt_is_sent_later_not_dead_lettered(self, book, clock):
+        """O21, O9, O20: with ``max_attempts=1``, a lease skipped at its start check does not use up the
+        one allowed attempt: a later pass (even one past the old lease) sends the dispatch, which is
+        delivered. Before the release the lapsed lease was settled to dead_letter, never sent."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1", max_attempts=1)
+        lease = await claim(book, (await scan(book, now=clock.now()))[0], now=clock.now())
+        assert lease is not None
+        clock.advance(lease.lease_until - clock.now() - 1.0)  # 1 s left, less than the 10 s timeout
         rec = Recorder()
         await run_leases(book, [lease], rec.transport)
         assert rec.calls == []
-        assert await execute(lease, rec.transport, now=clock.now()) is None
-        r = await row(book, did)
-        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("delivering", 1, lease.lease_until)
-
-        clock.set(lease.lease_until)
+        clock.set(lease.lease_until + 1)
         counts = await deliver_due_dispatches(book, transport=rec.transport)
-        assert counts["delivered"] == 1 and rec.ids() == [did]
-        assert [(f.status, f.reason_code) for f in await facts(book, did)][-2:] == [
-            ("delivering", "dispatch.delivering.reclaimed"), ("delivered", "dispatch.delivered.transport_ok")]
+        assert (counts["dead_letter"], counts["delivered"], rec.ids()) == (0, 1, [did])
+        r = await row(book, did)
+        assert (r["status"], r["attempt"]) == ("delivered", 1)
+        assert [f.reason_code for f in await facts(book, did)] == [
+            "dispatch.pending.enqueued", "dispatch.delivering.attempt", "dispatch.pending.released",
+            "dispatch.delivering.attempt", "dispatch.delivered.transport_ok"]
+
+    async def test_a_pass_records_its_releases_with_its_outcomes(self, book, clock):
+        """O21, O7: at concurrency 1 a 6 s send leaves the second lease 9 s, less than its timeout: the
+        first is delivered, the second released (each its own transition), and nothing is sent twice."""
+        first, second = [await enqueue_dispatch(book, kind="k", deliver_to=f"seat-{i}") for i in (1, 2)]
+        leases = [await claim(book, c, now=clock.now()) for c in await scan(book, now=clock.now())]
+        assert all(leases)
+
+        sent: list[str] = []
+
+        async def send(_to: str, payload: str) -> None:
+            sent.append(_id(payload))
+            clock.advance(6.0)
+
+        counts = await run_leases(book, leases, CallableTransport(send), concurrency=1)
+        sent_first = leases[0].dispatch_id
+        other = second if sent_first == first else first
+        assert sent == [sent_first] and counts["delivered"] == 1
+        assert (await row(book, sent_first))["status"] == "delivered"
+        r = await row(book, other)
+        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", 0, clock.now())
+        assert [f.reason_code for f in await facts(book, other)][-1] == "dispatch.pending.released"
+        assert (await verify(book, "dispatch")).ok
+
+    async def test_a_stale_release_after_a_reclaim_is_a_conflict_that_writes_nothing(self, book, clock):
+        """O8, O21: a lease skipped so late that its row was reclaimed by another worker meanwhile cannot
+        release it: the release is guarded on the lease's attempt and claim id, gets ``conflict`` and
+        writes nothing — the step and a pass alike — and the other worker's send proceeds."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
+        stale = await claim(book, (await scan(book, now=clock.now()))[0], now=clock.now())
+        assert stale is not None
+        clock.set(stale.lease_until)
+        fresh = await claim(book, (await scan(book, now=clock.now()))[0], now=clock.now())
+        assert fresh is not None and fresh.attempt == 2
+        before = (await row(book, did), len(await facts(book, did)))
+        assert await release(book, stale, now=clock.now()) == "conflict"
+        rec = Recorder()
+        await run_leases(book, [stale], rec.transport)
+        assert rec.calls == []
+        assert (await row(book, did), len(await facts(book, did))) == before
+        r = before[0]
+        assert (r["status"], r["attempt"], r["claim_id"]) == ("delivering", 2, fresh.claim_id)
+        await run_leases(book, [fresh], rec.transport)
+        assert rec.ids() == [did] and (await row(book, did))["status"] == "delivered"
+
+    async def test_a_released_attempt_number_is_claimed_again_and_the_claim_id_fences_it(self, book, clock):
+        """O8, O21: a release gives the attempt number back, so the next claim holds the SAME attempt as
+        the released lease; only the claim id tells them apart. The released lease can then neither
+        release nor finalize the new claim (``conflict``, nothing written)."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
+        old = await claim(book, (await scan(book, now=clock.now()))[0], now=clock.now())
+        assert old is not None
+        clock.set(old.lease_until - 1.0)
+        assert await release(book, old, now=clock.now()) == "released"
+        new = await claim(book, (await scan(book, now=clock.now()))[0], now=clock.now())
+        assert new is not None and new.attempt == old.attempt == 1 and new.claim_id != old.claim_id
+        before = (await row(book, did), len(await facts(book, did)))
+        assert await release(book, old, now=clock.now()) == "conflict"
+        assert await finalize(book, old, TransportResult.failed("late"), now=clock.now()) == "conflict"
+        assert (await row(book, did), len(await facts(book, did))) == before
+        assert await finalize(book, new, TransportResult(True), now=clock.now()) == "delivered"
+
+    async def test_facts_written_under_the_previous_dispatch_policy_verify(self, book, clock):
+        """L12c, O21: adding ``dispatch.pending.released`` changed the dispatch policy's fingerprint.
+        Dispatches written by a registry holding the previous declaration (``DISPATCH_V1``) verify under
+        today's ``DISPATCH``, which accepts it — in the fast screen too; a policy accepting nothing would
+        report each of those facts as ``unknown_policy``."""
+        assert DISPATCH.fingerprint != DISPATCH_V1.fingerprint
+        assert DISPATCH.policy_for(DISPATCH_V1.fingerprint) is DISPATCH_V1
+        assert DISPATCH.reasons - DISPATCH_V1.reasons == {"dispatch.pending.released"}
+        older = Book(book.engine, Registry([DISPATCH_V1, SCHEDULE, SCHEDULE_RUN]).seal(), clock)
+        ok = await enqueue_dispatch(older, kind="k", deliver_to="ok")
+        failed = await enqueue_dispatch(older, kind="k", deliver_to="fail")
+        await deliver_due_dispatches(older, transport=Recorder(outcome=lambda to, _n: to == "ok").transport)
+        written = (await facts(book, ok)) + (await facts(book, failed))
+        assert len(written) == 6 and {f.policy_fingerprint for f in written} == {DISPATCH_V1.fingerprint}
+
+        report = await verify(book, "dispatch")
+        assert report.ok and report.facts == 6
+        suspects: list[object] = []
+        await sweep(book, [book.policy("dispatch")], lambda lc, screen, s: suspects.extend(s) or [])
+        assert suspects == []
+        strict = Book(book.engine, Registry([dataclasses.replace(DISPATCH, accepts=()), SCHEDULE, SCHEDULE_RUN]).seal(),
+                      clock)
+        assert {f.kind for f in (await verify(strict, "dispatch")).findings} == {"unknown_policy"}
 
     async def test_a_transport_timeout_beyond_the_default_lease_gets_a_longer_lease(self, book, clock):
         """O21: the lease is derived from the transport's timeout — a 40 s timeout (more than the 15 s

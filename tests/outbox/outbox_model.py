@@ -3,8 +3,9 @@
 The database is the state. This module reads it back (rows, and every dispatch fact including
 those of purged entities), says what each step should do given the row it acts on, and checks the
 outbox invariants (specs/outbox.md) against a snapshot and the transport runs the test recorded.
-An *epoch* of a dispatch is the stretch between two operator retries: the attempt counter restarts
-at 0 in each, so a claim is identified by (epoch, attempt).
+An *epoch* of a dispatch is the stretch between two operator retries or releases: an operator retry
+restarts the attempt counter at 0 and a release (O21) gives the released attempt back, so the next
+claim repeats that attempt number; a claim is identified by (epoch, attempt).
 """
 
 from __future__ import annotations
@@ -59,15 +60,28 @@ def is_operator_retry(fact: Fact) -> bool:
     return fact.previous_status in TERMINAL and fact.status == "pending"
 
 
+def is_release(fact: Fact) -> bool:
+    return fact.reason_code == "dispatch.pending.released"
+
+
+def starts_epoch(fact: Fact) -> bool:
+    return is_operator_retry(fact) or is_release(fact)
+
+
 def epoch_of(facts: list[Fact]) -> int:
-    return sum(1 for f in facts if is_operator_retry(f))
+    return sum(1 for f in facts if starts_epoch(f))
+
+
+def epoch_starts(facts: list[Fact]) -> list[int]:
+    """The attempt each epoch's first claim must take: 1, then the attempt its opening fact left, plus one."""
+    return [1] + [int(f.patch["attempt"]) + 1 for f in facts if starts_epoch(f)]
 
 
 def claim_keys(facts: list[Fact]) -> list[ClaimKey]:
     """(epoch, attempt) of every won claim, in commit order."""
     keys, epoch = [], 0
     for fact in facts:
-        if is_operator_retry(fact):
+        if starts_epoch(fact):
             epoch += 1
         elif fact.status == "delivering":
             keys.append((epoch, int(fact.patch["attempt"])))
@@ -191,9 +205,18 @@ def problems(snap: Snapshot, runs: Runs, lc: Lifecycle) -> list[str]:
         per_epoch: dict[int, list[int]] = defaultdict(list)
         for epoch, attempt in keys:
             per_epoch[epoch].append(attempt)
+        starts = epoch_starts(facts)
         for epoch, attempts in per_epoch.items():
-            if attempts != list(range(1, len(attempts) + 1)):
-                found.append(f"O5: {did} epoch {epoch} claimed attempts {attempts}, not 1, 2, 3, ...")
+            first = starts[epoch]
+            if attempts != list(range(first, first + len(attempts))):
+                found.append(f"O5: {did} epoch {epoch} claimed attempts {attempts}, not {first}, {first + 1}, ...")
+        claimed = 0
+        for f in facts:
+            if f.status == "delivering":
+                claimed = int(f.patch["attempt"])
+            elif is_release(f) and (f.previous_status, f.patch.get("attempt")) != ("delivering", claimed - 1):
+                found.append(f"O21: {did} release {f.id} from {f.previous_status!r} left attempt "
+                             f"{f.patch.get('attempt')}, not the released claim's {claimed} - 1")
         seen = runs.by_dispatch.get(did, [])
         if len(seen) > len(keys):
             found.append(f"O5: {did} ran the transport {len(seen)} times for {len(keys)} won claims")

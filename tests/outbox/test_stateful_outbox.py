@@ -36,7 +36,8 @@ from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import EntityNotFound, FakeClock, TransitionRejected, read_row, verify
 from statebook.outbox import (
     CLAIM_LEASE_SECONDS, AckRejected, CallableTransport, TransportResult, ack_dispatch, backoff_seconds, claim,
-    deliver_due_dispatches, enqueue_dispatch, execute, finalize, purge_dispatch, retry_dispatch, scan, settle,
+    deliver_due_dispatches, enqueue_dispatch, execute, finalize, purge_dispatch, release, retry_dispatch, scan,
+    settle,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -264,6 +265,48 @@ class OutboxMachine(RuleBasedStateMachine):
         held, result = c.held, c.result
         c.forget()
         self.check_finalize(held, result, mode)
+
+    @precondition(lambda self: any(c.phase == "claimed" for c in self.claimants))
+    @rule(data=st.data(), mode=MODES)
+    def skip_and_release(self, data, mode):
+        """O21: a claimant's start check finds too little of its lease left; it releases the lease
+        instead of sending."""
+        c = self.pick(data, "claimed")
+        held = c.held
+        assert held is not None
+        c.forget()
+        self.check_release(held, mode)
+
+    @precondition(lambda self: self.superseded())
+    @rule(data=st.data(), mode=MODES)
+    def superseded_release(self, data, mode):
+        """O8, O21: a zombie's release must not hand back the live claim — after a reclaim, or under the
+        same attempt number after a release or an operator retry."""
+        self.check_release(data.draw(st.sampled_from(self.superseded()), label="lease"), mode)
+
+    def check_release(self, held: Held, mode: str) -> None:
+        """O21, O8: only the row's current claim is released — ONE transition to pending with the attempt
+        given back and due now; any other lease gets "conflict" and writes nothing."""
+        lease, did, now = held.lease, held.lease.dispatch_id, self.clock.now()
+        before = self.before()
+        row = before.rows.get(did)
+        current = row is not None and row["status"] == "delivering" and claim_keys(before.facts[did])[-1] == held.key
+        got = self.in_mode(mode, lambda b: release(b, lease, now=now))
+        if mode == "aborted":
+            self.unchanged(before, did, "a rolled-back release")
+            return
+        if not current:
+            event("stale release")
+            assert got == "conflict", (got, held, row)
+            self.unchanged(before, did, "a stale release")
+            return
+        event(f"release {mode}")
+        assert got == "released", (got, held, row)
+        after = self.snap()
+        new = after.rows[did]
+        assert after.fact_count(did) == before.fact_count(did) + 1
+        assert (new["status"], new["attempt"], new["next_attempt_at"]) == ("pending", lease.attempt - 1, now)
+        assert after.facts[did][-1].reason_code == "dispatch.pending.released"
 
     @rule(target=leases, data=st.data())
     def advance(self, data):
