@@ -183,7 +183,25 @@ class Lifecycle:
         entity_type: str | None = None,
         description: str | None = None,
     ) -> Lifecycle:
-        """A copy with more statuses, edges, patch fields or reason codes (never fewer)."""
+        """A copy with more statuses, edges, patch fields or reason codes (never fewer).
+
+        The copy accepts what this declaration wrote and what it accepts (L12c) — and the same extension
+        of each declaration it accepts, so an application's extension of an earlier built-in policy
+        still verifies after the built-in one grew. A copy under another entity type has no history.
+        """
+        adds = dict(statuses=statuses, initial=initial, terminal=terminal, edges=edges, patch_fields=patch_fields,
+                    reasons=reasons, reason_prefixes=reason_prefixes, table=table, description=description)
+        derived = self._extended(entity_type=entity_type, **adds)
+        if self.accepts is None or derived.entity_type != self.entity_type:
+            return derived
+        earlier = tuple(lc._extended(**adds) for lc in self.accepted)
+        return replace(derived, accepts=(self, *self.accepted, *earlier))
+
+    def _extended(self, *, statuses: Iterable[str] = (), initial: Iterable[str] = (), terminal: Iterable[str] = (),
+                  edges: Iterable[Edge] = (), patch_fields: Iterable[str] = (), reasons: Iterable[str] = (),
+                  reason_prefixes: Iterable[str] = (), table: sa.Table | None = None, entity_type: str | None = None,
+                  description: str | None = None) -> Lifecycle:
+        """The copy :meth:`extend` makes, with no history declared."""
         return replace(
             self,
             entity_type=entity_type or self.entity_type,
@@ -197,10 +215,7 @@ class Lifecycle:
             reason_prefixes=self.reason_prefixes | _fs(reason_prefixes),
             purgeable=(self.purgeable or frozenset()) | _fs(terminal),
             description=self.description if description is None else description,
-            # An extension only adds moves, so what the base wrote verifies under it too (L12c); a copy
-            # under another entity type has no history of its own.
-            accepts=None if self.accepts is None or (entity_type or self.entity_type) != self.entity_type
-            else (self, *self.accepted),
+            accepts=None,
         )
 
     # -- checking commands --------------------------------------------------------------------

@@ -241,11 +241,14 @@ def test_a_move_no_accepted_policy_allowed_is_forbidden():
 
 
 def test_an_extension_accepts_what_it_extends_and_accepts_are_checked():
-    """L12c: extend() keeps a declared history and adds the base to it (an extension only adds moves), a
-    copy under another entity type starts without one; a declaration of another entity type cannot be
-    accepted."""
-    extended = V2_ACCEPTING.extend(edges=edges("done", "busy", actors="operator"))
-    assert {lc.fingerprint for lc in extended.accepted} == {V2_ACCEPTING.fingerprint, V1.fingerprint}
+    """L12c: extend() keeps a declared history and adds the base to it (an extension only adds moves) and
+    the same extension of each declaration the base accepts (what an application's extension of the earlier
+    policy wrote); a copy under another entity type starts without one; a declaration of another entity type
+    cannot be accepted."""
+    more = edges("done", "busy", actors="operator")
+    extended = V2_ACCEPTING.extend(edges=more)
+    assert {lc.fingerprint for lc in extended.accepted} == {
+        V2_ACCEPTING.fingerprint, V1.fingerprint, V1.extend(edges=more).fingerprint}
     assert JOB.extend(statuses=()).accepts is None
     assert V2_ACCEPTING.extend(entity_type="chore").accepts is None, "a copy under another type has no history"
     other = dataclasses.replace(JOB, entity_type="task")
