@@ -16,7 +16,9 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.util import await_
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from statebook.lifecycle import SYSTEM_CLOCK, Book, Clock, Registry, metadata
+from statebook.lifecycle import Book, Clock, Registry
+from statebook.lifecycle.clock import SYSTEM_CLOCK
+from statebook.lifecycle.schema import metadata
 from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.schema import check_statuses, create_tables
@@ -117,7 +119,7 @@ async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK, *, reg
 
     The status CHECKs and partial-index predicates follow ``registry`` (default: the built-in one),
     whose own tables are created too. An existing table whose CHECK refuses a status the registry
-    declares raises :class:`~statebook.lifecycle.schema.SchemaMismatch`, before anything moves.
+    declares raises :class:`~statebook.lifecycle.errors.SchemaMismatch`, before anything moves.
     """
     registry = registry if registry is not None else builtin_registry()
     async with engine.begin() as conn:
@@ -155,7 +157,7 @@ async def open_book(
     """Connect, create the schema when asked, and return a :class:`Book` over ``registry``.
 
     ``registry`` defaults to the built-in one. Either way its statuses are checked against the
-    database's tables first (:class:`~statebook.lifecycle.schema.SchemaMismatch` names what to migrate).
+    database's tables first (:class:`~statebook.lifecycle.errors.SchemaMismatch` names what to migrate).
     """
     engine = connect(url, must_exist=must_exist)
     registry = registry if registry is not None else builtin_registry()

@@ -15,8 +15,18 @@ from rich.console import Console
 from sqlalchemy.engine import make_url
 
 from statebook.lifecycle import (
-    Actor, Lifecycle, Reason, Report, TransitionRejected, create, edges, history, managed_table, transition, verify,
+    Actor,
+    Lifecycle,
+    Reason,
+    TransitionRejected,
+    create,
+    edges,
+    history,
+    managed_table,
+    transition,
+    verify,
 )
+from statebook.lifecycle.replay import Report
 
 from .db import normalize_url, open_book
 from .errors import ConfigError

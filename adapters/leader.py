@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from statebook.lifecycle import Book
-from statebook.scheduler.leadership import LeadershipLost
+from statebook.scheduler.errors import LeadershipLost
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
 
 from .errors import ConfigError

@@ -73,3 +73,7 @@ class ConstraintViolation(StorageError):
     def __init__(self, message: str, *, orig: BaseException | None = None, unique: bool = False) -> None:
         super().__init__(message, orig=orig)
         self.unique = unique
+
+
+class SchemaMismatch(StatebookError):
+    """The database's tables do not admit what the registry declares (e.g. a status its CHECK refuses)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
-from .errors import PolicyError, StatebookError
+from .errors import PolicyError, SchemaMismatch
 
 if TYPE_CHECKING:
     from .policy import Lifecycle, Registry
@@ -53,10 +53,6 @@ def lifecycle_columns() -> list[sa.Column]:
 StatusSet = Literal["active", "terminal"]
 """Which statuses of its lifecycle a :func:`status_index` predicate names: ``active`` (the
 non-terminal ones) or ``terminal``."""
-
-
-class SchemaMismatch(StatebookError):
-    """The database's tables do not admit what the registry declares (e.g. a status its CHECK refuses)."""
 
 
 def status_check_name(table_name: str) -> str:

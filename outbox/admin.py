@@ -8,7 +8,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionRejected, purge, purge_many, transition
+from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionRejected, purge, transition
+from statebook.lifecycle.engine import purge_many
 
 from .enqueue import notify
 from .errors import DispatchInvalid

@@ -27,7 +27,8 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from statebook.lifecycle import Actor, Book, Command, EntityNotFound, apply, apply_many
+from statebook.lifecycle import Actor, Book, Command, EntityNotFound, apply_many
+from statebook.lifecycle.engine import apply
 
 from .attempts import (
     CLAIM_LEASE_SECONDS,

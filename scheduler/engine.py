@@ -22,7 +22,8 @@ from . import admission as gates
 from . import evaluation
 from .execution import Executor, Spawner
 from .firing import Firing
-from .leadership import Leader, LeadershipLost, Unfenced
+from .errors import LeadershipLost
+from .leadership import Leader, Unfenced
 from .polling import GithubPolling, Poller
 from .recovery import _LIVE_DAEMONS, new_daemon_id, reap
 from .runs import finalize_run

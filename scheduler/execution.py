@@ -15,7 +15,8 @@ from typing import Any
 from statebook.lifecycle import Book, Outcome, Reason
 
 from .chains import child_context, may_continue, overlay_schedule, pick_continuation
-from .launcher import Launch, LaunchRefused, ProcessResult, build_launch, spawn_and_wait
+from .errors import LaunchRefused
+from .launcher import Launch, ProcessResult, build_launch, spawn_and_wait
 from .runs import Ending, finalize_run, finalize_runs, open_run
 
 log = logging.getLogger("statebook.scheduler")

@@ -25,15 +25,12 @@ from .evaluation import Decision, decide_and_write, deferral_record
 from .leadership import Leader
 from .occurrence import claim, exhaust, lock
 from .runs import open_run, open_runs
-from .store import SCHEDULER, ScheduleError, get_schedule
+from .errors import CapacityExhausted, ScheduleError
+from .store import SCHEDULER, get_schedule
 from .triggers import following, missed_between
 
 Launch = Callable[[Mapping[str, Any], str, Mapping[str, Any], SlotHandle], None]
 """``launch(schedule, run_id, context, slot)``: start a committed fire (the engine's, outside any transaction)"""
-
-
-class CapacityExhausted(ScheduleError):
-    """A manual fire found every global slot taken."""
 
 
 class Firing:

@@ -20,19 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from statebook.lifecycle import StatebookError
+from .errors import LaunchRefused
 
 STDERR_TAIL_BYTES = 2048
 KILL_GRACE_SECONDS = 5.0
 _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
-
-
-class LaunchRefused(StatebookError):
-    """The action cannot be launched; ``reason`` is the schedule_run reason code to record."""
-
-    def __init__(self, message: str, reason: str = "schedule_run.failed.invalid_action") -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass

@@ -15,11 +15,6 @@ from typing import Protocol
 
 from statebook.lifecycle import Book
 
-from .store import ScheduleError
-
-
-class LeadershipLost(ScheduleError):
-    """The lease this daemon fired under was taken over; the transaction rolls back and writes nothing."""
 
 
 class Leader(Protocol):

@@ -17,7 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, Command, Outcome, Reason, apply
+from statebook.lifecycle import Book, Command, Outcome, Reason
+from statebook.lifecycle.engine import apply
 
 from .schema import schedules
 from .store import SCHEDULER

@@ -20,7 +20,8 @@ from statebook.lifecycle import (
 from statebook.outbox import enqueue_dispatch
 
 from .schema import schedule_runs
-from .store import RUN_TERMINAL, SCHEDULER, ScheduleError, get_run, get_schedule
+from .errors import ScheduleError
+from .store import RUN_TERMINAL, SCHEDULER, get_run, get_schedule
 
 NOTIFIED = ("completed", "failed", "timed_out", "cancelled")
 ERROR_DETAIL_LIMIT = 4000

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import managed_table, metadata
+from statebook.lifecycle import managed_table
+from statebook.lifecycle.schema import metadata
 
 SCHEDULE_STATUSES = ("active", "paused", "exhausted", "deleted")
 RUN_STATUSES = (

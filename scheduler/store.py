@@ -11,7 +11,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, StatebookError, create, transition
+from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, create, transition
+
+from .errors import ScheduleError
 
 from .requests import CreateScheduleRequest
 from .schema import schedule_runs, schedules
@@ -20,10 +22,6 @@ from .triggers import first_fire
 OPERATOR = Actor("operator", "cli")
 SCHEDULER = Actor("system", "scheduler")
 RUN_TERMINAL = ("completed", "failed", "timed_out", "skipped", "cancelled")
-
-
-class ScheduleError(StatebookError):
-    """A schedule command that cannot be applied (wrong status, name taken, ...)."""
 
 
 def _row(row: Any) -> dict[str, Any]:

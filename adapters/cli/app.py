@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from statebook.lifecycle import Book, Registry, StatebookError, UnknownEntityType
+from statebook.lifecycle import Book, Registry, StatebookError
+from statebook.lifecycle.errors import UnknownEntityType
 
 app = typer.Typer(
     name="statebook",

@@ -20,7 +20,6 @@ import typer
 
 from statebook.lifecycle import Actor, Book
 from statebook.outbox import (
-    DISPATCH_STATUSES,
     ArgvTransport,
     DeliveryWorker,
     Retention,
@@ -32,6 +31,7 @@ from statebook.outbox import (
     purge_dispatches,
     retry_dispatch,
 )
+from statebook.outbox.schema import DISPATCH_STATUSES
 
 from .app import app, console, emit_json, fail, format_time, parse_time, run, with_book
 

@@ -12,7 +12,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, Report, as_of, history, replay, verify
+from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, as_of, history, replay, verify
+from statebook.lifecycle.replay import Report
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
 
 from .app import app, app_hint, cli_registry, console, err_console, fail, parse_time, run, with_book

@@ -15,7 +15,6 @@ import shlex
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from statebook.adapters.cli import app

@@ -27,7 +27,8 @@ from statebook.adapters.registry import builtin_registry
 from statebook.adapters.persistence import Driver
 from statebook.adapters.postgres import PostgresStore, _constant_keys
 from statebook.adapters.sqlite import SQLiteStore, _insert
-from statebook.lifecycle import Book, ConstraintViolation, StorageError
+from statebook.lifecycle import Book
+from statebook.lifecycle.errors import ConstraintViolation, StorageError
 from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.store import store_for
 

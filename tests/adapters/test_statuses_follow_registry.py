@@ -15,8 +15,10 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from statebook.adapters.db import open_book
 from statebook.adapters.registry import builtin_registry
-from statebook.lifecycle import Actor, Lifecycle, PolicyError, Reason, Registry, create, edges, managed_table, transition
-from statebook.lifecycle.schema import SchemaMismatch, schema_for, status_index, status_in
+from statebook.lifecycle import Actor, Lifecycle, Reason, Registry, create, edges, managed_table, transition
+from statebook.lifecycle.errors import PolicyError
+from statebook.lifecycle.errors import SchemaMismatch
+from statebook.lifecycle.schema import schema_for, status_index, status_in
 from statebook.outbox import DISPATCH, dispatch_outbox
 from statebook.outbox.attempts import ACTIVE
 from statebook.outbox.policy import DUE_STATUSES

@@ -115,7 +115,7 @@ async def bulk_create(book: Any, entity_type: str, values: Sequence[dict[str, An
     """
     import sqlalchemy as sa
 
-    from statebook.lifecycle import facts_table
+    from statebook.lifecycle.facts import facts_table
     from statebook.lifecycle.facts import GENESIS, insert_values
 
     lc = book.policy(entity_type)

@@ -12,7 +12,6 @@ import sqlalchemy as sa
 from statebook.lifecycle import (
     Book,
     Command,
-    IdempotencyMismatch,
     NewEntity,
     Reason,
     TransitionRejected,
@@ -20,11 +19,12 @@ from statebook.lifecycle import (
     create_many,
     history,
     purge,
-    purge_many,
     replay,
     transition,
     verify,
 )
+from statebook.lifecycle.engine import purge_many
+from statebook.lifecycle.errors import IdempotencyMismatch
 
 from .support import (
     CREATED,

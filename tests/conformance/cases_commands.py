@@ -8,23 +8,22 @@ import pytest
 import sqlalchemy as sa
 
 from statebook.lifecycle import (
-    ConstraintViolation,
     Book,
     Command,
-    DuplicateEntity,
     EntityNotFound,
     Reason,
     TransitionRejected,
     apply_many,
     as_of,
     create,
-    facts_table,
     history,
     purge,
     replay,
     transition,
     verify,
 )
+from statebook.lifecycle.errors import ConstraintViolation, DuplicateEntity
+from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.facts import fact_hash
 from statebook.lifecycle.schema import LIFECYCLE_COLUMNS
 

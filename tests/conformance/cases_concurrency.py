@@ -14,7 +14,8 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statebook.lifecycle import Book, Cursor, EntityNotFound, Fact, create, history, purge, tail, transition, verify
+from statebook.lifecycle import Book, EntityNotFound, Fact, create, history, purge, transition, verify
+from statebook.lifecycle.facts import Cursor, tail
 
 from .support import CREATED, PURGED, REFUSED, STARTED, SYSTEM, new_task, row, start, task_values
 

@@ -16,7 +16,6 @@ import sqlalchemy as sa
 from statebook.lifecycle import (
     Book,
     Command,
-    DuplicateEntity,
     NewEntity,
     Outcome,
     apply_many,
@@ -28,8 +27,9 @@ from statebook.lifecycle import (
     transition,
     verify,
 )
+from statebook.lifecycle.errors import DuplicateEntity
 from statebook.adapters.persistence import Driver
-from statebook.lifecycle import ConstraintViolation
+from statebook.lifecycle.errors import ConstraintViolation
 
 from .support import (
     CREATED,

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from statebook.lifecycle import Book, IdempotencyMismatch, history, transition
+from statebook.lifecycle import Book, history, transition
+from statebook.lifecycle.errors import IdempotencyMismatch
 
 from .support import BLOCKED, OPERATOR, REFUSED, RELEASED, RETRIED, STARTED, SYSTEM, count_facts, new_task, row, start
 

@@ -23,11 +23,11 @@ from statebook.lifecycle import (
     Registry,
     create,
     edges,
-    facts_table,
     managed_table,
-    read_row,
     transition,
 )
+from statebook.lifecycle.facts import facts_table
+from statebook.lifecycle.replay import read_row
 
 TASK_META = sa.MetaData()
 """Apart from statebook's MetaData: the adapters' schema helpers never see the task table."""

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from transitions import MachineError
 
 from statebook.adapters.registry import builtin_registry
-from statebook.lifecycle import Edge, Lifecycle, edges, managed_table
+from statebook.lifecycle import Lifecycle, edges, managed_table
+from statebook.lifecycle.policy import Edge
 from statebook.lifecycle.diagram import (
     NEW, LifecycleModel, accepted_edges, conditions, spec_page, to_machine, to_mermaid, trigger_name,
 )

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from statebook.lifecycle import Fact, Lifecycle, PolicyError, edges, fold, managed_table
+from statebook.lifecycle import Fact, Lifecycle, edges, managed_table
+from statebook.lifecycle.errors import PolicyError
+from statebook.lifecycle.replay import fold
 from statebook.lifecycle.facts import GENESIS, fact_hash, insert_values, legacy_fact_hash
 from statebook.lifecycle.replay import check_entity
 from statebook.lifecycle.schema import UNKNOWN, column_default, row_defaults

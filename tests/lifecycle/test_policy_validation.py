@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from statebook.lifecycle import (
-    Edge,
-    Lifecycle,
-    PolicyError,
-    Registry,
-    UnknownEntityType,
-    check_reason_code,
-    edges,
-    managed_table,
-    validate,
-)
+from statebook.lifecycle import Lifecycle, Registry, edges, managed_table
+from statebook.lifecycle.errors import PolicyError, UnknownEntityType
+from statebook.lifecycle.policy import Edge, validate
+from statebook.lifecycle.reasons import check_reason_code
 
 META = sa.MetaData()
 WIDGETS = managed_table(

@@ -10,7 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from statebook.adapters.registry import builtin_registry
-from statebook.lifecycle import Actor, Edge, Lifecycle, PolicyError, Registry, RegistrySealed, TransitionRejected, edges
+from statebook.lifecycle import Actor, Lifecycle, Registry, TransitionRejected, edges
+from statebook.lifecycle.errors import PolicyError, RegistrySealed
+from statebook.lifecycle.policy import Edge
 from statebook.lifecycle import managed_table
 from statebook.outbox import DISPATCH
 

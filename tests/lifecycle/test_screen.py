@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statebook.lifecycle import Fact, Lifecycle, edges, fold, managed_table
+from statebook.lifecycle import Fact, Lifecycle, edges, managed_table
+from statebook.lifecycle.replay import fold
 from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.facts import GENESIS, JSON_FIELDS, STORED_FIELDS, decoded, insert_values
 from statebook.lifecycle.replay import check_entity

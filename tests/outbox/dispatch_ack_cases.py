@@ -10,13 +10,11 @@ from statebook.outbox import (
     AckRejected,
     TransportResult,
     ack_dispatch,
-    claim,
     deliver_due_dispatches,
     enqueue_dispatch,
-    execute,
-    finalize,
-    scan,
 )
+from statebook.outbox.attempts import scan
+from statebook.outbox.delivery import claim, execute, finalize
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

@@ -14,18 +14,9 @@ import pytest
 
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, verify
-from statebook.outbox import (
-    CLAIM_LEASE_SECONDS,
-    TransportResult,
-    backoff_seconds,
-    claim,
-    deliver_due_dispatches,
-    enqueue_dispatch,
-    execute,
-    finalize,
-    retry_dispatch,
-    scan,
-)
+from statebook.outbox import TransportResult, deliver_due_dispatches, enqueue_dispatch, retry_dispatch
+from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
+from statebook.outbox.delivery import claim, execute, finalize
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from statebook.adapters.db import connect
-from statebook.lifecycle import Book, StatebookError, facts_table, verify
+from statebook.lifecycle import Book, StatebookError, verify
+from statebook.lifecycle.facts import facts_table
 from statebook.outbox import (
-    SIGNAL_SCHEMA_VERSION,
     DispatchInvalid,
     DispatchSignal,
     deliver_due_dispatches,
@@ -21,6 +21,7 @@ from statebook.outbox import (
     enqueue_dispatches,
     enqueue_revival_heartbeat,
 )
+from statebook.outbox.signal import SIGNAL_SCHEMA_VERSION
 
 
 from dispatch_support import Recorder, facts, row

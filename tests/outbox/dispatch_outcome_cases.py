@@ -11,13 +11,13 @@ from statebook.outbox import (
     AckRejected,
     ArgvTransport,
     ack_dispatch,
-    backoff_seconds,
     deliver_due_dispatches,
     enqueue_dispatch,
     get_dispatch,
     purge_dispatch,
     retry_dispatch,
 )
+from statebook.outbox.attempts import backoff_seconds
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

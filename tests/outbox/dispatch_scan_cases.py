@@ -10,14 +10,9 @@ import pytest
 
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book
-from statebook.outbox import (
-    DispatchInvalid,
-    claim,
-    deliver_due_dispatches,
-    enqueue_dispatch,
-    next_due,
-    scan,
-)
+from statebook.outbox import DispatchInvalid, deliver_due_dispatches, enqueue_dispatch
+from statebook.outbox.attempts import next_due, scan
+from statebook.outbox.delivery import claim
 
 from dispatch_support import Recorder, failing, row
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from statebook.lifecycle import history, read_row, verify
-from statebook.outbox import CLAIM_LEASE_SECONDS, enqueue_dispatch
+from statebook.lifecycle import history, verify
+from statebook.lifecycle.replay import read_row
+from statebook.outbox import enqueue_dispatch
+from statebook.outbox.attempts import CLAIM_LEASE_SECONDS
 
 WORKER = Path(__file__).with_name("kill_worker.py")
 

@@ -19,20 +19,16 @@ from statebook.adapters.settings import Settings
 from statebook.lifecycle import Book, Registry, verify
 from statebook.lifecycle.sweep import sweep
 from statebook.outbox import (
-    DISPATCH,
-    NOTIFY_TIMEOUT_SECONDS,
     CallableTransport,
-    claim,
-    deliver_due_dispatches,
+    DISPATCH,
     TransportResult,
+    deliver_due_dispatches,
     enqueue_dispatch,
-    execute,
-    finalize,
     list_dispatches,
-    release,
-    run_leases,
-    scan,
 )
+from statebook.outbox.attempts import scan
+from statebook.outbox.delivery import claim, execute, finalize, release, run_leases
+from statebook.outbox.transport import NOTIFY_TIMEOUT_SECONDS
 from statebook.outbox.policy import DISPATCH_V1
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 

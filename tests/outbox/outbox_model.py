@@ -17,9 +17,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, Fact, Lifecycle, facts_table
+from statebook.lifecycle import Book, Fact, Lifecycle
+from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.replay import check_entity
-from statebook.outbox import Candidate, CallableTransport, Lease, TransportResult, dispatch_outbox
+from statebook.outbox import CallableTransport, TransportResult, dispatch_outbox
+from statebook.outbox.attempts import Candidate, Lease
 
 TERMINAL = frozenset({"delivered", "acked", "dead_letter", "expired"})
 LIVE = frozenset({"pending", "delivering"})

@@ -14,21 +14,17 @@ import pytest
 import sqlalchemy as sa
 
 from statebook.adapters.db import connect, open_book, reset_schema
-from statebook.lifecycle import Book, FakeClock, facts_table, history, verify
+from statebook.lifecycle import Book, FakeClock, history, verify
+from statebook.lifecycle.facts import facts_table
 from statebook.outbox import (
-    CLAIM_LEASE_SECONDS,
     CallableTransport,
     TransportResult,
-    claim,
-    claim_due,
     deliver_due_dispatches,
     dispatch_outbox,
     enqueue_dispatch,
-    execute,
-    finalize,
-    scan,
-    settle,
 )
+from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, scan
+from statebook.outbox.delivery import claim, claim_due, execute, finalize, settle
 
 pytestmark = pytest.mark.postgres
 

@@ -13,8 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from statebook.adapters.db import connect, open_book
-from statebook.lifecycle import Book, FakeClock, facts_table, history, read_row, verify
-from statebook.outbox import claim, dispatch_outbox, enqueue_dispatch, scan
+from statebook.lifecycle import Book, FakeClock, history, verify
+from statebook.lifecycle.facts import facts_table
+from statebook.lifecycle.replay import read_row
+from statebook.outbox import dispatch_outbox, enqueue_dispatch
+from statebook.outbox.attempts import scan
+from statebook.outbox.delivery import claim
 
 HOLD_SECONDS = 1.0
 

@@ -33,12 +33,20 @@ from hypothesis.stateful import (
 
 import statebook.outbox.enqueue as enqueue_module
 from statebook.adapters.db import open_book, reset_schema
-from statebook.lifecycle import EntityNotFound, FakeClock, TransitionRejected, read_row, verify
+from statebook.lifecycle import EntityNotFound, FakeClock, TransitionRejected, verify
+from statebook.lifecycle.replay import read_row
 from statebook.outbox import (
-    CLAIM_LEASE_SECONDS, AckRejected, CallableTransport, TransportResult, ack_dispatch, backoff_seconds, claim,
-    deliver_due_dispatches, enqueue_dispatch, execute, finalize, purge_dispatch, release, retry_dispatch, scan,
-    settle,
+    AckRejected,
+    CallableTransport,
+    TransportResult,
+    ack_dispatch,
+    deliver_due_dispatches,
+    enqueue_dispatch,
+    purge_dispatch,
+    retry_dispatch,
 )
+from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
+from statebook.outbox.delivery import claim, execute, finalize, release, settle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from outbox_model import (  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from statebook.lifecycle import history, verify
 from statebook.scheduler.engine import SchedulerEngine
-from statebook.scheduler.firing import CapacityExhausted
+from statebook.scheduler.errors import CapacityExhausted
 from statebook.scheduler.store import get_schedule
 
 import pytest

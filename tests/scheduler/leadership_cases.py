@@ -14,7 +14,7 @@ from statebook.adapters.db import connect
 from statebook.adapters.leader import LeaseLeader
 from statebook.lifecycle import Book, history, verify
 from statebook.scheduler.engine import SchedulerEngine
-from statebook.scheduler.leadership import LeadershipLost
+from statebook.scheduler.errors import LeadershipLost
 from statebook.scheduler.recovery import _LIVE_DAEMONS
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
 from statebook.scheduler.store import get_schedule

@@ -21,7 +21,8 @@ from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.occurrence import claim
 from statebook.scheduler.polling import PollResult
 from statebook.scheduler.runs import open_run
-from statebook.scheduler.store import ScheduleError, get_schedule
+from statebook.scheduler.errors import ScheduleError
+from statebook.scheduler.store import get_schedule
 from statebook.lifecycle import Reason
 
 from sched_helpers import FakeSpawner, make, runs_of, settings

@@ -24,7 +24,8 @@ from transitions import Machine
 from transitions.core import EventData
 
 from statebook.adapters.registry import builtin_registry
-from statebook.lifecycle import Actor, Edge, Lifecycle, Registry, edges, managed_table
+from statebook.lifecycle import Actor, Lifecycle, Registry, edges, managed_table
+from statebook.lifecycle.policy import Edge
 
 # -- the test lifecycle ------------------------------------------------------------------------
 

@@ -55,27 +55,26 @@ from lifecycle_model import (
 
 from statebook.adapters.db import connect, create_schema, reset_schema
 from statebook.lifecycle import (
-    LIFECYCLE_COLUMNS,
     Actor,
     Book,
-    DuplicateEntity,
     EntityNotFound,
     Fact,
     FakeClock,
-    IdempotencyMismatch,
     Lifecycle,
     Outcome,
     Reason,
     StatebookError,
     TransitionRejected,
     create,
-    facts_table,
     purge,
-    read_row,
     replay,
     transition,
     verify,
 )
+from statebook.lifecycle.errors import DuplicateEntity, IdempotencyMismatch
+from statebook.lifecycle.facts import facts_table
+from statebook.lifecycle.replay import read_row
+from statebook.lifecycle.schema import LIFECYCLE_COLUMNS
 from statebook.lifecycle.facts import GENESIS, fact_hash
 
 if os.environ.get("HYPOTHESIS_PROFILE") == "deep":

@@ -68,9 +68,10 @@ from statebook.adapters.settings import LauncherSettings, SchedulerSettings, Set
 from statebook.lifecycle import Book, FakeClock, verify
 from statebook.scheduler import engine as engine_module
 from statebook.scheduler.engine import SchedulerEngine
-from statebook.scheduler.firing import CapacityExhausted
+from statebook.scheduler.errors import CapacityExhausted
 from statebook.scheduler.runs import cancel_run
-from statebook.scheduler.store import ScheduleError, create_schedule
+from statebook.scheduler.errors import ScheduleError
+from statebook.scheduler.store import create_schedule
 
 if os.environ.get("HYPOTHESIS_PROFILE") == "deep":
     MAX_EXAMPLES, STEPS = 200, 80
