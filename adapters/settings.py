@@ -2,7 +2,7 @@
 
 Precedence: explicit values > environment (``STATEBOOK_<SECTION>__<FIELD>``, e.g.
 ``STATEBOOK_SCHEDULER__TICK_SECONDS=5``; ``STATEBOOK_DB`` and ``STATEBOOK_APP`` for the top-level
-``db`` and ``app``) > the TOML file > defaults. Defaults are the seeds'.
+``db`` and ``app``) > the TOML file > defaults. Defaults are those specs/ names.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class LauncherSettings(_Section):
     executable: list[str] | None = None
     """argv prefix for the agent/flow/fanout/play/flow_yaml kinds (e.g. ["li"]); None disables them"""
     cwd: str | None = None
-    """fallback working directory for runs (the seed's LIONAGI_SCHEDULER_CWD)"""
+    """fallback working directory for runs (specs/scheduler.md)"""
     stdout_log: str | None = None
     projects: dict[str, str] = {}
     """project name -> directory; a run's cwd falls back to its project's directory"""

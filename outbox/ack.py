@@ -1,4 +1,4 @@
-"""The acknowledgement tier (seed ADR-0059 D5): a consumer presents the row's token."""
+"""The acknowledgement tier (specs/outbox.md O10): a consumer presents the row's token."""
 
 from __future__ import annotations
 

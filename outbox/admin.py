@@ -1,4 +1,4 @@
-"""Operator surface (seed ADR-0059 D6): inspect, retry, purge, retention. Every write is audited."""
+"""Operator surface (specs/outbox.md O15, O16, O19): inspect, retry, purge, retention. Every write is audited."""
 
 from __future__ import annotations
 

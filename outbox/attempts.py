@@ -162,17 +162,6 @@ def _columns() -> list[Any]:
     ]
 
 
-def scan_query(*, now: float, limit: int) -> sa.Select[Any]:
-    """The due-row query: served by ``idx_dispatch_outbox_due`` in (next_attempt_at, id) order."""
-    t = dispatch_outbox
-    return (
-        sa.select(*_columns())
-        .where(ACTIVE, t.c.next_attempt_at <= now)
-        .order_by(t.c.next_attempt_at, t.c.id)
-        .limit(limit)
-    )
-
-
 _HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
 
 
@@ -182,7 +171,8 @@ _SCAN = (
     .order_by(dispatch_outbox.c.next_attempt_at, dispatch_outbox.c.id)
     .limit(sa.bindparam("b_limit", type_=sa.Integer))
 )
-"""The scan with bound ``b_now``/``b_limit`` (one compiled shape), plus each row's chain head."""
+"""The due-row scan with bound ``b_now``/``b_limit`` (one compiled shape), plus each row's chain head;
+served by ``idx_dispatch_outbox_due`` in (next_attempt_at, id) order (O11)."""
 
 
 async def scan_heads(

@@ -4,7 +4,7 @@ Each step that writes is ONE engine transition in its own transaction, or joins 
 is given, so tests and tools can interleave steps and crash between them. ``execute`` touches no
 database: the transport runs between the claim's commit and the finalization, so a crash there
 leaves a ``delivering`` row whose lease lapses and which a later scan reclaims (at-least-once,
-seed ADR-0059 D3).
+specs/outbox.md O5, O7).
 
 A pass claims due rows in set-based transactions (one engine call: one transition and one fact per
 row), runs at most ``concurrency`` transports at once outside any transaction, and records outcomes
@@ -411,7 +411,7 @@ async def deliver_due_dispatches(
     concurrency: int = 8,
     actor: Actor = DELIVERY_ACTOR,
 ) -> dict[str, int]:
-    """One delivery pass over at most ``batch_size`` due rows; the seed's five counters.
+    """One delivery pass over at most ``batch_size`` due rows; its five counters (O11).
 
     ``attempted`` counts claims won (not rows seen); ``delivered`` successful sends whose outcome
     was recorded (including ack-required sends now awaiting their ack); ``retried`` failures

@@ -1,4 +1,4 @@
-"""Enqueue: validate, serialise the envelope once, insert row + creation fact (seed ADR-0059 D2).
+"""Enqueue: validate, serialise the envelope once, insert row + creation fact (specs/outbox.md O1-O4).
 
 Every function takes a :class:`~statebook.lifecycle.Book`; give it a bound book (``async with
 book.begin() as tx``) to enqueue atomically with your own writes.
@@ -317,7 +317,7 @@ async def enqueue_revival_heartbeat(
     ttl_seconds: float = REVIVAL_TTL_SECONDS,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> list[str]:
-    """One ``revival_ping`` per seat, deduplicated per (seat, reset epoch) (seed ADR-0059 D6).
+    """One ``revival_ping`` per seat, deduplicated per (seat, reset epoch) (specs/outbox.md O3).
 
     A truthy ``reset_epoch`` sets ``expires_at = reset_epoch + ttl_seconds``; zero means no expiry.
     """

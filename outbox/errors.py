@@ -1,4 +1,4 @@
-"""The outbox's errors. Each is a StatebookError and the builtin the seed contract names."""
+"""The outbox's errors. Each is a StatebookError and the builtin its callers expect (specs/outbox.md O4, O10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The built-in ``dispatch`` lifecycle (seed ADR-0059 D5, the registry's closed edge graph)."""
+"""The built-in ``dispatch`` lifecycle (specs/outbox.md, specs/dispatch.md: the closed edge graph)."""
 
 from __future__ import annotations
 

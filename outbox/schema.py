@@ -1,4 +1,4 @@
-"""The ``dispatch_outbox`` table (seed ADR-0059 D1) plus the lifecycle columns."""
+"""The ``dispatch_outbox`` table (specs/outbox.md) plus the lifecycle columns."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ dispatch_outbox = managed_table(
     sa.Column("next_attempt_at", sa.Float, nullable=False),
     sa.Column("ack_required", sa.Integer, nullable=False, server_default="0"),
     sa.Column("ack_token", sa.Text, nullable=True),
-    # Provenance links. The seed declares foreign keys to sessions and schedule_runs; the outbox may
+    # Provenance links. The outbox design we follow declares foreign keys to sessions and schedule_runs; the outbox may
     # not depend on the scheduler, so these stay plain references.
     sa.Column("session_id", sa.Text, nullable=True),
     sa.Column("schedule_run_id", sa.Text, nullable=True),
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=True),
-    # Not in the seed: a fencing token written by each claim. The attempt counter alone repeats after
+    # Beyond that design: a fencing token written by each claim. The attempt counter alone repeats after
     # an operator retry resets it, so a finalization guards on the claim id as well.
     sa.Column("claim_id", sa.String(32), nullable=True),
     sa.Index(
@@ -43,7 +43,7 @@ dispatch_outbox = managed_table(
         sqlite_where=sa.text("dedup_key IS NOT NULL"),
         postgresql_where=sa.text("dedup_key IS NOT NULL"),
     ),
-    # The seed indexes (status, next_attempt_at); scans here order by (next_attempt_at, id), which that
+    # That design indexes (status, next_attempt_at); scans here order by (next_attempt_at, id), which that
     # column order cannot serve (every scan would read and sort all due rows). Same name; partial on the
     # lifecycle's active statuses, which contain the scan's (attempts.ACTIVE), so the planner can use it.
     status_index("idx_dispatch_outbox_due", "next_attempt_at", "id", where="active"),

@@ -1,4 +1,4 @@
-"""The payload envelope: a versioned signal, serialised once at enqueue (seed ADR-0059 D1).
+"""The payload envelope: a versioned signal, serialised once at enqueue (specs/outbox.md O1).
 
 A stored payload is ``DispatchSignal(...).to_json()``: JSON-mode values, an id, the book clock's
 ``created_at`` and a ``metadata["class"]`` marker naming the concrete model.

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 NOTIFY_TIMEOUT_SECONDS = 10.0
 ERROR_CAP = 2000
-"""Stored error text is cut to this many characters (seed ADR-0059 D3)."""
+"""Stored error text is cut to this many characters (specs/outbox.md O13)."""
 
 DELIVER_TO = "{deliver_to}"
 PAYLOAD = "{payload}"
@@ -83,7 +83,7 @@ def check_template(template: object) -> str | None:
 
 
 class ArgvTransport:
-    """Run a command built from an argv template; exit code 0 is success (seed ADR-0059 D3).
+    """Run a command built from an argv template; exit code 0 is success (specs/outbox.md O13).
 
     An element exactly equal to ``{deliver_to}`` or ``{payload}`` is replaced by the value; no
     partial interpolation and no shell. Without a ``{payload}`` element the payload goes to stdin.

@@ -122,10 +122,6 @@ def with_book(
     return wrapper
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
-
-
 def parse_time(text: str, option: str) -> float:
     """POSIX seconds or an ISO-8601 time (UTC unless it names a zone); a bad value fails in one line."""
     try:

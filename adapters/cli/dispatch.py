@@ -1,6 +1,6 @@
 """``statebook dispatch``: inspect, acknowledge, retry, purge and deliver outbox rows.
 
-There is no enqueue command: producers use the library API (seed ADR-0059 D6). Ack tokens are
+There is no enqueue command: producers use the library API (specs/outbox.md O18). Ack tokens are
 capabilities, so ``ls`` and ``show`` mask them (in the row and in the payload) unless ``--reveal``.
 """
 
