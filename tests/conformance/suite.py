@@ -84,6 +84,15 @@ class ConformanceFixtures:
             await engine.dispose()
 
     @pytest.fixture
+    async def rival(self, book: Book, db_url: str, clock: FakeClock) -> AsyncIterator[Book]:
+        """A second Book on the same database: its own engine, its own connections (another daemon)."""
+        other = Book(connect(db_url), book.registry, clock)
+        try:
+            yield other
+        finally:
+            await other.engine.dispose()
+
+    @pytest.fixture
     async def more_engines(self, db_url: str) -> AsyncIterator[Callable[[], AsyncEngine]]:
         made: list[AsyncEngine] = []
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from statebook.adapters.db import connect
 from statebook.adapters.leader import LeaseLeader
-from statebook.lifecycle import Book, history, verify
+from statebook.lifecycle import history, verify
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.errors import LeadershipLost
 from statebook.scheduler.recovery import _LIVE_DAEMONS
@@ -39,14 +38,6 @@ async def lease_row(book):
 
 class LeadershipCases:
     """This module's cases: mixed into SchedulerConformance, so each backend runs them (tests/conformance)."""
-
-    @pytest.fixture
-    async def rival(self, book, db_url, clock):
-        other = Book(connect(db_url), book.registry, clock)
-        try:
-            yield other
-        finally:
-            await other.engine.dispose()
 
     async def test_one_leader_renews_and_a_standby_waits(self, book, rival, clock):
         """S14: the first daemon takes the lease (epoch 1) and renews it every tick; a standby evaluates nothing."""

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from statebook.adapters.db import connect
-from statebook.lifecycle import Book, history, verify
+from statebook.lifecycle import history, verify
 from statebook.scheduler import firing
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.occurrence import claim
@@ -55,15 +54,6 @@ def stale_read(monkeypatch, row: dict[str, Any]) -> None:
 
 class StaleClaimCases:
     """This module's cases: mixed into SchedulerConformance, so each backend runs them (tests/conformance)."""
-
-    @pytest.fixture
-    async def rival(self, book, db_url, clock):
-        """A second Book on the same database: its own engine, its own connections."""
-        other = Book(connect(db_url), book.registry, clock)
-        try:
-            yield other
-        finally:
-            await other.engine.dispose()
 
     async def test_stale_missed_fire_skip_records_one_skip(self, book, rival, clock):
         """S1, S6: a missed-fire `skip` claim given a row another daemon already handled writes nothing."""
