@@ -7,7 +7,8 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Lifecycle, Registry, edges, managed_table
 from statebook.lifecycle.errors import PolicyError, UnknownEntityType
-from statebook.lifecycle.policy import Edge, validate
+from statebook.lifecycle.policy import Edge
+from statebook.lifecycle.validation import validate
 from statebook.lifecycle.reasons import check_reason_code
 
 META = sa.MetaData()
@@ -278,7 +279,7 @@ def test_a_trap_may_be_declared_terminal_instead():
 
 def test_the_builtin_lifecycles_have_no_trap_and_no_unreachable_status():
     """L1: dispatch, schedule and schedule_run pass the rules every application lifecycle must pass."""
-    from statebook.lifecycle.policy import check_no_trap
+    from statebook.lifecycle.validation import check_no_trap
     from statebook.adapters.registry import builtin_registry
 
     for lc in builtin_registry():
