@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,6 +24,7 @@ from statebook.lifecycle.facts import Cursor, facts_table
 from statebook.lifecycle.store import Lock, RowWrite, Unit, register_backend
 
 from .persistence import FACT_COLUMNS, OWN_TRANSACTION, Driver, SQLStore, translated
+from .postgres_batches import FACT_VARYING, constant_keys, delete_many, insert_many, set_params, update_many, update_row
 
 _STARTED = "statebook.started"
 """``conn.info`` key: the SQLAlchemy transaction for which the driver transaction was started."""
@@ -183,13 +183,13 @@ class PostgresStore(SQLStore):
             params.update({f"f_{k}": writes[0].fact[k] for k in FACT_COLUMNS})
             return {writes[0].entity_id} if await db.execute(stmt, params) == 1 else set()
         rows, facts = [dict(w.values) for w in writes], [w.fact for w in writes]
-        row_constant = _constant_keys(rows, columns, frozenset({"id"}))
-        fact_constant = _constant_keys(facts, FACT_COLUMNS, FACT_VARYING)
+        row_constant = constant_keys(rows, columns, frozenset({"id"}))
+        fact_constant = constant_keys(facts, FACT_COLUMNS, FACT_VARYING)
         base = ("insert_many", table, columns, if_absent)
         row_constant, fact_constant = self._variant(base, row_constant, fact_constant)
         stmt = self.cached((base, row_constant, fact_constant),
-                           lambda: _insert_many(table, columns, if_absent, row_constant, fact_constant))
-        inserted = {r[0] for r in await db.fetch(stmt.statement, _set_params(stmt, rows, facts))}
+                           lambda: insert_many(table, columns, if_absent, row_constant, fact_constant))
+        inserted = {r[0] for r in await db.fetch(stmt.statement, set_params(stmt, rows, facts))}
         if inserted and notify is not None:
             await self.notify(unit, notify, "")  # one wake-up for the batch: listeners scan
         return inserted
@@ -198,23 +198,23 @@ class PostgresStore(SQLStore):
         if not writes:
             return set()
         guards, columns = writes[0].guards, tuple(writes[0].values)
-        rows = [_update_row(w) for w in writes]
+        rows = [update_row(w) for w in writes]
         facts = [w.fact for w in writes]
-        row_constant = _constant_keys(rows, tuple(rows[0]), frozenset({"b_id"}))
-        fact_constant = _constant_keys(facts, FACT_COLUMNS, FACT_VARYING)
+        row_constant = constant_keys(rows, tuple(rows[0]), frozenset({"b_id"}))
+        fact_constant = constant_keys(facts, FACT_COLUMNS, FACT_VARYING)
         base = ("update_many", table, guards, columns)
         row_constant, fact_constant = self._variant(base, row_constant, fact_constant)
         stmt = self.cached((base, row_constant, fact_constant),
-                           lambda: _update_many(table, guards, columns, row_constant, fact_constant))
-        return {r[0] for r in await unit.handle.fetch(stmt.statement, _set_params(stmt, rows, facts))}
+                           lambda: update_many(table, guards, columns, row_constant, fact_constant))
+        return {r[0] for r in await unit.handle.fetch(stmt.statement, set_params(stmt, rows, facts))}
 
     async def delete(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
         if not writes:
             return set()
         rows = [{"b_id": w.entity_id, "b_version": w.expect["version"], "b_last_fact_id": w.expect["last_fact_id"]}
                 for w in writes]
-        stmt = self.cached(("delete_many", table), lambda: _delete_many(table))
-        return {r[0] for r in await unit.handle.fetch(stmt.statement, _set_params(stmt, rows, [w.fact for w in writes]))}
+        stmt = self.cached(("delete_many", table), lambda: delete_many(table))
+        return {r[0] for r in await unit.handle.fetch(stmt.statement, set_params(stmt, rows, [w.fact for w in writes]))}
 
     def _variant(self, base: Hashable, row_constant: frozenset[str], fact_constant: frozenset[str]
                  ) -> tuple[frozenset[str], frozenset[str]]:
@@ -255,171 +255,6 @@ class _json_text(FunctionElement[Any]):
 @compiles(_json_text)
 def _compile_json_text(element: _json_text, compiler: Any, **kw: Any) -> str:
     return f"CAST({compiler.process(element.clauses, **kw)} AS JSON)"
-
-
-# -- set-based shapes: one statement per batch, one array per column ----------------------------------
-FACT_VARYING = frozenset({"id", "entity_id"})
-"""Fact columns always sent per row (the join key and the fact id)."""
-
-
-def _update_row(w: RowWrite) -> dict[str, Any]:
-    row = {"b_id": w.entity_id, "b_version": w.expect["version"], "b_status": w.expect["status"],
-           "b_last_fact_id": w.expect["last_fact_id"]}
-    row.update({f"b_{g}": w.expect[g] for g in w.guards})
-    row.update({f"n_{c}": v for c, v in w.values.items()})
-    return row
-
-
-def _pg_type(column: sa.Column[Any]) -> str:
-    return column.type.compile(dialect=postgresql.dialect())
-
-
-class _JSONArray(sa.types.TypeDecorator[list[Any]]):
-    """A list of JSON values sent as ``text[]``, each serialised as a JSON column would be
-    (None as JSON ``null``). ``ARRAY(JSON)`` would take a list value for one more dimension."""
-
-    impl = postgresql.ARRAY(sa.Text)
-    cache_ok = True
-
-    def process_bind_param(self, value: Any, dialect: Any) -> Any:
-        if value is None:
-            return None
-        item = sa.JSON().dialect_impl(dialect).bind_processor(dialect)
-        return [item(v) for v in value] if item is not None else value
-
-
-@dataclass(frozen=True)
-class _SetStatement:
-    """A set-based statement; its parameters (:func:`_set_params`) are one list per column — the
-    rows' keys and ``f_<fact column>`` — except the ``*_constant`` columns: one value, sent once."""
-
-    statement: Any
-    row_prefix: str
-    row_constant: frozenset[str] = frozenset()
-    fact_constant: frozenset[str] = frozenset()
-
-
-def _set_params(stmt: _SetStatement, rows: list[dict[str, Any]], facts: Sequence[Any]) -> dict[str, Any]:
-    first = rows[0]
-    params: dict[str, Any] = {
-        f"{stmt.row_prefix}{k}": first[k] if k in stmt.row_constant else [r[k] for r in rows] for k in first
-    }
-    params.update({
-        f"f_{c}": facts[0][c] if c in stmt.fact_constant else [f[c] for f in facts] for c in FACT_COLUMNS
-    })
-    return params
-
-
-def _constant_keys(items: Sequence[Any], keys: tuple[str, ...], varying: frozenset[str]) -> frozenset[str]:
-    """Keys whose value is the same in every item (same type too; JSON containers never count: two
-    equal dicts can be different JSON, e.g. ``1`` and ``true``). ``varying`` are never constant."""
-    first, rest = items[0], items[1:]
-    found = []
-    for k in keys:
-        if k in varying:
-            continue
-        value = first[k]
-        kind = type(value)
-        if kind is dict or kind is list:
-            continue
-        if all(type(item[k]) is kind and item[k] == value for item in rest):
-            found.append(k)
-    return frozenset(found) - varying
-
-
-def _source(prefix: str, alias: str, columns: list[sa.Column[Any]], *, json_as_text: bool = False,
-            constant: frozenset[str] = frozenset()) -> tuple[str, list[Any], dict[str, str]]:
-    """``unnest(CAST(:<prefix><column> AS T[]), ...) AS alias(columns)``, its parameters, and the SQL
-    that reads each column: ``alias.column``, or for a ``constant`` column its one cast parameter."""
-    parts, binds, refs, names = [], [], {}, []
-    for c in columns:
-        name = f"{prefix}{c.name}"
-        is_json = isinstance(c.type, sa.JSON)
-        if c.name in constant:
-            if is_json:
-                refs[c.name] = f"CAST(CAST(:{name} AS TEXT) AS {_pg_type(c)})"
-                binds.append(sa.bindparam(name, type_=sa.Text if json_as_text else c.type))
-            else:
-                refs[c.name] = f"CAST(:{name} AS {_pg_type(c)})"
-                binds.append(sa.bindparam(name, type_=c.type))
-            continue
-        if is_json:
-            parts.append(f"CAST(CAST(:{name} AS TEXT[]) AS {_pg_type(c)}[])")
-            binds.append(sa.bindparam(name, type_=postgresql.ARRAY(sa.Text) if json_as_text else _JSONArray()))
-        else:
-            parts.append(f"CAST(:{name} AS {_pg_type(c)}[])")
-            binds.append(sa.bindparam(name, type_=postgresql.ARRAY(c.type)))
-        names.append(_q(c.name))
-        refs[c.name] = f"{alias}.{_q(c.name)}"
-    return f"unnest({', '.join(parts)}) AS {alias}({', '.join(names)})", binds, refs
-
-
-def _q(name: str) -> str:
-    return postgresql.dialect().identifier_preparer.quote(name)
-
-
-def _facts_from(joined: str, constant: frozenset[str]) -> tuple[str, list[Any]]:
-    """INSERT the facts whose entity is in the CTE ``joined``; returns their entity ids."""
-    facts_sql, binds, refs = _source("f_", "f", [facts_table.c[c] for c in FACT_COLUMNS], json_as_text=True,
-                                     constant=constant)
-    fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
-    return (
-        f"INSERT INTO status_transitions ({fcols}) "
-        f"SELECT {', '.join(refs[c] for c in FACT_COLUMNS)} FROM {facts_sql} "
-        f"JOIN {joined} ON {joined}.id = f.entity_id RETURNING entity_id",
-        binds,
-    )
-
-
-def _insert_many(table: sa.Table, columns: tuple[str, ...], if_absent: bool, row_constant: frozenset[str],
-                 fact_constant: frozenset[str]) -> _SetStatement:
-    """Insert many rows and, for each row actually inserted, its creation fact; their ids."""
-    rows_sql, row_binds, refs = _source("r_", "r", [table.c[c] for c in columns], constant=row_constant)
-    facts_sql, fact_binds = _facts_from("new_rows", fact_constant)
-    names = ", ".join(_q(c) for c in columns)
-    conflict = " ON CONFLICT DO NOTHING" if if_absent else ""
-    sql = (
-        f"WITH new_rows AS (INSERT INTO {_q(table.name)} ({names}) "
-        f"SELECT {', '.join(refs[c] for c in columns)} FROM {rows_sql}{conflict} RETURNING {_q('id')}) "
-        f"{facts_sql}"
-    )
-    return _SetStatement(sa.text(sql).bindparams(*row_binds, *fact_binds), "r_", row_constant, fact_constant)
-
-
-def _update_many(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...], row_constant: frozenset[str],
-                 fact_constant: frozenset[str]) -> _SetStatement:
-    """Per-row compare-and-set updates and, for each row updated, its fact; the ids updated."""
-    keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
-            sa.Column("b_status", table.c.status.type), sa.Column("b_last_fact_id", table.c.last_fact_id.type)]
-    keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
-    news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
-    values_sql, value_binds, v = _source("", "v", [*keys, *news], constant=row_constant)
-    facts_sql, fact_binds = _facts_from("updated", fact_constant)
-    where = " AND ".join(
-        [f"t.id = {v['b_id']}", f"t.version = {v['b_version']}", f"t.status = {v['b_status']}",
-         f"t.last_fact_id = {v['b_last_fact_id']}"]
-        + [f"t.{_q(g)} IS NOT DISTINCT FROM {v['b_' + g]}" for g in guards]  # NULL-safe guards
-    )
-    sets = ", ".join(f"{_q(c)} = {v['n_' + c]}" for c in columns)
-    sql = (
-        f"WITH updated AS (UPDATE {_q(table.name)} AS t SET {sets} FROM {values_sql} "
-        f"WHERE {where} RETURNING t.id) {facts_sql}"
-    )
-    return _SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "", row_constant, fact_constant)
-
-
-def _delete_many(table: sa.Table) -> _SetStatement:
-    """Per-row compare-and-set deletes (version and chain head) and their tombstone facts."""
-    keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
-            sa.Column("b_last_fact_id", table.c.last_fact_id.type)]
-    values_sql, value_binds, v = _source("", "v", keys)
-    facts_sql, fact_binds = _facts_from("deleted", frozenset())
-    sql = (
-        f"WITH deleted AS (DELETE FROM {_q(table.name)} AS t USING {values_sql} "
-        f"WHERE t.id = {v['b_id']} AND t.version = {v['b_version']} AND t.last_fact_id = {v['b_last_fact_id']} "
-        f"RETURNING t.id) {facts_sql}"
-    )
-    return _SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "")
 
 
 # Sequence values can commit out of order; the writing transaction's id lets the tailing reader emit only

@@ -25,7 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statebook.adapters.db import connect
 from statebook.adapters.registry import builtin_registry
 from statebook.adapters.persistence import Driver
-from statebook.adapters.postgres import PostgresStore, _constant_keys
+from statebook.adapters.postgres import PostgresStore
+from statebook.adapters.postgres_batches import constant_keys
 from statebook.adapters.sqlite import SQLiteStore, _insert
 from statebook.lifecycle import Book
 from statebook.lifecycle.errors import ConstraintViolation, StorageError
@@ -428,7 +429,6 @@ def test_constant_keys_need_the_same_type_and_value_and_skip_json_containers():
     """L15: a batch column is sent once only when every row holds the same value of the same type;
     1 and True (equal in Python, different in SQL and JSON) and dicts/lists never count as constant,
     and the keys named varying are always sent per row."""
-    constant_keys = _constant_keys
 
     rows = [
         {"id": "a", "n": 1, "flag": 1, "note": None, "doc": {"x": 1}, "at": 2.5, "s": "k"},
