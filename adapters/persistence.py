@@ -126,17 +126,17 @@ class SQLStore:
         raise NotImplementedError
 
     # -- units of work -----------------------------------------------------------------------------
+    def unit(self, bound: AsyncConnection | None, *, one_statement: bool = False) -> Any:
+        """The bound transaction's unit, or one of the store's own (see ``own_unit``)."""
+        return self.own_unit(one_statement) if bound is None else self._joined(bound)
+
     @asynccontextmanager
-    async def unit(self, bound: AsyncConnection | None, *, one_statement: bool = False) -> AsyncIterator[Unit]:
-        if bound is not None:
-            work = Unit(Driver(self, await self.joined(bound)))
-            yield work
-            touched = bound.info.get(TOUCHED)
-            if touched is not None:
-                touched.update(work.wrote)
-            return
-        async with self.own_unit(one_statement) as work:
-            yield work
+    async def _joined(self, bound: AsyncConnection) -> AsyncIterator[Unit]:
+        work = Unit(Driver(self, await self.joined(bound)))
+        yield work
+        touched = bound.info.get(TOUCHED)
+        if touched is not None:
+            touched.update(work.wrote)
 
     def own_unit(self, one_statement: bool) -> Any:
         raise NotImplementedError

@@ -69,10 +69,14 @@ class SQLiteStore(SQLStore):
 
     @asynccontextmanager
     async def own_unit(self, one_statement: bool) -> AsyncIterator[Unit]:
-        async with self.writer().turn():
+        queue = self.writer()
+        entered = await queue.enter()
+        try:
             fairy = await self.engine.raw_connection()
             async with self.transaction_on(fairy, "BEGIN IMMEDIATE") as work:
                 yield work
+        finally:
+            queue.leave(entered)
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncConnection]:
@@ -222,18 +226,27 @@ class _WriterQueue:
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
 
-    @asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
+    async def enter(self) -> bool:
+        """Wait for this task's turn; False when the task already holds it (then leave() does nothing)."""
         me = asyncio.current_task()
         if me is not None and me is self._holder:
+            return False
+        await self._lock.acquire()
+        self._holder = me
+        return True
+
+    def leave(self, entered: bool) -> None:
+        if entered:
+            self._holder = None
+            self._lock.release()
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        entered = await self.enter()
+        try:
             yield
-            return
-        async with self._lock:
-            self._holder = me
-            try:
-                yield
-            finally:
-                self._holder = None
+        finally:
+            self.leave(entered)
 
 
 def _insert(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> Any:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -38,7 +39,7 @@ class Book:
     on_commit: list[Callable[[str], None]] = field(default_factory=list, compare=False)
     """Callbacks run with an entity type after a transaction that wrote it commits (wake-ups)."""
 
-    @property
+    @cached_property
     def store(self) -> Store:
         """The storage backend of this book's engine (one per engine)."""
         return store_for(self.engine)

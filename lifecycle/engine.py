@@ -10,8 +10,7 @@ writes nothing. A single command is a batch of one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from .book import Book
@@ -101,22 +100,25 @@ async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_a
             data = {**defaults, **data}
         plans.append(plan_create(lc, data, item, at))
     store = book.store
-    tried: list[RowWrite] = []
-    taken: set[str] = set()
-    for write in plans:
-        if if_absent and write.entity_id in taken:
-            continue  # a repeated id in one batch: the first is tried, the rest are conflicts
-        taken.add(write.entity_id)
-        tried.append(write)
-    groups = _groups(tried, lambda w: tuple(w.values))
-    async with unit_of(book, one_statement=not chosen and _one_statement(groups)) as unit:
-        purged = await _histories(store, unit, entity_type, chosen)
+    if len(plans) == 1:  # the common single create: no de-duplication or grouping to do
+        tried, groups = plans, [plans]
+    else:
+        taken: set[str] = set()
+        tried = []
+        for write in plans:
+            if if_absent and write.entity_id in taken:
+                continue  # a repeated id in one batch: the first is tried, the rest are conflicts
+            taken.add(write.entity_id)
+            tried.append(write)
+        groups = _groups(tried, lambda w: tuple(w.values))
+    inserted: set[str] = set()
+    async with store.unit(book.conn, one_statement=not chosen and _one_statement(groups)) as unit:
+        purged = await _histories(store, unit, entity_type, chosen) if chosen else set()
         if purged and not if_absent:
             raise DuplicateEntity(f"{entity_type} {sorted(purged)[0]!r} has a history (it was purged); "
                                   "ids are not reused")
-        inserted: set[str] = set()
         for group in groups:
-            for chunk in _chunks([w for w in group if w.entity_id not in purged]):
+            for chunk in _chunks([w for w in group if w.entity_id not in purged] if purged else group):
                 try:
                     inserted |= await store.insert(unit, lc.table, chunk, if_absent=if_absent,
                                                    notify=lc.notify_channel)
@@ -126,11 +128,12 @@ async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_a
                     raise DuplicateEntity(f"{entity_type}: a row could not be inserted: {exc}") from exc
         if inserted:
             unit.wrote.add(entity_type)
-    first = {id(w) for w in tried}
+    announce(book, unit)
+    first = {id(w) for w in tried} if tried is not plans else None
     return [
         Outcome("applied", entity_type, w.entity_id, w.values["status"], 1, w.fact["id"], row=w.values,
                 chain_hash=w.fact["hash"])
-        if id(w) in first and w.entity_id in inserted
+        if (first is None or id(w) in first) and w.entity_id in inserted
         else conflict(entity_type, w.entity_id)
         for w in plans
     ]
@@ -217,7 +220,7 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
     shape_of = _update_shape
     whole = not unseen and _one_statement(_groups(commands, lambda c: (tuple(c.guards), tuple(c.patch))))
     outcomes: dict[str, Outcome] = {}
-    async with unit_of(book, one_statement=whole) as unit:
+    async with store.unit(book.conn, one_statement=whole) as unit:
         current: dict[str, Mapping[str, Any]] = {k: v for k, v in seen.items()}
         guard_cols = sorted({g for c in commands for g in c.guards})
         for chunk in _chunks(unseen):
@@ -251,6 +254,7 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
                         outcomes[c.entity_id] = conflict(entity_type, c.entity_id)
                 if updated:
                     unit.wrote.add(entity_type)
+    announce(book, unit)
     return [outcomes[c.entity_id] for c in commands]
 
 
@@ -328,7 +332,7 @@ async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, rea
     allowed = (expected,) if isinstance(expected, str) else tuple(expected or lc.statuses)
     store = book.store
     outcomes: dict[str, Outcome] = {}
-    async with unit_of(book) as unit:
+    async with store.unit(book.conn) as unit:
         current: dict[str, Mapping[str, Any]] = {}
         for chunk in _chunks(list(entity_ids)):
             for row in await store.rows(unit, lc.table, ("id", *HEAD), chunk, lock="wait"):
@@ -356,6 +360,7 @@ async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, rea
                 )
             if deleted:
                 unit.wrote.add(entity_type)
+    announce(book, unit)
     return [outcomes[entity_id] for entity_id in entity_ids]
 
 
@@ -369,12 +374,9 @@ def _check_purgeable(lc: Lifecycle, entity_id: str, status: str, force: bool) ->
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-@asynccontextmanager
-async def unit_of(book: Book, *, one_statement: bool = False) -> AsyncIterator[Unit]:
-    """The one unit of work of the engine: joins the book's transaction, or runs its own and then
-    announces what it wrote (``Book.on_commit``) once that has committed."""
-    async with book.store.unit(book.conn, one_statement=one_statement) as unit:
-        yield unit
+def announce(book: Book, unit: Unit) -> None:
+    """After a unit of the book's own has committed: its ``on_commit`` callbacks for what it wrote (a
+    bound book's transaction announces at its own commit, Book.begin)."""
     if book.conn is None:
         for entity_type in unit.wrote:
             book.committed(entity_type)
@@ -388,9 +390,10 @@ def _groups(items: Iterable[Any], key: Any) -> list[list[Any]]:
     return list(groups.values())
 
 
-def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), BATCH):
-        yield items[start : start + BATCH]
+def _chunks(items: Sequence[Any]) -> Sequence[Sequence[Any]]:
+    if len(items) <= BATCH:
+        return (items,) if items else ()
+    return [items[start : start + BATCH] for start in range(0, len(items), BATCH)]
 
 
 def _one_statement(groups: list[list[Any]]) -> bool:
