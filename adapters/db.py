@@ -25,10 +25,10 @@ from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
 from .registry import builtin_registry
+from .sqlite import BUSY_TIMEOUT_MS  # one value for the connections and the writer queue
 
 DEFAULT_URL = "sqlite:///./statebook.db"
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_MS = 5000
 
 schema_version = sa.Table(
     "statebook_schema",

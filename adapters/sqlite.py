@@ -1,8 +1,8 @@
 """The SQLite storage backend (aiosqlite): one writer, queued in-process.
 
 SQLite has a single writer. Every write unit of the process — the engine's own, ``Book.begin``,
-the scheduler's, the delivery worker's — first takes this store's writer queue (one per database
-per event loop), then ``BEGIN IMMEDIATE``: writers of one process wait in line instead of in
+the scheduler's, the delivery worker's — first takes the writer queue of its database file (one per
+file per event loop, shared by every engine on it), then ``BEGIN IMMEDIATE``: writers of one process wait in line instead of in
 SQLite's busy handler, which sleeps in growing steps (up to 100 ms). Another process still meets
 the busy timeout (``adapters.db``). Because the writer is exclusive, rows read in a write unit
 cannot change before its statements run: no row locks exist or are needed.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,10 +27,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from statebook.lifecycle.codec import dumps
+from statebook.lifecycle.errors import StorageUnavailable
 from statebook.lifecycle.store import RowWrite, Unit, register_backend
 
 from . import sqlite_screen
 from .persistence import SQLStore, translated
+
+BUSY_TIMEOUT_MS = 5000
+"""SQLite's busy timeout on every connection statebook opens (``adapters.db``)."""
 
 
 class SQLiteStore(SQLStore):
@@ -37,7 +42,7 @@ class SQLiteStore(SQLStore):
 
     def __init__(self, engine: AsyncEngine) -> None:
         super().__init__(engine)
-        self._queues: dict[asyncio.AbstractEventLoop, _WriterQueue] = {}
+        self._database: str | None = None
 
     # -- driver --------------------------------------------------------------------------------------
     async def driver_fetch(self, raw: Any, sql: str, args: list[Any]) -> list[Any]:
@@ -60,11 +65,15 @@ class SQLiteStore(SQLStore):
 
     # -- units ---------------------------------------------------------------------------------------
     def writer(self) -> _WriterQueue:
-        """This process's queue of writers on the database (per event loop)."""
-        loop = asyncio.get_running_loop()
-        queue = self._queues.get(loop)
+        """This process's queue of writers on the database file, shared by every engine (and so every
+        part) of this event loop that opens the same file, whatever path or link names it."""
+        if self._database is None:
+            name = self.engine.url.database or ""
+            self._database = os.path.realpath(name) if name and name != ":memory:" else name
+        per_loop = _QUEUES.setdefault(asyncio.get_running_loop(), {})
+        queue = per_loop.get(self._database)
         if queue is None:
-            queue = self._queues[loop] = _WriterQueue()
+            queue = per_loop[self._database] = _WriterQueue(self._database)
         return queue
 
     @asynccontextmanager
@@ -218,11 +227,19 @@ def standalone(query: sa.Select[Any]) -> tuple[str, list[Any]]:
     return compiled.string, [compiled.params[name] for name in compiled.positiontup or ()]
 
 
+_QUEUES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _WriterQueue]] = weakref.WeakKeyDictionary()
+
+WAIT_SECONDS = BUSY_TIMEOUT_MS / 1000
+"""How long a writer waits for its turn: SQLite's own busy timeout, so a writer blocked by another writer of
+the same process fails as it would on SQLite's lock (``StorageUnavailable``), never hangs."""
+
+
 class _WriterQueue:
     """An asyncio lock that the task holding it may enter again (a nested unit of the same writer
     then proceeds to SQLite's own lock, as it would without the queue, instead of deadlocking)."""
 
-    def __init__(self) -> None:
+    def __init__(self, database: str) -> None:
+        self.database = database
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
 
@@ -231,7 +248,13 @@ class _WriterQueue:
         me = asyncio.current_task()
         if me is not None and me is self._holder:
             return False
-        await self._lock.acquire()
+        try:
+            async with asyncio.timeout(WAIT_SECONDS):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise StorageUnavailable(
+                f"SQLite: {self.database} stayed locked by another writer of this process for {WAIT_SECONDS:g} s"
+            ) from None
         self._holder = me
         return True
 

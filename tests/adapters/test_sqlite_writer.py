@@ -1,0 +1,61 @@
+"""L17: SQLite's writers of one process wait in ONE queue per database file — shared by every engine on the
+file, whatever path or link names it — and a writer that cannot get its turn fails like SQLite's own lock
+would (StorageUnavailable), never hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+import statebook.adapters.sqlite as sqlite_backend
+from statebook.adapters.db import open_book
+from statebook.adapters.registry import builtin_registry
+from statebook.lifecycle import FakeClock
+from statebook.lifecycle.errors import StorageUnavailable
+from statebook.outbox import enqueue_dispatch
+
+
+@pytest.fixture
+async def two_books(tmp_path):
+    path = tmp_path / "one.db"
+    first = await open_book(f"sqlite:///{path}", clock=FakeClock())
+    os.symlink(path, tmp_path / "link.db")
+    second = await open_book(f"sqlite:///{tmp_path / 'link.db'}", registry=builtin_registry(), clock=FakeClock())
+    try:
+        yield first, second
+    finally:
+        await first.engine.dispose()
+        await second.engine.dispose()
+
+
+async def test_every_engine_on_a_file_shares_its_writer_queue(two_books):
+    """L17: two engines on one file (one through a symlink) get the same queue; another file gets its own."""
+    first, second = two_books
+    assert first.store is not second.store
+    assert first.store.writer() is second.store.writer()
+
+
+async def test_a_writer_of_another_engine_waits_in_the_queue_not_in_the_busy_handler(two_books):
+    """L17: while one engine's transaction holds the file, a write through another engine waits for its turn
+    (here: until the first commits) and then applies."""
+    first, second = two_books
+    async with first.begin() as tx:
+        await enqueue_dispatch(tx, kind="k", deliver_to="a")
+        waiting = asyncio.create_task(enqueue_dispatch(second, kind="k", deliver_to="b"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "the second writer must wait for the first to commit"
+    assert len(await waiting) == 32
+
+
+async def test_a_writer_that_never_gets_its_turn_fails_as_on_a_locked_database(two_books, monkeypatch):
+    """L18: a turn not given within the busy timeout is StorageUnavailable (nothing written), as SQLite's own
+    'database is locked' would be — not a hang."""
+    first, second = two_books
+    monkeypatch.setattr(sqlite_backend, "WAIT_SECONDS", 0.2)
+    async with first.begin() as tx:
+        await enqueue_dispatch(tx, kind="k", deliver_to="a")
+        other = asyncio.create_task(enqueue_dispatch(second, kind="k", deliver_to="b"))  # another writer
+        with pytest.raises(StorageUnavailable, match="locked by another writer of this process"):
+            await other
