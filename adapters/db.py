@@ -106,6 +106,14 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
             cursor.execute(pragma)
         cursor.close()
 
+    @sa.event.listens_for(engine.sync_engine, "checkout")
+    def _on_checkout(dbapi_conn, _record, _proxy):  # type: ignore[no-untyped-def]
+        # SQLite engines skip the pool's reset (see connect()). A task cancelled while its BEGIN ran in
+        # aiosqlite's thread can leave a pooled connection inside a transaction, holding the write lock:
+        # such a connection is discarded here (closing it releases the lock) and the pool hands out another.
+        if dbapi_conn.driver_connection.in_transaction:
+            raise sa.exc.DisconnectionError("a pooled SQLite connection was left inside a transaction")
+
     @sa.event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn):  # type: ignore[no-untyped-def]
         # Read-only connections (Book.read) take a deferred BEGIN: in WAL mode they never wait for writers.

@@ -90,8 +90,16 @@ class SQLiteStore(SQLStore):
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncConnection]:
         # adapters.db's "begin" listener sends BEGIN IMMEDIATE when the transaction opens.
-        async with self.writer().turn(), self.engine.begin() as conn:
-            yield conn
+        async with self.writer().turn(), self.engine.connect() as conn:
+            try:
+                async with conn.begin():
+                    yield conn
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    # Cancelled: a BEGIN or ROLLBACK may still run in aiosqlite's thread after this task
+                    # has gone on; a connection in that state must not go back to the pool.
+                    await conn.invalidate()
+                raise
 
     async def joined(self, conn: AsyncConnection) -> Any:
         return (await conn.get_raw_connection()).driver_connection

@@ -59,3 +59,20 @@ async def test_a_writer_that_never_gets_its_turn_fails_as_on_a_locked_database(t
         other = asyncio.create_task(enqueue_dispatch(second, kind="k", deliver_to="b"))  # another writer
         with pytest.raises(StorageUnavailable, match="locked by another writer of this process"):
             await other
+
+
+async def test_a_pooled_connection_left_inside_a_transaction_is_discarded(tmp_path):
+    """L5 / L17: a connection that went back to the pool inside a transaction (a task cancelled while its BEGIN
+    still ran in aiosqlite's thread) is not handed out again: the next unit gets another connection, and the
+    stale one is closed, so the write lock it held is released — the next write applies instead of failing
+    with 'cannot start a transaction within a transaction' or 'database is locked'."""
+    book = await open_book(f"sqlite:///{tmp_path / 'left.db'}", clock=FakeClock())
+    try:
+        fairy = await book.engine.raw_connection()
+        await fairy.driver_connection.execute("BEGIN IMMEDIATE")  # the write lock, never committed
+        fairy.close()  # back to the pool, still inside the transaction (SQLite engines skip the reset)
+        assert len(await enqueue_dispatch(book, kind="k", deliver_to="a")) == 32
+        async with book.begin() as tx:
+            assert len(await enqueue_dispatch(tx, kind="k", deliver_to="b")) == 32
+    finally:
+        await book.engine.dispose()
