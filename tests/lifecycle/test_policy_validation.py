@@ -272,9 +272,14 @@ def test_a_guard_on_a_json_column_is_rejected_before_any_write():
 
 
 def test_a_trap_may_be_declared_terminal_instead():
-    """L1: the fix the trap message suggests is accepted: the same status, declared terminal."""
-    validate(widget(statuses=("open", "working", "done", "stuck"), terminal={"done", "stuck"},
-                    edges=(*widget().edges, *edges("working", "stuck"))))
+    """L1: the fix the trap message suggests is accepted: the same status, declared terminal (and refused as
+    a trap while it is not)."""
+    trap = dict(statuses=("open", "working", "done", "stuck"), edges=(*widget().edges, *edges("working", "stuck")))
+    with pytest.raises(PolicyError, match="stuck"):
+        validate(widget(**trap, terminal={"done"}))
+    fixed = widget(**trap, terminal={"done", "stuck"})
+    validate(fixed)
+    assert "stuck" in fixed.terminal
 
 
 def test_the_builtin_lifecycles_have_no_trap_and_no_unreachable_status():
