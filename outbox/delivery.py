@@ -1,10 +1,4 @@
-"""Delivery: the steps (settle/expire, claim, execute, finalize) and the passes built from them.
-
-Each step that writes is ONE engine transition in its own transaction, or joins the bound book it
-is given, so tests and tools can interleave steps and crash between them. ``execute`` touches no
-database: the transport runs between the claim's commit and the finalization, so a crash there
-leaves a ``delivering`` row whose lease lapses and which a later scan reclaims (at-least-once,
-specs/outbox.md O5, O7).
+"""Delivery passes: claim due rows in sets, send within bounded concurrency, record outcomes as they arrive.
 
 A pass claims due rows in set-based transactions (one engine call: one transition and one fact per
 row), runs at most ``concurrency`` transports at once outside any transaction, and records outcomes
@@ -13,7 +7,8 @@ transaction, each still its own transition. A pass never holds a lease it cannot
 (O21): it first claims no more than its free send slots, and claims beyond them only as far as the
 sends it has seen show they will start within the lease margin; every send checks its lease just
 before it starts and is skipped, not sent, when less than the transport timeout is left; the pass
-then releases it (``delivering -> pending``, the attempt given back, due at once).
+then releases it (``delivering -> pending``, the attempt given back, due at once). The single steps
+are in :mod:`.steps`.
 
 >>> counts = await deliver_due_dispatches(book, transport=CallableTransport(send))  # doctest: +SKIP
 """
@@ -27,138 +22,31 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from statebook.lifecycle import Actor, Book, Command, EntityNotFound, apply_many
-from statebook.lifecycle.engine import apply
+from statebook.lifecycle import Actor, Book, Command, apply_many
 
 from .attempts import (
-    CLAIM_LEASE_SECONDS,
     DELIVERY_ACTOR,
     Candidate,
     Finalized,
     Lease,
     Released,
-    Settled,
-    backoff_seconds,
     claim_command,
     claimable,
     finalize_command,
-    lease_seconds,
-    next_due,
     release_command,
-    scan,
     scan_heads,
     settle_command,
 )
 from .errors import DispatchInvalid
 from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, send_timeout
 
+from .steps import _applied, execute
+
 __all__ = [
-    "CLAIM_LEASE_SECONDS", "COUNTERS", "Candidate", "Lease", "backoff_seconds", "claim", "claim_due", "claim_offered",
-    "deliver_offered",
-    "deliver_due_dispatches", "execute", "expire", "finalize", "finalize_all", "lease_seconds", "next_due",
-    "release", "release_all", "run_leases", "scan", "settle",
+    "COUNTERS", "claim_due", "claim_offered", "deliver_due_dispatches", "deliver_offered", "finalize_all",
+    "release_all", "run_leases",
 ]
 
-
-async def _applied(book: Book, command: Command) -> bool:
-    """Apply one command; False when it lost — including to a purge since the row was read."""
-    try:
-        return (await apply(book, command)).applied
-    except EntityNotFound:
-        return False
-
-
-# -- the steps ------------------------------------------------------------------------------------
-async def expire(book: Book, candidate: Candidate, *, now: float, actor: Actor = DELIVERY_ACTOR) -> bool:
-    """Move a candidate whose ``expires_at`` has passed to ``expired``; True when that applied.
-
-    Expiry is checked before the claim and wins even when attempts remain.
-    """
-    if not candidate.expired(now):
-        return False
-    planned = settle_command(candidate, now, actor)
-    assert planned is not None
-    return await _applied(book, planned[0])
-
-
-async def settle(book: Book, candidate: Candidate, *, now: float, actor: Actor = DELIVERY_ACTOR) -> Settled | None:
-    """Finish a candidate that must not be sent again, before any claim.
-
-    ``expired`` when its deadline passed; ``dead_letter`` when the lease of its last allowed
-    attempt lapsed (the outcome of that send is unknown, and the bound forbids another).
-    None when the candidate may be claimed, or when the compare-and-set lost.
-    """
-    planned = settle_command(candidate, now, actor)
-    if planned is None:
-        return None
-    return planned[1] if await _applied(book, planned[0]) else None
-
-
-async def claim(
-    book: Book, candidate: Candidate, *, now: float, actor: Actor = DELIVERY_ACTOR,
-    timeout: float = NOTIFY_TIMEOUT_SECONDS,
-) -> Lease | None:
-    """Win attempt ``candidate.attempt + 1`` or return None (lost the race, expired, or exhausted).
-
-    A guarded transition to ``delivering``: status, attempt and due time must still be what the
-    scan read; it increments ``attempt``, sets the lease (``now + lease_seconds(timeout)``, O21) as
-    the due time and writes a new claim id. On PostgreSQL a row another transaction holds is
-    skipped (``FOR UPDATE SKIP LOCKED``), not waited for.
-    """
-    planned = claim_command(candidate, now, actor, timeout)
-    if planned is None:
-        return None
-    command, lease = planned
-    [outcome] = await apply_many(book, [command], lock="skip_locked")
-    return lease if outcome.applied else None
-
-
-async def execute(lease: Lease, transport: Transport, *, now: float | None = None) -> TransportResult | None:
-    """Run the transport for a lease. No database; never raises for a transport problem.
-
-    Given ``now`` (the clock when the send would start), a lease with less than its transport
-    timeout left is not sent — None — and a send is cut when it outlives the lease (O21).
-    """
-    try:
-        if now is None:
-            result = await transport.send(lease.deliver_to, lease.payload)
-        elif not lease.may_start(now):
-            return None
-        else:
-            async with asyncio.timeout(lease.lease_until - now):  # same task: no per-send Task (wait_for on 3.11)
-                result = await transport.send(lease.deliver_to, lease.payload)
-    except TimeoutError:
-        return TransportResult.failed("timeout: the send outlived its lease and was cut", timed_out=True)
-    except Exception as exc:
-        return TransportResult.failed(f"{type(exc).__name__}: {exc}")
-    if not isinstance(result, TransportResult):
-        return TransportResult.failed(f"transport returned {result!r}, not a TransportResult")
-    return result
-
-
-async def finalize(
-    book: Book, lease: Lease, result: TransportResult, *, now: float, actor: Actor = DELIVERY_ACTOR
-) -> Finalized:
-    """Record one attempt's outcome as ONE transition from ``delivering``.
-
-    Status, ``last_error`` and ``next_attempt_at`` change together or not at all, guarded on the
-    lease's attempt and claim id: a stale ("zombie") lease gets ``conflict`` and writes nothing.
-    """
-    command, ret = finalize_command(lease, result, now, actor)
-    return ret if await _applied(book, command) else "conflict"
-
-
-async def release(book: Book, lease: Lease, *, now: float, actor: Actor = DELIVERY_ACTOR) -> Released:
-    """Give back a lease that was not sent (O21) as ONE transition ``delivering -> pending``.
-
-    Nothing was sent, so the attempt is not used up: the row returns to ``lease.attempt - 1``, due
-    ``now``, and the next claim takes it as the same attempt number. Fenced like a finalization (O8):
-    a lease whose row was reclaimed, acknowledged or retried since gets ``conflict`` and writes nothing.
-    """
-    return "released" if await _applied(book, release_command(lease, now, actor)) else "conflict"
-
-
-# -- passes ---------------------------------------------------------------------------------------
 log = logging.getLogger("statebook.outbox")
 
 COUNTERS = ("attempted", "delivered", "dead_letter", "expired", "retried")

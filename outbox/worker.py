@@ -23,7 +23,8 @@ from statebook.lifecycle import Actor, Book
 
 from .admin import apply_retention
 from .attempts import Candidate, read_candidates
-from .delivery import COUNTERS, DELIVERY_ACTOR, deliver_due_dispatches, deliver_offered, next_due
+from .attempts import DELIVERY_ACTOR, next_due
+from .delivery import COUNTERS, deliver_due_dispatches, deliver_offered
 from .offers import offered_id, subscribe, unsubscribe
 from .errors import DispatchInvalid
 from .transport import Transport

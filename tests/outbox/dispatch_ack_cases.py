@@ -14,7 +14,7 @@ from statebook.outbox import (
     enqueue_dispatch,
 )
 from statebook.outbox.attempts import scan
-from statebook.outbox.delivery import claim, execute, finalize
+from statebook.outbox.steps import claim, execute, finalize
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

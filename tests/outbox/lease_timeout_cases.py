@@ -27,7 +27,8 @@ from statebook.outbox import (
     list_dispatches,
 )
 from statebook.outbox.attempts import scan
-from statebook.outbox.delivery import claim, execute, finalize, release, run_leases
+from statebook.outbox.delivery import run_leases
+from statebook.outbox.steps import claim, execute, finalize, release
 from statebook.outbox.transport import NOTIFY_TIMEOUT_SECONDS
 from statebook.outbox.policy import DISPATCH_V1
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN

@@ -24,7 +24,8 @@ from statebook.outbox import (
     enqueue_dispatch,
 )
 from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, scan
-from statebook.outbox.delivery import claim, claim_due, execute, finalize, settle
+from statebook.outbox.delivery import claim_due
+from statebook.outbox.steps import claim, execute, finalize, settle
 
 pytestmark = pytest.mark.postgres
 

@@ -18,7 +18,7 @@ from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.replay import read_row
 from statebook.outbox import dispatch_outbox, enqueue_dispatch
 from statebook.outbox.attempts import scan
-from statebook.outbox.delivery import claim
+from statebook.outbox.steps import claim
 
 HOLD_SECONDS = 1.0
 
