@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from statebook.lifecycle.book import TOUCHED
 from statebook.lifecycle.errors import ConstraintViolation, StorageError, StorageUnavailable
 from statebook.lifecycle.facts import HASHED_FIELDS, Cursor, facts_table
-from statebook.lifecycle.store import Lock, RowWrite, Unit
+from statebook.lifecycle.store import Lock, Unit
 
 FACT_COLUMNS: tuple[str, ...] = (*HASHED_FIELDS, "prev_hash", "hash")
 OWN_TRANSACTION = "statebook.own_transaction"
@@ -245,19 +245,6 @@ class SQLStore:
         stmt = self.cached(("select", id(query), lock), lambda: (query, self.lock_rows(query, lock)))[1]
         names = [c.key for c in query.selected_columns]
         return [dict(zip(names, r)) for r in await unit.handle.fetch(stmt, params or {})]
-
-    async def delete(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
-        stmt = self.cached(("delete", table), lambda: sa.delete(table).where(
-            table.c.id == sa.bindparam("b_id"), table.c.version == sa.bindparam("b_version"),
-            table.c.last_fact_id == sa.bindparam("b_last_fact_id")))
-        deleted: set[str] = set()
-        db = unit.handle
-        for w in writes:
-            params = {"b_id": w.entity_id, "b_version": w.expect["version"], "b_last_fact_id": w.expect["last_fact_id"]}
-            if await db.execute(stmt, params) == 1:
-                deleted.add(w.entity_id)
-        await db.executemany(self.insert_fact(), [w.fact for w in writes if w.entity_id in deleted])
-        return deleted
 
     async def notify(self, unit: Unit | None, channel: str, payload: str) -> None:
         return None

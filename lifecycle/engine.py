@@ -217,11 +217,10 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
     keyed = [c for c in commands if c.idempotency_key is not None]
     unseen = [c.entity_id for c in commands if c.entity_id not in seen or c.idempotency_key is not None]
     store = book.store
-    shape_of = _update_shape
     whole = not unseen and _one_statement(_groups(commands, lambda c: (tuple(c.guards), tuple(c.patch))))
     outcomes: dict[str, Outcome] = {}
     async with store.unit(book.conn, one_statement=whole) as unit:
-        current: dict[str, Mapping[str, Any]] = {k: v for k, v in seen.items()}
+        current: dict[str, Mapping[str, Any]] = dict(seen)
         guard_cols = sorted({g for c in commands for g in c.guards})
         for chunk in _chunks(unseen):
             for row in await store.rows(unit, lc.table, ("id", *HEAD, *guard_cols), chunk, lock=lock):
@@ -241,7 +240,7 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
                 continue
             writes.append((c, plan_transition(lc, c, row, at)))  # type: ignore[arg-type]
         trusted = set(unseen)
-        for group in _groups(writes, lambda cw: shape_of(cw[1])):
+        for group in _groups(writes, lambda cw: _update_shape(cw[1])):
             for chunk in _chunks(group):
                 updated = await store.update(unit, lc.table, [w for _, w in chunk])
                 for c, w in chunk:

@@ -95,6 +95,9 @@ async def notify(tx: Book, payload: str = "") -> None:
     """Wake workers listening on ``statebook_dispatch`` when ``tx`` commits (PostgreSQL ``NOTIFY``;
     nothing on SQLite, whose workers are woken in process)."""
     store = tx.store
+    if tx.conn is None:  # an unbound book: the wake-up is a statement of its own (no transaction around it)
+        await store.notify(None, NOTIFY_CHANNEL, payload)
+        return
     async with store.unit(tx.conn) as unit:
         await store.notify(unit, NOTIFY_CHANNEL, payload)
 

@@ -75,6 +75,23 @@ INVALID = [
 class DispatchEnqueueCases:
     """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
+    async def test_a_wake_up_on_an_unbound_book_opens_no_write_transaction(self, book, monkeypatch):
+        """O14: ``notify`` on an unbound book is one statement outside any transaction on PostgreSQL and nothing
+        at all on SQLite (whose workers are woken in process) — never a write transaction held for nothing."""
+        from statebook.outbox.enqueue import notify
+
+        store_type = type(book.store)
+        own_unit = store_type.own_unit
+        opened: list[bool] = []
+
+        def spy(self, one_statement, _own=own_unit):
+            opened.append(one_statement)
+            return _own(self, one_statement)
+
+        monkeypatch.setattr(store_type, "own_unit", spy)
+        await notify(book)
+        assert opened == ([True] if book.store.dialect == "postgresql" else [])
+
     async def test_envelope_is_a_versioned_signal_serialised_once(self, book, clock):
         """O1: the stored payload is a DispatchSignal in JSON mode with its own id, the book clock's
         created_at and the class marker; every attempt sends exactly that stored text."""
