@@ -17,6 +17,7 @@ from functools import cached_property
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .clock import SYSTEM_CLOCK, Clock
+from .inputs import DEFAULT_LIMITS, Limits
 from .policy import Lifecycle, Registry
 from .store import Store, store_for
 
@@ -38,6 +39,8 @@ class Book:
     conn: AsyncConnection | None = None
     on_commit: list[Callable[[str], None]] = field(default_factory=list, compare=False)
     """Callbacks run with an entity type after a transaction that wrote it commits (wake-ups)."""
+    limits: Limits = field(default=DEFAULT_LIMITS, compare=False)
+    """Bounds on the JSON a command may store (:mod:`.inputs`)."""
 
     @cached_property
     def store(self) -> Store:

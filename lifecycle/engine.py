@@ -16,8 +16,10 @@ from typing import Any, Literal
 from .book import Book
 from .codec import new_id
 from .errors import (
-    ConstraintViolation, DuplicateEntity, EntityNotFound, IdempotencyMismatch, StorageError, TransitionRejected,
+    ConstraintViolation, DuplicateEntity, EntityNotFound, IdempotencyMismatch, InvalidArgument, StorageError,
+    TransitionRejected,
 )
+from .inputs import KEY_CHARS, check_columns, check_reason_actor, text
 from .plan import HEAD, Command, NewEntity, Outcome, applied, conflict, matches, plan_create, plan_purge, plan_transition
 from .policy import Lifecycle
 from .reasons import Actor, Reason
@@ -79,7 +81,12 @@ async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_a
     defaults = row_defaults(lc.table)
     plans: list[RowWrite] = []
     chosen: list[str] = []  # caller-chosen ids may belong to a purged history; generated ones cannot
+    limits = book.limits
     for item in items:
+        if not isinstance(item, NewEntity):
+            raise InvalidArgument(f"items: expected NewEntity, got {type(item).__name__}", argument="items",
+                                  rule="type")
+        check_reason_actor(item.reason, item.actor, item.metadata, limits)
         lc.check_reason(item.reason.code)
         if item.status not in lc.initial:
             raise TransitionRejected(
@@ -92,9 +99,10 @@ async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_a
         elif not trust_ids:
             chosen.append(data["id"])
         if not data.keys() <= columns:
-            unknown = ", ".join(sorted(data.keys() - columns))
+            unknown = ", ".join(sorted(map(repr, data.keys() - columns)))
             raise TransitionRejected(f"{entity_type}: {unknown} are not data columns of table {lc.table.name!r}",
                                      rule="patch")
+        check_columns(lc.table, data, limits)
         if len(data) < len(columns):
             # The fact records every data column (L7): those not given hold their declared default.
             data = {**defaults, **data}
@@ -208,10 +216,18 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
                  seen: Mapping[str, Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
     entity_type = commands[0].entity_type
     lc = book.policy(entity_type)
+    for c in commands:
+        if not isinstance(c, Command):
+            raise InvalidArgument(f"commands: expected Command, got {type(c).__name__}", argument="commands",
+                                  rule="type")
+        text("entity_id", c.entity_id, max_chars=KEY_CHARS, empty=False)
     ids = [c.entity_id for c in commands]
     if len(set(ids)) != len(ids) or any(c.entity_type != entity_type for c in commands):
-        raise ValueError("apply_many takes commands for distinct entities of one entity type")
+        raise InvalidArgument("commands: apply_many takes commands for distinct entities of one entity type",
+                              argument="commands", rule="distinct")
+    limits = book.limits
     for c in commands:
+        _check_inputs(lc, c, limits)
         lc.check_command(c.expected, c.target, actor_type=c.actor.type, patch=c.patch, guard=c.guards,
                          reason_code=c.reason.code)
     keyed = [c for c in commands if c.idempotency_key is not None]
@@ -279,6 +295,19 @@ async def _replays(store: Store, unit: Unit, keyed: list[Command], current: Mapp
                                         fact["id"], replayed=True)
 
 
+def _check_inputs(lc: Lifecycle, c: Command, limits: Any) -> None:
+    check_reason_actor(c.reason, c.actor, c.metadata, limits)
+    text("target", c.target, max_chars=KEY_CHARS)
+    for status in c.expected:
+        text("expected", status, max_chars=KEY_CHARS)
+    if c.idempotency_key is not None:
+        text("idempotency_key", c.idempotency_key, max_chars=KEY_CHARS, empty=False)
+    for name in (*c.patch, *c.guards):
+        text("field name", name, max_chars=KEY_CHARS)
+    check_columns(lc.table, c.patch, limits, what="patch")
+    check_columns(lc.table, c.guards, limits, what="guards")
+
+
 def _update_shape(write: RowWrite) -> tuple[Any, ...]:
     return (write.guards, tuple(write.values))
 
@@ -317,7 +346,8 @@ async def purge_many(
     """:func:`purge` for many rows of one type in one transaction, set-based (a bounded number of
     statements per :data:`BATCH` rows). A row that is missing or not in ``expected`` is a conflict."""
     if len(set(entity_ids)) != len(entity_ids):
-        raise ValueError("purge_many takes distinct entity ids")
+        raise InvalidArgument("entity_ids: purge_many takes distinct entity ids", argument="entity_ids",
+                              rule="distinct")
     if not entity_ids:
         return []
     return await _purge(book, entity_type, entity_ids, reason=reason, actor=actor, expected=expected, force=force,
@@ -327,6 +357,9 @@ async def purge_many(
 async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, reason: Reason, actor: Actor,
                  expected: Iterable[str] | str | None, force: bool, missing_raises: bool) -> list[Outcome]:
     lc = book.policy(entity_type)
+    check_reason_actor(reason, actor, None, book.limits)
+    for entity_id in entity_ids:
+        text("entity_id", entity_id, max_chars=KEY_CHARS, empty=False)
     lc.check_reason(reason.code)
     allowed = (expected,) if isinstance(expected, str) else tuple(expected or lc.statuses)
     store = book.store

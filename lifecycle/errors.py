@@ -7,6 +7,20 @@ class StatebookError(Exception):
     """Root of every error statebook raises on purpose."""
 
 
+class InvalidArgument(StatebookError, ValueError):
+    """An argument breaks the rule its parameter or column states (:mod:`.inputs`); nothing was written.
+
+    ``argument`` names it (``dispatch_outbox.max_attempts``, ``before``); ``rule`` names the rule
+    (``type``, ``utf8``, ``nul``, ``length``, ``empty``, ``range``, ``finite``, ``json``, ``depth``,
+    ``size``, or a part's own).
+    """
+
+    def __init__(self, message: str, *, argument: str, rule: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.rule = rule
+
+
 class PolicyError(StatebookError):
     """A lifecycle declaration or registry operation is invalid."""
 

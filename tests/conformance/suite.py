@@ -31,6 +31,7 @@ from .cases_commands import CommandCases
 from .cases_concurrency import ConcurrentWriterCases, RaceCases, SerialWriterCases, TailCases
 from .cases_driver import DriverCases
 from .cases_idempotency import IdempotencyCases
+from .cases_inputs import InputCases
 from .support import prepare, task_registry, tasks
 
 from ack_token_cases import AckTokenCases  # noqa: E402  (tests/outbox, on sys.path from conftest)
@@ -46,12 +47,14 @@ from dispatch_outcome_cases import DispatchOutcomeCases  # noqa: E402
 from dispatch_scan_cases import DispatchScanCases  # noqa: E402
 from kill_cases import KillCases  # noqa: E402
 from lease_timeout_cases import LeaseTimeoutCases  # noqa: E402
+from outbox_input_cases import OutboxInputCases  # noqa: E402
 from offer_cases import OfferCases  # noqa: E402
 from purge_race_cases import PurgeRaceCases  # noqa: E402
 
 from chains_and_notify_cases import ChainsAndNotifyCases  # noqa: E402  (tests/scheduler, on sys.path)
 from gate_cases import GateCases  # noqa: E402
 from github_poll_cases import GithubPollCases  # noqa: E402
+from schedule_input_cases import SchedulerInputCases  # noqa: E402
 from launcher_cases import LauncherCases  # noqa: E402
 from leadership_cases import LeadershipCases  # noqa: E402
 from missed_and_recovery_cases import MissedAndRecoveryCases  # noqa: E402
@@ -108,7 +111,7 @@ class ConformanceFixtures:
 
 class LifecycleConformance(
     ConformanceFixtures, CommandCases, IdempotencyCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases,
-    DriverCases
+    DriverCases, InputCases
 ):
     """Every backend-neutral case (L3-L14). Add ConcurrentWriterCases or SerialWriterCases for your backend."""
 
@@ -116,7 +119,7 @@ class LifecycleConformance(
 class OutboxConformance(
     DispatchEnqueueCases, DispatchScanCases, DispatchAtomicityCases, DispatchOutcomeCases, DispatchAckCases,
     AckTokenCases, DispatchAdminCases, BulkPurgeCases, PurgeRaceCases, OfferCases, LeaseTimeoutCases,
-    BackoffCapCases, DeliveryWorkerCases, ArgvTransportCases, KillCases,
+    BackoffCapCases, DeliveryWorkerCases, ArgvTransportCases, KillCases, OutboxInputCases,
 ):
     """The outbox's cases (specs/outbox.md), from tests/outbox/*_cases.py: every one runs on each backend that
     inherits this class, next to ``LifecycleConformance``. Cases may ask for ``backend`` (the backend's name)."""
@@ -124,7 +127,7 @@ class OutboxConformance(
 
 class SchedulerConformance(
     SetEvaluationCases, GateCases, StaleClaimCases, MissedAndRecoveryCases, ChainsAndNotifyCases, GithubPollCases,
-    LeadershipCases, LauncherCases,
+    LeadershipCases, LauncherCases, SchedulerInputCases,
 ):
     """The scheduler's cases (specs/scheduler.md), from tests/scheduler/*_cases.py, on each backend that
     inherits this class."""

@@ -1,0 +1,242 @@
+"""Arguments checked at the boundary, the same way for every backend (specs/lifecycle.md L20).
+
+A value reaches the database only after it passed the rule its column (or argument) states, so
+SQLite and PostgreSQL accept and refuse exactly the same inputs and the refusal names the argument:
+
+- text: a ``str`` that UTF-8 can encode (no lone surrogate), without NUL; at most :data:`KEY_CHARS`
+  characters where an index stores it (ids, keys, names), at most ``String(n)``'s ``n``;
+- integers: an ``int`` (not a ``bool``) in the column's range on both backends (``Integer``: 32 bits,
+  ``BigInteger``: 64 bits);
+- numbers and times: finite (no NaN, no infinity), times between 1970 and 9999;
+- JSON: dicts with string keys, lists, strings, finite numbers, booleans and null; nested at most
+  :attr:`Limits.json_depth` levels, at most :attr:`Limits.json_bytes` bytes as canonical text.
+
+Every refusal is an :class:`InvalidArgument`, raised before any statement runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from .codec import dumps
+from .errors import InvalidArgument
+
+KEY_CHARS = 255
+"""The longest text an index stores (ids, idempotency and dedup keys, names): two such keys of
+4-byte characters stay under PostgreSQL's b-tree entry limit."""
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+TIME_RANGE = (0.0, 253402300799.0)
+"""POSIX seconds from 1970-01-01 to 9999-12-31T23:59:59Z: what both backends and ``datetime`` hold."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on stored JSON (a body, metadata, a patch), set per book (settings ``[limits]``)."""
+
+    json_depth: int = 32
+    """the deepest nesting of lists and objects"""
+    json_bytes: int = 1_048_576
+    """the longest canonical JSON text, in UTF-8 bytes"""
+
+    def __post_init__(self) -> None:
+        integer("json_depth", self.json_depth, low=1, high=1000)
+        integer("json_bytes", self.json_bytes, low=2, high=2**30)
+
+
+
+def _refuse(argument: str, rule: str, message: str) -> InvalidArgument:
+    return InvalidArgument(f"{argument}: {message}", argument=argument, rule=rule)
+
+
+def text(argument: str, value: Any, *, max_chars: int | None = None, empty: bool = True) -> str:
+    """``value`` if it is storable text, else :class:`InvalidArgument` naming ``argument``."""
+    if not isinstance(value, str):
+        raise _refuse(argument, "type", f"expected text, got {type(value).__name__}")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise _refuse(argument, "utf8", f"is not valid UTF-8 text (a lone surrogate at {exc.start})") from None
+    if "\x00" in value:
+        raise _refuse(argument, "nul", f"contains a NUL character at {value.index(chr(0))}")
+    if max_chars is not None and len(value) > max_chars:
+        raise _refuse(argument, "length", f"is {len(value)} characters long; at most {max_chars} are allowed")
+    if not empty and not value:
+        raise _refuse(argument, "empty", "must not be empty")
+    return value
+
+
+def integer(argument: str, value: Any, *, low: int = INT64[0], high: int = INT64[1]) -> int:
+    """``value`` if it is an ``int`` in ``[low, high]``."""
+    if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise _refuse(argument, "type", f"expected an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise _refuse(argument, "range", f"{_short(value)} is out of range; allowed: {low} to {high}")
+    return value
+
+
+def number(argument: str, value: Any, *, low: float = -math.inf, high: float = math.inf) -> float:
+    """``value`` (an int or float) if it is finite and in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _refuse(argument, "type", f"expected a number, got {type(value).__name__}")
+    try:
+        as_float = float(value)
+    except OverflowError:
+        as_float = math.inf
+    if not math.isfinite(as_float):
+        raise _refuse(argument, "finite", f"{_short(value)} is not a finite number")
+    if not low <= as_float <= high:
+        raise _refuse(argument, "range", f"{_short(value)} is out of range; allowed: {low:g} to {high:g}")
+    return value
+
+
+def timestamp(argument: str, value: Any) -> float:
+    """POSIX seconds, finite, from 1970 to 9999."""
+    return number(argument, value, low=TIME_RANGE[0], high=TIME_RANGE[1])
+
+
+def duration(argument: str, value: Any, *, low: float = 0.0, high: float = 100 * 366 * 86400.0,
+             positive: bool = False) -> float:
+    """Seconds, finite, in ``[low, high]`` (at most a century by default); ``positive`` refuses 0."""
+    number(argument, value, low=low, high=high)
+    if positive and value <= 0:
+        raise _refuse(argument, "range", f"{_short(value)} must be more than 0 seconds")
+    return value
+
+
+def json_value(argument: str, value: Any, limits: Limits | None = None) -> Any:
+    """``value`` if it is JSON within ``limits`` (see the module docstring); walked without recursion."""
+    if value is None or type(value) in (bool, int, str):
+        if type(value) is str:
+            _json_text(argument, value)
+        elif type(value) is int:
+            integer(argument, value)
+        return value
+    limits = limits or DEFAULT_LIMITS
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        kind = type(node)
+        if kind is dict or isinstance(node, Mapping):
+            if depth > limits.json_depth:
+                raise _refuse(argument, "depth", f"is nested more than {limits.json_depth} levels deep")
+            for key, item in node.items():
+                if type(key) is not str:
+                    raise _refuse(argument, "json", f"has a key of type {type(key).__name__}; JSON keys are text")
+                _json_text(argument, key)
+                _json_scalar_or_push(argument, item, depth, stack)
+        elif kind in (list, tuple):
+            if depth > limits.json_depth:
+                raise _refuse(argument, "depth", f"is nested more than {limits.json_depth} levels deep")
+            for item in node:
+                _json_scalar_or_push(argument, item, depth, stack)
+        else:
+            _json_scalar_or_push(argument, node, depth - 1, stack)
+    size = len(dumps(value).encode())
+    if size > limits.json_bytes:
+        raise _refuse(argument, "size", f"is {size} bytes as JSON; at most {limits.json_bytes} are allowed")
+    return value
+
+
+def _json_scalar_or_push(argument: str, item: Any, depth: int, stack: list[tuple[Any, int]]) -> None:
+    kind = type(item)
+    if kind is str:
+        _json_text(argument, item)
+    elif kind is int:
+        integer(argument, item)
+    elif kind is float:
+        if not math.isfinite(item):
+            raise _refuse(argument, "finite", f"holds {item!r}, which JSON cannot carry")
+    elif item is None or kind is bool:
+        pass
+    elif kind in (dict, list, tuple) or isinstance(item, Mapping):
+        stack.append((item, depth + 1))
+    else:
+        raise _refuse(argument, "json", f"holds a {kind.__name__}, which is not JSON")
+
+
+def _json_text(argument: str, value: str) -> None:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise _refuse(argument, "utf8", f"holds text that is not valid UTF-8 (a lone surrogate at {exc.start})") from None
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else f"{shown[:20]}…({len(shown)} digits)"
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# -- columns ----------------------------------------------------------------------------------------
+Check = Callable[[str, Any, Limits], Any]
+_checks: dict[sa.Table, dict[str, Check]] = {}
+
+
+def check_columns(table: sa.Table, values: Mapping[str, Any], limits: Limits, *, what: str = "") -> None:
+    """Each value against the rule of its column (unknown names are the caller's to refuse)."""
+    checks = _checks.get(table)
+    if checks is None:
+        checks = _checks[table] = {c.name: _column_check(table, c) for c in table.columns}
+    prefix = f"{what}." if what else f"{table.name}."
+    for name, value in values.items():
+        check = checks.get(name)
+        if check is not None and value is not None:
+            check(prefix + name, value, limits)
+
+
+def _column_check(table: sa.Table, column: sa.Column[Any]) -> Check:
+    kind = column.type
+    if isinstance(kind, sa.JSON):
+        return json_value
+    if isinstance(kind, sa.Boolean):
+        return _boolean
+    if isinstance(kind, sa.Integer):
+        low, high = INT64 if isinstance(kind, sa.BigInteger) else INT32
+        return lambda arg, v, _limits: integer(arg, v, low=low, high=high)
+    if isinstance(kind, (sa.Float, sa.Numeric)):
+        return lambda arg, v, _limits: number(arg, v)
+    if isinstance(kind, sa.String):
+        bound = kind.length
+        if _indexed(table, column):
+            bound = min(bound or KEY_CHARS, KEY_CHARS)
+        return lambda arg, v, _limits: text(arg, v, max_chars=bound)
+    return lambda _arg, v, _limits: v
+
+
+def _boolean(argument: str, value: Any, _limits: Limits) -> Any:
+    if type(value) is not bool and value not in (0, 1):
+        raise _refuse(argument, "type", f"expected true or false, got {_short(value)}")
+    return value
+
+
+def _indexed(table: sa.Table, column: sa.Column[Any]) -> bool:
+    if column.primary_key or column.unique or column.index:
+        return True
+    in_index = any(column.name in {c.name for c in index.columns} for index in table.indexes)
+    in_unique = any(isinstance(c, sa.UniqueConstraint) and column.name in {k.name for k in c.columns}
+                    for c in table.constraints)
+    return in_index or in_unique
+
+
+def check_reason_actor(reason: Any, actor: Any, metadata: Mapping[str, Any] | None, limits: Limits) -> None:
+    """A command's reason, actor and metadata: what its fact stores besides the row's values."""
+    text("reason.code", reason.code, max_chars=KEY_CHARS)
+    text("reason.summary", reason.summary)
+    for ref in reason.evidence:
+        text("reason.evidence", ref)
+    text("actor.type", actor.type, max_chars=KEY_CHARS, empty=False)
+    text("actor.id", actor.id, max_chars=KEY_CHARS)
+    if metadata:
+        if not isinstance(metadata, Mapping):
+            raise _refuse("metadata", "type", f"expected a mapping, got {type(metadata).__name__}")
+        json_value("metadata", metadata, limits)
