@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from .codec import digest, dumps, dumps_tree, loads
+from .inputs import integer
 from .schema import metadata
 from .store import store_for
 
@@ -186,6 +187,9 @@ async def tail(conn: Any, cursor: Cursor = Cursor(), *, limit: int = 1000) -> tu
     flight (``pg_snapshot_xmin``) are returned, ordered by (transaction id, seq): a fact that commits
     later always sorts after the cursor. On SQLite writes are serialised, so seq order suffices.
     """
+    integer("limit", limit, low=1, high=100_000)
+    integer("cursor.tx_id", cursor.tx_id, low=0)
+    integer("cursor.seq", cursor.seq, low=0)
     query = store_for(conn.engine).tail_query(cursor, limit)
     rows = (await conn.execute(query)).fetchall()
     found = [Fact.from_row(r) for r in rows]

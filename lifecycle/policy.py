@@ -379,12 +379,15 @@ class Registry:
     def get(self, entity_type: str) -> Lifecycle:
         try:
             return self._by_type[entity_type]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable value is no type name either
             known = ", ".join(sorted(self._by_type)) or "none"
             raise UnknownEntityType(f"no lifecycle is registered for {entity_type!r}; known types: {known}") from None
 
     def __contains__(self, entity_type: object) -> bool:
-        return entity_type in self._by_type
+        try:
+            return entity_type in self._by_type
+        except TypeError:
+            return False
 
     def __iter__(self) -> Iterator[Lifecycle]:
         return iter(list(self._by_type.values()))

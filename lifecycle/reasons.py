@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .errors import PolicyError
+from .errors import InvalidArgument, PolicyError
 
 _SEGMENT = r"[a-z][a-z0-9_]*"
 REASON_PATTERN = re.compile(rf"^{_SEGMENT}\.{_SEGMENT}\.{_SEGMENT}$")
@@ -51,8 +51,9 @@ class Actor:
     id: str = ""
 
     def __post_init__(self) -> None:
-        if not self.type or ":" in self.type:
-            raise ValueError(f"actor type {self.type!r} must be non-empty and contain no ':'")
+        if not isinstance(self.type, str) or not self.type or ":" in self.type:
+            raise InvalidArgument(f"actor.type: {self.type!r} must be non-empty text without ':'",
+                                  argument="actor.type", rule="actor")
 
     @classmethod
     def parse(cls, text: str) -> Actor:

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from .book import Book
 from .codec import dumps
 from .facts import GENESIS, Fact, decoded, facts_table, fact_hash, legacy_fact_hash
+from .inputs import KEY_CHARS, integer, text, timestamp
 from .policy import Lifecycle
 from .screen import Screen, Suspect
 from .schema import LIFECYCLE_COLUMNS
@@ -50,6 +51,7 @@ def fold(facts: Iterable[Fact], defaults: Mapping[str, Any] | None = None) -> di
 async def history(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
     """Every fact of one entity, oldest first."""
     book.policy(entity_type)
+    text("entity_id", entity_id, max_chars=KEY_CHARS)
     t = facts_table
     async with book.read() as conn:
         rows = (
@@ -67,12 +69,14 @@ async def replay(book: Book, entity_type: str, entity_id: str) -> dict[str, Any]
 
 async def as_of(book: Book, entity_type: str, entity_id: str, when: float) -> dict[str, Any] | None:
     """The entity's state as its facts described it at time ``when``."""
+    timestamp("when", when)
     facts = await history(book, entity_type, entity_id)
     return fold((f for f in facts if f.at <= when), row_defaults(book.policy(entity_type).table))
 
 
 async def read_row(book: Book, entity_type: str, entity_id: str) -> dict[str, Any] | None:
     table = book.policy(entity_type).table
+    text("entity_id", entity_id, max_chars=KEY_CHARS)
     async with book.read() as conn:
         row = (await conn.execute(sa.select(table).where(table.c.id == entity_id))).first()
     return None if row is None else dict(row._mapping)
@@ -266,6 +270,8 @@ async def verify(
     ``progress(done_facts, total_facts)`` is called about every 5,000 facts and at the end.
     """
     lifecycles = [book.policy(entity_type)] if entity_type else list(book.registry)
+    if processes is not None:
+        integer("processes", processes, low=0, high=256)
     report = Report()
     report.entities, report.facts, report.findings = await sweep(
         book, lifecycles, _judge, progress=progress, processes=processes)
