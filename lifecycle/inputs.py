@@ -17,7 +17,7 @@ Every refusal is an :class:`InvalidArgument`, raised before any statement runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,62 +111,57 @@ def duration(argument: str, value: Any, *, low: float = 0.0, high: float = 100 *
 
 
 def json_value(argument: str, value: Any, limits: Limits | None = None) -> Any:
-    """``value`` if it is JSON within ``limits`` (see the module docstring); walked without recursion."""
-    if value is None or type(value) in (bool, int, str):
-        if type(value) is str:
-            _json_text(argument, value)
-        elif type(value) is int:
-            integer(argument, value)
-        return value
+    """``value`` if it is JSON within ``limits`` (see the module docstring); walked without recursion.
+
+    The walk also sums a bound on the canonical text's length (a character takes at most 6 bytes
+    escaped, a number at most 26); only a value whose bound exceeds ``json_bytes`` is encoded to
+    measure it exactly."""
     limits = limits or DEFAULT_LIMITS
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    estimate = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         node, depth = stack.pop()
         kind = type(node)
-        if kind is dict or isinstance(node, Mapping):
+        if kind is str:
+            if not node.isascii():
+                _json_text(argument, node)
+            estimate += 6 * len(node) + 3
+        elif kind is int:
+            integer(argument, node)
+            estimate += 21
+        elif kind is float:
+            if node - node != 0.0:
+                raise _refuse(argument, "finite", f"holds {node!r}, which JSON cannot carry")
+            estimate += 26
+        elif node is None or kind is bool:
+            estimate += 6
+        elif kind is dict or kind is list or kind is tuple or isinstance(node, Mapping):
+            depth += 1
             if depth > limits.json_depth:
                 raise _refuse(argument, "depth", f"is nested more than {limits.json_depth} levels deep")
-            for key, item in node.items():
-                if type(key) is not str:
-                    raise _refuse(argument, "json", f"has a key of type {type(key).__name__}; JSON keys are text")
-                _json_text(argument, key)
-                _json_scalar_or_push(argument, item, depth, stack)
-        elif kind in (list, tuple):
-            if depth > limits.json_depth:
-                raise _refuse(argument, "depth", f"is nested more than {limits.json_depth} levels deep")
-            for item in node:
-                _json_scalar_or_push(argument, item, depth, stack)
+            estimate += 2
+            if kind is list or kind is tuple:
+                stack.extend((item, depth) for item in node)
+            else:
+                for key, item in node.items():
+                    if type(key) is not str:
+                        raise _refuse(argument, "json", f"has a key of type {type(key).__name__}; JSON keys are text")
+                    stack.append((key, depth))
+                    stack.append((item, depth))
         else:
-            _json_scalar_or_push(argument, node, depth - 1, stack)
-    size = len(dumps(value).encode())
-    if size > limits.json_bytes:
-        raise _refuse(argument, "size", f"is {size} bytes as JSON; at most {limits.json_bytes} are allowed")
+            raise _refuse(argument, "json", f"holds a {kind.__name__}, which is not JSON")
+    if estimate > limits.json_bytes:
+        size = len(dumps(value).encode())
+        if size > limits.json_bytes:
+            raise _refuse(argument, "size", f"is {size} bytes as JSON; at most {limits.json_bytes} are allowed")
     return value
 
 
-def _json_scalar_or_push(argument: str, item: Any, depth: int, stack: list[tuple[Any, int]]) -> None:
-    kind = type(item)
-    if kind is str:
-        _json_text(argument, item)
-    elif kind is int:
-        integer(argument, item)
-    elif kind is float:
-        if not math.isfinite(item):
-            raise _refuse(argument, "finite", f"holds {item!r}, which JSON cannot carry")
-    elif item is None or kind is bool:
-        pass
-    elif kind in (dict, list, tuple) or isinstance(item, Mapping):
-        stack.append((item, depth + 1))
-    else:
-        raise _refuse(argument, "json", f"holds a {kind.__name__}, which is not JSON")
-
-
 def _json_text(argument: str, value: str) -> None:
-    if not value.isascii():
-        try:
-            value.encode()
-        except UnicodeEncodeError as exc:
-            raise _refuse(argument, "utf8", f"holds text that is not valid UTF-8 (a lone surrogate at {exc.start})") from None
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise _refuse(argument, "utf8", f"holds text that is not valid UTF-8 (a lone surrogate at {exc.start})") from None
 
 
 def _short(value: Any) -> str:
@@ -178,42 +173,67 @@ DEFAULT_LIMITS = Limits()
 
 
 # -- columns ----------------------------------------------------------------------------------------
-Check = Callable[[str, Any, Limits], Any]
-_checks: dict[sa.Table, dict[str, Check]] = {}
+_rules: dict[sa.Table, dict[str, tuple[str, Any, Any]]] = {}
 
 
 def check_columns(table: sa.Table, values: Mapping[str, Any], limits: Limits, *, what: str = "") -> None:
-    """Each value against the rule of its column (unknown names are the caller's to refuse)."""
-    checks = _checks.get(table)
-    if checks is None:
-        checks = _checks[table] = {c.name: _column_check(table, c) for c in table.columns}
-    prefix = f"{what}." if what else f"{table.name}."
+    """Each value against the rule of its column (unknown names are the caller's to refuse).
+
+    The common values (short ASCII text, in-range ints, finite floats) pass inline; anything else
+    goes through the full check, which says what is wrong."""
+    rules = _rules.get(table)
+    if rules is None:
+        rules = _rules[table] = {c.name: _column_rule(table, c) for c in table.columns}
     for name, value in values.items():
-        check = checks.get(name)
-        if check is not None and value is not None:
-            check(prefix + name, value, limits)
+        if value is None:
+            continue
+        rule = rules.get(name)
+        if rule is None:
+            continue
+        kind, low, high = rule
+        vtype = type(value)
+        if kind == "text":
+            if vtype is str and value.isascii() and "\x00" not in value and (high is None or len(value) <= high):
+                continue
+            text(_name(table, what, name), value, max_chars=high)
+        elif kind == "int":
+            if vtype is int and low <= value <= high:
+                continue
+            integer(_name(table, what, name), value, low=low, high=high)
+        elif kind == "float":
+            if vtype is float and value - value == 0.0:  # false for NaN and the infinities
+                continue
+            number(_name(table, what, name), value)
+        elif kind == "json":
+            json_value(_name(table, what, name), value, limits)
+        elif kind == "bool":
+            _boolean(_name(table, what, name), value)
 
 
-def _column_check(table: sa.Table, column: sa.Column[Any]) -> Check:
+def _name(table: sa.Table, what: str, column: str) -> str:
+    return f"{what or table.name}.{column}"
+
+
+def _column_rule(table: sa.Table, column: sa.Column[Any]) -> tuple[str, Any, Any] | None:
     kind = column.type
     if isinstance(kind, sa.JSON):
-        return json_value
+        return ("json", None, None)
     if isinstance(kind, sa.Boolean):
-        return _boolean
+        return ("bool", None, None)
     if isinstance(kind, sa.Integer):
         low, high = INT64 if isinstance(kind, sa.BigInteger) else INT32
-        return lambda arg, v, _limits: integer(arg, v, low=low, high=high)
+        return ("int", low, high)
     if isinstance(kind, (sa.Float, sa.Numeric)):
-        return lambda arg, v, _limits: number(arg, v)
+        return ("float", None, None)
     if isinstance(kind, sa.String):
         bound = kind.length
         if _indexed(table, column):
             bound = min(bound or KEY_CHARS, KEY_CHARS)
-        return lambda arg, v, _limits: text(arg, v, max_chars=bound)
-    return lambda _arg, v, _limits: v
+        return ("text", None, bound)
+    return None
 
 
-def _boolean(argument: str, value: Any, _limits: Limits) -> Any:
+def _boolean(argument: str, value: Any) -> Any:
     if type(value) is not bool and value not in (0, 1):
         raise _refuse(argument, "type", f"expected true or false, got {_short(value)}")
     return value
