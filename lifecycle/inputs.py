@@ -45,7 +45,7 @@ class Limits:
     """the longest canonical JSON text, in UTF-8 bytes"""
 
     def __post_init__(self) -> None:
-        integer("json_depth", self.json_depth, low=1, high=1000)
+        integer("json_depth", self.json_depth, low=1, high=200)  # the encoder recurses once per level
         integer("json_bytes", self.json_bytes, low=2, high=2**30)
 
 
