@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
 from statebook.lifecycle import Book, Clock, Reason
+from statebook.lifecycle.inputs import KEY_CHARS, text, timestamp
 
 from . import admission as gates
 from . import evaluation
@@ -28,9 +30,32 @@ from .polling import GithubPolling, Poller
 from .recovery import _LIVE_DAEMONS, new_daemon_id, reap
 from .runs import finalize_run
 from .schema import schedule_runs, schedules
+from .store import ref_arg
 from .triggers import following
 
 log = logging.getLogger("statebook.scheduler")
+
+
+@dataclass(frozen=True)
+class ManualFire:
+    """A manual fire once it ended (:meth:`SchedulerEngine.fire_and_wait`): the fired run and its
+    follow-ups, as rows in chain order."""
+
+    runs: tuple[dict[str, Any], ...]
+
+    @property
+    def run_id(self) -> str:
+        return self.runs[0]["id"]
+
+    @property
+    def status(self) -> str:
+        """the fired run's final status"""
+        return self.runs[0]["status"]
+
+    @property
+    def failed(self) -> bool:
+        """some run of the chain did not complete (it failed, timed out or was cancelled)"""
+        return any(run["status"] != "completed" for run in self.runs)
 
 
 class SchedulerEngine:
@@ -40,6 +65,8 @@ class SchedulerEngine:
                  leader: Leader | None = None, daemon_id: str | None = None,
                  projects: Mapping[str, str] | None = None,
                  reapers: list[Callable[[], Awaitable[Any]]] | None = None, poller: Poller | None = None) -> None:
+        if daemon_id is not None:
+            text("daemon_id", daemon_id, max_chars=KEY_CHARS, empty=False)
         self.book = book.with_clock(clock) if clock is not None else book
         self.cfg = settings.scheduler
         lcfg = settings.launcher
@@ -198,6 +225,7 @@ class SchedulerEngine:
         claims and runs); a github_poll schedule alone, in its place in due order (its poll is an
         HTTP call, never inside a transaction). Fires launch once their claims are committed and the
         evaluation has nothing left to read."""
+        timestamp("now", now)
         self.firing.deferred_now = False
         if not await self._leading():
             return 0
@@ -296,12 +324,33 @@ class SchedulerEngine:
     # -- manual fire and missed fires ---------------------------------------------------------
     async def fire_now(self, schedule_id: str) -> str:
         """Fire a schedule now (an operator's act, ``Firing.manual``): budget, max_runs and a global slot
-        are checked, a refusal raises (``CapacityExhausted`` when every slot is busy). Returns the run id."""
+        are checked, a refusal raises (``CapacityExhausted`` when every slot is busy). Returns the run id;
+        the run goes on in this engine (:meth:`fire_and_wait` waits for it and says how it ended)."""
+        ref_arg("schedule_id", schedule_id)
         return await self.firing.manual(schedule_id)
+
+    async def fire_and_wait(self, schedule_id: str) -> ManualFire:
+        """:meth:`fire_now`, then wait for the run and its follow-ups to end; ``.failed`` says whether
+        one of them did not complete (the CLI's ``schedule fire`` exits 1 then)."""
+        run_id = await self.fire_now(schedule_id)
+        fire = next((t for t in list(self.fire_tasks) if t.get_name() == f"fire-{run_id}"), None)
+        if fire is not None:
+            await asyncio.gather(fire, return_exceptions=True)
+        return ManualFire(tuple(await self._chain(run_id)))
+
+    async def _chain(self, run_id: str) -> list[dict[str, Any]]:
+        """The run ``run_id`` and its follow-ups (each the child of the one before, S8)."""
+        chain: list[dict[str, Any]] = []
+        async with self.book.read() as conn:
+            q = sa.select(schedule_runs).where(schedule_runs.c.id == run_id)
+            while (row := (await conn.execute(q)).first()) is not None and len(chain) <= self.cfg.max_chain_depth:
+                chain.append(dict(row._mapping))
+                q = sa.select(schedule_runs).where(schedule_runs.c.chain_parent_id == row.id)
+        return chain
 
     async def check_missed_fires(self, now: float | None = None) -> int:
         """At start: occurrences that fell due while no daemon ran, by each schedule's missed_fire_policy (S6)."""
-        now = self.book.clock.now() if now is None else now
+        now = self.book.clock.now() if now is None else timestamp("now", now)
         async with self.book.read() as conn:
             due = [dict(r._mapping) for r in await conn.execute(evaluation.due_query(now, limit=100_000))]
         try:

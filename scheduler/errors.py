@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from statebook.lifecycle import StatebookError
+from statebook.lifecycle.errors import InvalidArgument
 
 
 class ScheduleError(StatebookError):
     """A schedule command that cannot be applied (wrong status, name taken, ...)."""
+
+
+class InvalidSchedule(ScheduleError, InvalidArgument):
+    """A schedule's field breaks its rule (specs/scheduler.md S18); nothing was written.
+
+    ``argument`` names the field (``interval_sec``, ``timezone``, ``github_filter.types``), ``rule`` the
+    rule (an ``InvalidArgument`` rule, ``never_fires``, ``zone``, ``unknown_field`` or pydantic's error type).
+    """
 
 
 class CapacityExhausted(ScheduleError):

@@ -35,6 +35,9 @@ from .requests import check_filter
 log = logging.getLogger("statebook.scheduler")
 
 TITLE_LIMIT = 200
+ID_DIGITS = 30
+"""an event id longer than this is no GitHub id (it would not fit the cursor's comparisons either)"""
+TEXT_LIMIT = 1000
 
 PollStatus = Literal["ok", "not_modified", "unauthorized", "failed"]
 
@@ -62,22 +65,23 @@ class Poller(Protocol):
 
 def event_number(event: Mapping[str, Any]) -> int | None:
     """The event's id as a number (GitHub event ids are increasing decimal strings); None if it is not one."""
-    try:
-        return int(str(event.get("id")))
-    except ValueError:
+    raw = str(event.get("id"))
+    if not raw.isascii() or not raw.isdigit() or len(raw) > ID_DIGITS:
         return None
+    return int(raw)
 
 
 def _labels(payload: Mapping[str, Any]) -> set[str]:
-    item = payload.get("issue") or payload.get("pull_request") or {}
-    found = {lbl.get("name") for lbl in item.get("labels") or () if isinstance(lbl, Mapping)}
+    item = _mapping(payload.get("issue") or payload.get("pull_request"))
+    labels = item.get("labels")
+    found = {lbl.get("name") for lbl in labels if isinstance(lbl, Mapping)} if isinstance(labels, list) else set()
     if isinstance(payload.get("label"), Mapping):
         found.add(payload["label"].get("name"))
-    return {name for name in found if name}
+    return {name for name in found if isinstance(name, str) and name}
 
 
 def matches(event: Mapping[str, Any], flt: Mapping[str, frozenset[str]]) -> bool:
-    payload = event.get("payload") or {}
+    payload = _mapping(event.get("payload"))
     if "types" in flt and event.get("type") not in flt["types"]:
         return False
     if "actions" in flt and payload.get("action") not in flt["actions"]:
@@ -99,6 +103,8 @@ def new_events(events: Iterable[Mapping[str, Any]], *, cursor: str | None, not_b
     floor = int(cursor) if cursor is not None else None
     chosen: dict[int, Mapping[str, Any]] = {}
     for event in events:
+        if not isinstance(event, Mapping):
+            continue  # not an event: an adapter's or the API's garbage never stops a poll
         number = event_number(event)
         if number is None:
             continue
@@ -114,20 +120,37 @@ def new_events(events: Iterable[Mapping[str, Any]], *, cursor: str | None, not_b
     return sorted(chosen.items(), key=lambda item: item[0])
 
 
+def _clean(value: Any, limit: int = TEXT_LIMIT) -> str | None:
+    """API text as storable text: bounded, a lone surrogate replaced, no NUL (S18: the same on both backends)."""
+    if value is None:
+        return None
+    shown = str(value)[:limit]
+    if not shown.isascii():
+        shown = shown.encode("utf-8", "replace").decode("utf-8")
+    return shown.replace("\x00", "")
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def compact(event: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of an event a run's trigger context keeps (payloads can be large)."""
-    payload = event.get("payload") or {}
+    """The part of an event a run's trigger context keeps (payloads can be large), as storable JSON."""
+    payload = _mapping(event.get("payload"))
     out: dict[str, Any] = {
-        "id": str(event.get("id")), "type": event.get("type"), "created_at": event.get("created_at"),
-        "actor": (event.get("actor") or {}).get("login"), "repo": (event.get("repo") or {}).get("name"),
+        "id": _clean(event.get("id")), "type": _clean(event.get("type")),
+        "created_at": _clean(event.get("created_at")), "actor": _clean(_mapping(event.get("actor")).get("login")),
+        "repo": _clean(_mapping(event.get("repo")).get("name")),
     }
     for key in ("action", "ref", "head"):
         if isinstance(payload.get(key), str):
-            out[key] = payload[key]
+            out[key] = _clean(payload[key])
     item = payload.get("issue") or payload.get("pull_request")
     if isinstance(item, Mapping):
-        out.update(number=item.get("number"), title=str(item.get("title") or "")[:TITLE_LIMIT],
-                   url=item.get("html_url"), labels=sorted(_labels(payload)))
+        number = item.get("number")
+        out.update(number=number if type(number) is int and abs(number) < 2**53 else None,
+                   title=_clean(item.get("title") or "", TITLE_LIMIT), url=_clean(item.get("html_url")),
+                   labels=sorted(_clean(label) or "" for label in _labels(payload)))
     return out
 
 

@@ -21,7 +21,7 @@ from statebook.outbox import enqueue_dispatch
 
 from .schema import schedule_runs
 from .errors import ScheduleError
-from .store import RUN_TERMINAL, SCHEDULER, get_run, get_schedule
+from .store import RUN_TERMINAL, SCHEDULER, actor_arg, get_run, get_schedule, ref_arg
 
 NOTIFIED = ("completed", "failed", "timed_out", "cancelled")
 ERROR_DETAIL_LIMIT = 4000
@@ -186,6 +186,8 @@ async def _schedule_of(book: Book, run: Mapping[str, Any]) -> dict[str, Any] | N
 
 async def cancel_run(book: Book, run_id: str, *, actor: Actor = Actor("operator", "cli")) -> dict[str, Any]:
     """Mark a run ``cancelled`` (notifying like any ending); the daemon owning its process kills its group."""
+    ref_arg("run_id", run_id)
+    actor_arg(actor)
     run = await get_run(book, run_id)
     if run["status"] in RUN_TERMINAL:
         raise ScheduleError(f"run {run_id} already ended ({run['status']}); nothing to cancel")

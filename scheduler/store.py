@@ -12,16 +12,43 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, create, transition
+from statebook.lifecycle.errors import InvalidArgument
+from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, text
 
-from .errors import ScheduleError
-
-from .requests import CreateScheduleRequest
-from .schema import schedule_runs, schedules
+from .errors import InvalidSchedule, ScheduleError
+from .requests import JSON_FIELDS, LIST_FIELDS, CreateScheduleRequest
+from .schema import RUN_STATUSES, schedule_runs, schedules
 from .triggers import first_fire
 
 OPERATOR = Actor("operator", "cli")
 SCHEDULER = Actor("system", "scheduler")
 RUN_TERMINAL = ("completed", "failed", "timed_out", "skipped", "cancelled")
+LIST_LIMIT = 100_000
+"""the most rows one ``list_runs`` returns"""
+
+
+# -- the arguments every command checks before it reads (S18) ---------------------------------------
+def ref_arg(argument: str, value: Any) -> str:
+    """An id or name to look up: text an index can compare (no NUL, no lone surrogate, at most KEY_CHARS)."""
+    return text(argument, value, max_chars=KEY_CHARS)
+
+
+def actor_arg(actor: Any) -> Actor:
+    if not isinstance(actor, Actor):
+        raise InvalidArgument(f"actor: expected an Actor, got {type(actor).__name__}", argument="actor", rule="type")
+    return actor
+
+
+def zone_arg(default_zone: Any) -> str | None:
+    """The daemon's default zone: text or None (an unknown name warns and means UTC, S4)."""
+    return None if default_zone is None else text("default_zone", default_zone, max_chars=KEY_CHARS)
+
+
+def flag_arg(argument: str, value: Any) -> bool:
+    if type(value) is not bool:
+        raise InvalidArgument(f"{argument}: expected true or false, got {type(value).__name__}",
+                              argument=argument, rule="type")
+    return value
 
 
 def _row(row: Any) -> dict[str, Any]:
@@ -30,12 +57,22 @@ def _row(row: Any) -> dict[str, Any]:
 
 async def create_schedule(book: Book, request: CreateScheduleRequest | Mapping[str, Any], *,
                           default_zone: str | None = None, actor: Actor = OPERATOR) -> dict[str, Any]:
-    """Validate and insert a schedule (``active`` or ``paused``); returns the row."""
-    req = request if isinstance(request, CreateScheduleRequest) else CreateScheduleRequest.model_validate(request)
+    """Validate and insert a schedule (``active`` or ``paused``); returns the row.
+
+    A request is checked again (it may have been changed since it was made); any refusal is an
+    :class:`~.errors.InvalidSchedule` naming the field, raised before anything is written (S18)."""
+    req = CreateScheduleRequest.parse(request)
+    zone_arg(default_zone)
+    actor_arg(actor)
+    values = req.to_values()
+    for field in (*JSON_FIELDS, *LIST_FIELDS):
+        try:
+            json_value(field, values[field], book.limits)
+        except InvalidArgument as exc:
+            raise InvalidSchedule(str(exc), argument=exc.argument, rule=exc.rule) from None
     if await find_schedule(book, req.name) is not None:
         raise ScheduleError(f"a schedule named {req.name!r} already exists; pick another name or remove it first")
     now = book.clock.now()
-    values = req.to_values()
     values["next_fire_at"] = first_fire(values, now, default_zone)
     values["created_at"] = now
     status = "active" if req.enabled else "paused"
@@ -48,6 +85,7 @@ async def create_schedule(book: Book, request: CreateScheduleRequest | Mapping[s
 
 async def find_schedule(book: Book, ref: str) -> dict[str, Any] | None:
     """A schedule by id or by name (deleted ones only by id)."""
+    ref_arg("ref", ref)
     async with book.read() as conn:
         row = (await conn.execute(sa.select(schedules).where(schedules.c.id == ref))).first()
         if row is None:
@@ -58,6 +96,7 @@ async def find_schedule(book: Book, ref: str) -> dict[str, Any] | None:
 
 
 async def get_schedule(book: Book, ref: str) -> dict[str, Any]:
+    ref_arg("ref", ref)
     found = await find_schedule(book, ref)
     if found is None:
         raise EntityNotFound(f"schedule {ref!r} does not exist (give its id or name; `statebook schedule ls`)")
@@ -65,6 +104,7 @@ async def get_schedule(book: Book, ref: str) -> dict[str, Any]:
 
 
 async def list_schedules(book: Book, *, include_deleted: bool = False) -> list[dict[str, Any]]:
+    flag_arg("include_deleted", include_deleted)
     q = sa.select(schedules).order_by(schedules.c.name)
     if not include_deleted:
         q = q.where(schedules.c.status != "deleted")
@@ -74,6 +114,8 @@ async def list_schedules(book: Book, *, include_deleted: bool = False) -> list[d
 
 async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = None, actor: Actor = OPERATOR) -> dict[str, Any]:
     """paused → active (or exhausted → active by an operator, resetting cadence)."""
+    zone_arg(default_zone)
+    actor_arg(actor)
     row = await get_schedule(book, ref)
     if row["status"] == "active":
         return row
@@ -94,6 +136,7 @@ async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = No
 
 
 async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> dict[str, Any]:
+    actor_arg(actor)
     row = await get_schedule(book, ref)
     if row["status"] == "paused":
         return row
@@ -108,6 +151,7 @@ async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> 
 
 async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> dict[str, Any]:
     """Move to ``deleted``: the row and its runs stay, with their history."""
+    actor_arg(actor)
     row = await get_schedule(book, ref)
     if row["status"] == "deleted":
         return row
@@ -120,6 +164,7 @@ async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> d
 
 
 async def get_run(book: Book, run_id: str) -> dict[str, Any]:
+    ref_arg("run_id", run_id)
     async with book.read() as conn:
         row = (await conn.execute(sa.select(schedule_runs).where(schedule_runs.c.id == run_id))).first()
     if row is None:
@@ -129,6 +174,13 @@ async def get_run(book: Book, run_id: str) -> dict[str, Any]:
 
 async def list_runs(book: Book, schedule_id: str | None = None, *, limit: int = 50,
                     status: str | None = None) -> list[dict[str, Any]]:
+    """A schedule's runs (or every run), newest first; ``limit`` from 1 to :data:`LIST_LIMIT`."""
+    if schedule_id is not None:
+        ref_arg("schedule_id", schedule_id)
+    integer("limit", limit, low=1, high=LIST_LIMIT)
+    if status is not None and status not in RUN_STATUSES:
+        raise InvalidArgument(f"status: {text('status', status, max_chars=KEY_CHARS)!r} is not a run status; use "
+                              f"one of {', '.join(RUN_STATUSES)}", argument="status", rule="vocabulary")
     q = sa.select(schedule_runs).order_by(schedule_runs.c.created_at.desc(), schedule_runs.c.id).limit(limit)
     if schedule_id is not None:
         q = q.where(schedule_runs.c.schedule_id == schedule_id)

@@ -7,8 +7,11 @@ from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from statebook.scheduler.errors import InvalidSchedule
 from statebook.scheduler.requests import CreateScheduleRequest
 from statebook.scheduler.triggers import following, next_cron, next_interval, resolve_zone
 
@@ -34,9 +37,9 @@ def local(ts: float) -> str:
         ({"action_kind": "flow_yaml", "action_flow_yaml": "   "}, "non-empty"),
         ({"action_kind": "flow_yaml", "action_flow_yaml": "a: [unclosed"}, "not valid YAML"),
         ({"action_command": None}, "action_command"),
-        ({"max_runs": 0}, "positive"),
+        ({"max_runs": 0}, "max_runs: 0 is out of range; allowed: 1"),
         ({"budget_usd": 0.0}, "positive"),
-        ({"budget_tokens": -1}, "positive"),
+        ({"budget_tokens": -1}, "budget_tokens: -1 is out of range; allowed: 1"),
         ({"notify": {"kind": "k"}}, "deliver_to"),
         ({"on_fail": {"kind": "playbook"}}, "use 'play'"),
         ({"threshold_config": {"metric": "nope", "value": 1, "window_minutes": 5}}, "metric"),
@@ -49,6 +52,27 @@ def test_invalid_requests_are_refused_with_the_field_named(over, needle):
     with pytest.raises(ValidationError) as err:
         CreateScheduleRequest.model_validate(command_spec(**over))
     assert needle in str(err.value)
+
+
+NASTY = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=2**31 - 2, max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(), st.text(alphabet=st.characters(codec=None)),
+    st.sampled_from(["\ud800", "a\x00b", "x" * 5000, "0 0 31 2 *", "Mars/Olympus", "../../etc/passwd", "play"]),
+    st.lists(st.text(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers() | st.text(), max_size=3),
+)
+
+
+@given(field=st.sampled_from(sorted(CreateScheduleRequest.model_fields) + ["unknown"]), value=NASTY,
+       trigger=st.sampled_from(["cron", "interval", "at", "github_poll"]))
+def test_parse_refuses_with_one_invalid_schedule(field, value, trigger):
+    """S18: whatever a field holds, parse either returns a request or raises one InvalidSchedule whose
+    message starts with the argument it names; never a ValidationError or another exception."""
+    spec = command_spec(trigger_type=trigger, cron_expr="0 3 * * *", at_time=1e9, github_repo="octo/repo")
+    spec[field] = value
+    try:
+        CreateScheduleRequest.parse(spec)
+    except InvalidSchedule as exc:
+        assert str(exc).startswith(exc.argument) and exc.argument
 
 
 def test_valid_request_stores_one_vocabulary():
