@@ -77,7 +77,7 @@ def classify(exc: BaseException, *, hint: str = "") -> tuple[int, str]:
     if _is_bad_input(exc):
         if hasattr(exc, "errors"):
             return REFUSED, _validation_line(exc)
-        return REFUSED, f"refused: {first_line(str(exc)) or type(exc).__name__}"
+        return REFUSED, f"the cron expression is refused: {first_line(str(exc)) or type(exc).__name__}"
     if isinstance(exc, OSError):
         return REFUSED, first_line(str(exc)) or type(exc).__name__
     return FAILED, (f"internal error: {type(exc).__name__}: {first_line(str(exc))} "
