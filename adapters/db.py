@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from statebook.lifecycle import Book, Clock, Registry
 from statebook.lifecycle.clock import SYSTEM_CLOCK
+from statebook.lifecycle.inputs import DEFAULT_LIMITS, Limits
 from statebook.lifecycle.schema import metadata
 from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.codec import dumps
@@ -89,7 +90,15 @@ def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int 
         )
         _configure_sqlite(engine)
         return engine
+    _require_asyncpg()
     return create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2, json_serializer=dumps)
+
+
+def _require_asyncpg() -> None:
+    try:
+        import asyncpg  # noqa: F401 - SQLAlchemy imports it inside create_async_engine, with a bare ImportError
+    except ImportError:
+        raise ConfigError("a postgresql:// database needs the asyncpg driver: pip install 'statebook[postgres]'") from None
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:
@@ -161,10 +170,12 @@ async def open_book(
     clock: Clock | None = None,
     create: bool = True,
     must_exist: bool = False,
+    limits: Limits | None = None,
 ) -> Book:
     """Connect, create the schema when asked, and return a :class:`Book` over ``registry``.
 
-    ``registry`` defaults to the built-in one. Either way its statuses are checked against the
+    ``limits`` bounds the JSON its commands may store (default :class:`Limits`; the settings'
+    ``[limits]`` section gives one). ``registry`` defaults to the built-in one. Either way its statuses are checked against the
     database's tables first (:class:`~statebook.lifecycle.errors.SchemaMismatch` names what to migrate).
     """
     engine = connect(url, must_exist=must_exist)
@@ -179,4 +190,4 @@ async def open_book(
     except BaseException:
         await engine.dispose()
         raise
-    return Book(engine, registry, clock or SYSTEM_CLOCK)
+    return Book(engine, registry, clock or SYSTEM_CLOCK, limits=limits if limits is not None else DEFAULT_LIMITS)

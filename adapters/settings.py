@@ -1,40 +1,82 @@
-"""Settings: one pydantic model, read from a TOML file and ``STATEBOOK_*`` environment variables.
+"""Settings: one pydantic-settings model, read from a TOML file and ``STATEBOOK_*`` environment variables.
 
-Precedence: explicit values > environment (``STATEBOOK_<SECTION>__<FIELD>``, e.g.
-``STATEBOOK_SCHEDULER__TICK_SECONDS=5``; ``STATEBOOK_DB`` and ``STATEBOOK_APP`` for the top-level
-``db`` and ``app``) > the TOML file > defaults. Defaults are those specs/ names.
+Precedence: explicit values > environment > the TOML file > defaults (specs/cli.md C1). The environment
+names a field of a section as ``STATEBOOK_<SECTION>__<FIELD>`` (``STATEBOOK_SCHEDULER__TICK_SECONDS=5``),
+a top-level key as ``STATEBOOK_DB`` / ``STATEBOOK_APP``; a list or table setting takes JSON there
+(``STATEBOOK_DISPATCH__NOTIFY_TEMPLATE='["/bin/echo", "{deliver_to}"]'``). An unknown key or section, in
+the file or in a ``STATEBOOK_<SECTION>__...`` name, is refused with the nearest valid name (C2).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings.sources import InitSettingsSource, TomlConfigSettingsSource
+
+from statebook.lifecycle.errors import InvalidArgument
+from statebook.lifecycle.inputs import Limits, text
 
 from .errors import ConfigError
 
+CENTURY_SECONDS = 100 * 366 * 86400.0
+CENTURY_DAYS = 100 * 366.0
+ENV_PREFIX = "STATEBOOK_"
+
+
+def _storable_field(value: Any, info: ValidationInfo) -> Any:
+    try:
+        _storable(value, str(info.field_name))
+    except InvalidArgument as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+    return value
+
+
+def _storable(value: Any, where: str) -> None:
+    """Every string of a setting is text the database and argv can carry (no NUL, no lone surrogate)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            text(where, item)
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _text_is_storable(cls, value: Any, info: ValidationInfo) -> Any:
+        return _storable_field(value, info)
 
 
 class DispatchSettings(_Section):
     notify_template: list[str] | None = None
     """argv template; must contain an exact ``{deliver_to}`` element. None: deliveries fail visibly."""
-    batch_size: int = Field(100, ge=1)
-    concurrency: int = Field(8, ge=1)
-    transport_timeout_seconds: float = Field(10.0, gt=0)
+    batch_size: int = Field(100, ge=1, le=10_000)
+    concurrency: int = Field(8, ge=1, le=1_000)
+    transport_timeout_seconds: float = Field(10.0, gt=0, le=CENTURY_SECONDS)
     """a send running longer is killed; claims lease each row for this plus 5 s (specs/outbox.md O21)"""
+    max_payload_bytes: int | None = Field(None, ge=1, le=2**30)
+    """the largest payload enqueue accepts; None: sized to what the template's transport can carry"""
 
 
 class RetentionSettings(_Section):
     enabled: bool = True
-    delivered_days: float = Field(7, gt=0)
+    delivered_days: float = Field(7, gt=0, le=CENTURY_DAYS)
     """delivered and acked dispatches are purged after this many days"""
-    failed_days: float = Field(30, gt=0)
+    failed_days: float = Field(30, gt=0, le=CENTURY_DAYS)
     """dead_letter and expired dispatches are purged after this many days"""
 
 
@@ -50,16 +92,16 @@ class LauncherSettings(_Section):
 
 class SchedulerSettings(_Section):
     timezone: str = "UTC"
-    tick_seconds: float = Field(30, gt=0)
-    lease_seconds: float = Field(90, gt=0)
+    tick_seconds: float = Field(30, gt=0, le=CENTURY_SECONDS)
+    lease_seconds: float = Field(90, gt=0, le=CENTURY_SECONDS)
     """scheduler leadership: a standby takes over once the leader's heartbeat (renewed every tick) is
     this old; runs of a daemon whose heartbeat is this old are reaped (specs/scheduler.md S14-S17)"""
-    max_concurrent: int = Field(4, ge=1)
-    invocation_deadline_seconds: float = Field(7200, gt=0)
-    reaper_interval_seconds: float = Field(300, gt=0)
-    checkpoint_interval_seconds: float = Field(3600, gt=0)
-    max_chain_depth: int = Field(10, ge=0)
-    deferred_record_every: int = Field(10, ge=1)
+    max_concurrent: int = Field(4, ge=1, le=1_000)
+    invocation_deadline_seconds: float = Field(7200, gt=0, le=CENTURY_SECONDS)
+    reaper_interval_seconds: float = Field(300, gt=0, le=CENTURY_SECONDS)
+    checkpoint_interval_seconds: float = Field(3600, gt=0, le=CENTURY_SECONDS)
+    max_chain_depth: int = Field(10, ge=0, le=1_000)
+    deferred_record_every: int = Field(10, ge=1, le=1_000_000)
     github_api_url: str = "https://api.github.com"
     github_token: str | None = None
     schedules: list[dict[str, Any]] = []
@@ -74,7 +116,21 @@ class SchedulerSettings(_Section):
         return self
 
 
-class Settings(_Section):
+class LimitsSettings(_Section):
+    """Bounds on the JSON a command may store; the book enforces them (lifecycle/inputs.py)."""
+
+    json_depth: int = Field(Limits.json_depth, ge=1, le=1000)
+    json_bytes: int = Field(Limits.json_bytes, ge=2, le=2**30)
+
+    def to_limits(self) -> Limits:
+        return Limits(json_depth=self.json_depth, json_bytes=self.json_bytes)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", allow_inf_nan=False,
+    )
+
     db: str | None = None
     """database URL; default sqlite:///./statebook.db"""
     app: str | None = None
@@ -83,6 +139,12 @@ class Settings(_Section):
     retention: RetentionSettings = RetentionSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
     launcher: LauncherSettings = LauncherSettings()
+    limits: LimitsSettings = LimitsSettings()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, *_: Any, **__: Any):  # type: ignore[override]
+        # ``Settings(...)`` is exactly its arguments; load_settings() names the file and the environment.
+        return (init_settings,)
 
     @field_validator("db")
     @classmethod
@@ -98,49 +160,140 @@ class Settings(_Section):
             raise ValueError(f"app must be module:attr (e.g. myapp.lifecycles:registry), not {value!r}")
         return value
 
+    @field_validator("db", "app")
+    @classmethod
+    def _top_text_is_storable(cls, value: Any, info: ValidationInfo) -> Any:
+        return _storable_field(value, info)
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in environ.items():
-        if not key.startswith("STATEBOOK_") or key in ("STATEBOOK_DB", "STATEBOOK_APP"):
+
+SECTIONS: dict[str, type[_Section]] = {
+    name: field.annotation for name, field in Settings.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, _Section)
+}
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = {k.lower(): v for k, v in environ.items()}
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return self._environ
+
+
+def _nearest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(choices))}"
+
+
+def _check_names(data: Mapping[str, Any], where: str) -> None:
+    """ConfigError naming the first unknown section or key of a file's tables."""
+    for key, value in data.items():
+        if key in SECTIONS:
+            if isinstance(value, Mapping):
+                known = list(SECTIONS[key].model_fields)
+                for field in value:
+                    if field not in known:
+                        raise ConfigError(f"unknown setting '{key}.{field}' in {where}; {_nearest(field, known)}")
+        elif key not in Settings.model_fields:
+            what = "setting section" if isinstance(value, Mapping) else "setting"
+            raise ConfigError(f"unknown {what} {key!r} in {where}; {_nearest(key, list(Settings.model_fields))}")
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """Every ``STATEBOOK_<SECTION>__<FIELD>`` name must address a setting.
+
+    Names without ``__`` other than the top-level keys are left alone: they belong to other uses
+    (``STATEBOOK_DEBUG``, the ``STATEBOOK_RUN_ID`` a run's process gets, the test suite's)."""
+    for name in environ:
+        if not name.upper().startswith(ENV_PREFIX) or "__" not in name:
             continue
-        path = key[len("STATEBOOK_"):].lower().split("__")
-        if len(path) != 2 or path[0] not in Settings.model_fields:
-            continue
-        out.setdefault(path[0], {})[path[1]] = value
-    if "STATEBOOK_DB" in environ:
-        out["db"] = environ["STATEBOOK_DB"]
-    if "STATEBOOK_APP" in environ:
-        out["app"] = environ["STATEBOOK_APP"]
-    return out
+        section, field, *_ = name[len(ENV_PREFIX):].lower().split("__")
+        if section in Settings.model_fields and section not in SECTIONS:
+            raise ConfigError(f"{name}: {section!r} is a setting, not a section; name it {ENV_PREFIX}{section.upper()}")
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown setting section {section!r} ({name}); {_nearest(section, list(SECTIONS))}")
+        known = list(SECTIONS[section].model_fields)
+        if field not in known:
+            raise ConfigError(f"unknown setting '{section}.{field}' ({name}); {_nearest(field, known)}")
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
+def _read_file(file: Path) -> TomlConfigSettingsSource:
+    if not file.is_file():
+        raise ConfigError(f"settings file {file} does not exist" if not file.exists() else f"settings file {file} is not a file")
+    try:
+        return TomlConfigSettingsSource(Settings, toml_file=file)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"settings file {file} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"settings file {file} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"settings file {file} cannot be read: {exc.strerror or exc}") from None
+
+
+def _deep_merge(low: dict[str, Any], high: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(low)
+    for key, value in high.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(dict(merged[key]), value)
         else:
             merged[key] = value
     return merged
 
 
-def load_settings(path: str | Path | None = None, *, environ: dict[str, str] | None = None, **explicit: Any) -> Settings:
-    """Settings from ``path`` (TOML), the environment and explicit values; ConfigError when invalid."""
-    data: dict[str, Any] = {}
+def _origin(loc: tuple[Any, ...], layers: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """Which source gave the value at ``loc`` (the highest that has it)."""
+    for label, data in layers:
+        node: Any = data
+        for part in loc:
+            if not isinstance(node, Mapping) or part not in node:
+                break
+            node = node[part]
+        else:
+            return f" ({label})"
+    return ""
+
+
+def load_settings(path: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+                  **explicit: Any) -> Settings:
+    """Settings from ``path`` (TOML), the environment and explicit values; ConfigError (one line) when invalid."""
+    environ = dict(os.environ if environ is None else environ)
+    layers: list[tuple[str, Mapping[str, Any]]] = []  # highest precedence first
+    explicit = {k: v for k, v in explicit.items() if v is not None}
+    layers.append(("given explicitly", InitSettingsSource(Settings, explicit)()))
+    _check_environment(environ)
+    try:
+        layers.append(("from the environment", _Environment(Settings, environ)()))
+    except Exception as exc:  # pydantic-settings' SettingsError: a list or table that is not JSON
+        raise ConfigError(f"invalid setting in the environment: {exc}") from None
     if path is not None:
         file = Path(path)
-        try:
-            data = tomllib.loads(file.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"settings file {file} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"settings file {file} is not valid TOML: {exc}") from None
-    data = _merge(data, _env_overrides(dict(os.environ if environ is None else environ)))
-    data = _merge(data, {k: v for k, v in explicit.items() if v is not None})
+        data = _read_file(file)()
+        _check_names(data, f"settings file {file}")
+        layers.append((f"in {file}", data))
+    merged: dict[str, Any] = {}
+    for _label, data in reversed(layers):
+        merged = _deep_merge(merged, data)
     try:
-        return Settings.model_validate(data)
+        return Settings(**merged)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+        raise ConfigError(_first_problem(exc, layers)) from None
+
+
+def _first_problem(exc: ValidationError, layers: list[tuple[str, Mapping[str, Any]]]) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    loc = tuple(first["loc"])
+    where = ".".join(str(p) for p in loc) or "settings"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if first["type"] == "extra_forbidden":
+        section = SECTIONS.get(str(loc[0])) if len(loc) == 2 else None
+        known = list(section.model_fields) if section else list(Settings.model_fields)
+        return f"unknown setting {where!r}{_origin(loc, layers)}; {_nearest(str(loc[-1]), known)}{more}"
+    message = first["msg"].removeprefix("Value error, ")
+    origin = _origin(loc, layers)
+    if first["type"] in ("list_type", "dict_type") and "environment" in origin:
+        message += " (the environment takes JSON here, e.g. '[\"a\", \"b\"]' or '{\"key\": \"value\"}')"
+    return f"invalid setting {where}{origin}: {message}{more}"

@@ -7,17 +7,45 @@ import functools
 import json
 import os
 import sys
+import traceback
 from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
 
 from statebook.lifecycle import Book, Registry, StatebookError
-from statebook.lifecycle.errors import UnknownEntityType
+from statebook.lifecycle.inputs import timestamp
+
+from .funnel import classify, mask
+
+try:  # typer >= 0.2x carries its own click
+    from typer import TyperException as _UsageError
+except ImportError:  # pragma: no cover - older typer on click
+    from click import ClickException as _UsageError
+
+class FunnelGroup(TyperGroup):
+    """The root command: every error a command raises becomes one line and an exit code (funnel.py)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, _UsageError):
+            raise  # our own exits, and typer's usage errors (exit 2)
+        except BaseException as exc:  # noqa: BLE001 - the one place every error is turned into a line
+            if isinstance(exc, SystemExit):
+                raise
+            code, line = classify(exc, hint=app_hint())
+            if debug_enabled():
+                traceback.print_exception(exc, file=sys.stderr)
+            raise fail(line, code) from None
+
 
 app = typer.Typer(
+    cls=FunnelGroup,
     name="statebook",
     help="Durable operational state: lifecycles, the dispatch outbox and the scheduler.",
     no_args_is_help=True,
@@ -39,6 +67,7 @@ APP_HELP = (
 class Context:
     db_url: str | None = None
     app: str | None = None
+    debug: bool = False
     _registry: Registry | None = None
 
 
@@ -49,10 +78,18 @@ ctx_state = Context()
 def _root(
     db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP),
     app_: str = typer.Option(None, "--app", "-a", envvar="STATEBOOK_APP", metavar="MODULE:ATTR", help=APP_HELP),
+    debug: bool = typer.Option(False, "--debug", envvar="STATEBOOK_DEBUG",
+                               help="On an error, print the traceback too (for a bug report)."),
 ) -> None:
     ctx_state.db_url = db
     ctx_state.app = app_
+    ctx_state.debug = debug
     ctx_state._registry = None
+
+
+def debug_enabled() -> bool:
+    """``--debug`` or ``STATEBOOK_DEBUG`` (read again here: an error may come before the option was seen)."""
+    return ctx_state.debug or os.environ.get("STATEBOOK_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def cli_registry(app_spec: str | None = None) -> Registry:
@@ -77,26 +114,15 @@ def app_hint() -> str:
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a one-line error and return the exit to raise."""
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    """Print a one-line error (secrets masked) and return the exit to raise."""
+    line = " ".join(mask(str(message)).split())
+    err_console.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine, turning statebook and database errors into a one-line message."""
-    import sqlalchemy.exc
-
-    try:
-        return asyncio.run(coro)
-    except UnknownEntityType as exc:
-        raise fail(str(exc) + app_hint()) from None
-    except StatebookError as exc:
-        raise fail(str(exc)) from None
-    except LookupError as exc:
-        raise fail(str(exc.args[0] if exc.args else exc)) from None
-    except (sqlalchemy.exc.DBAPIError, OSError) as exc:
-        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise fail(f"database error: {detail}") from None
+    """Run a coroutine; its errors reach the funnel (``FunnelGroup``) like any command's."""
+    return asyncio.run(coro)
 
 
 async def open_cli_book(*, must_exist: bool = True, create: bool = False) -> Book:
@@ -123,18 +149,22 @@ def with_book(
 
 
 def parse_time(text: str, option: str) -> float:
-    """POSIX seconds or an ISO-8601 time (UTC unless it names a zone); a bad value fails in one line."""
+    """POSIX seconds or an ISO-8601 time (UTC unless it names a zone), from 1970 to 9999 as the API
+    takes it (``inputs.timestamp``: no NaN, no infinity); anything else is InvalidArgument naming ``option``."""
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise fail(f"{option} {text!r} is neither POSIX seconds nor an ISO-8601 time (e.g. 2026-05-01T09:00:00Z)") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise fail(f"{option} {text!r} is neither POSIX seconds nor an ISO-8601 time (e.g. 2026-05-01T09:00:00Z)") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=timezone.utc)
+        try:
+            seconds = parsed.timestamp()
+        except (OverflowError, ValueError, OSError):
+            seconds = -1.0  # outside what a timestamp holds: refused below
+    return timestamp(option, seconds)
 
 
 def format_time(ts: float | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import typer
 
 from statebook.lifecycle import Actor, Book
+from statebook.lifecycle.inputs import INT32, integer
 from statebook.outbox import (
     ArgvTransport,
     DeliveryWorker,
@@ -39,6 +40,8 @@ dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, purge
 app.add_typer(dispatch_app, name="dispatch")
 
 MASK = "********"
+FAILED_COUNTERS = ("retried", "dead_letter", "expired")
+"""Counters of a delivery pass that mean a delivery failed (``deliver --once`` exits 1)."""
 
 
 def operator() -> Actor:
@@ -76,6 +79,7 @@ def ls_cmd(
     reveal: bool = typer.Option(False, "--reveal", help="Show ack tokens instead of masking them."),
 ) -> None:
     """List dispatches, newest first."""
+    integer("--limit", limit, low=1, high=INT32[1])
 
     async def go(book: Book) -> list[dict[str, Any]]:
         return await list_dispatches(book, status=status, limit=limit)
@@ -123,7 +127,7 @@ def ack_cmd(dispatch_id: str = typer.Argument(..., metavar="ID"), token: str = t
         return await ack_dispatch(book, dispatch_id, token, actor=operator())
 
     if not run(with_book(go)()):
-        raise fail(f"dispatch {dispatch_id} changed concurrently and was not acknowledged; try again", 1)
+        raise fail(f"dispatch {dispatch_id} changed concurrently and was not acknowledged; try again")
     typer.echo(f"acked {dispatch_id}")
 
 
@@ -138,7 +142,7 @@ def retry_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
 
     done, status = run(with_book(go)())
     if not done:
-        raise fail(f"dispatch {dispatch_id} is {status}; only dead_letter or expired dispatches can be retried", 1)
+        raise fail(f"dispatch {dispatch_id} is {status}; only dead_letter or expired dispatches can be retried")
     typer.echo(f"retried {dispatch_id}")
 
 
@@ -209,7 +213,7 @@ def deliver_cmd(
 
     from .app import cli_registry, ctx_state
 
-    settings = load_settings(config) if config is not None else load_settings()
+    settings = load_settings(config)
     registry = cli_registry(settings.app)
     cfg = settings.dispatch
     transport = ArgvTransport(cfg.notify_template, timeout=cfg.transport_timeout_seconds)
@@ -217,7 +221,8 @@ def deliver_cmd(
         typer.echo(f"warning: {transport.problem}; every claimed dispatch will fail", err=True)
 
     async def go() -> dict[str, int] | None:
-        book = await open_book(ctx_state.db_url or settings.db, registry=registry, must_exist=True, create=True)
+        book = await open_book(ctx_state.db_url or settings.db, registry=registry, must_exist=True, create=True,
+                               limits=settings.limits.to_limits())
         try:
             if once:
                 return await deliver_due_dispatches(
@@ -231,6 +236,9 @@ def deliver_cmd(
     counts = run(go())
     if counts is not None:
         typer.echo(json.dumps(counts, sort_keys=True))
+        failed = {k: counts.get(k, 0) for k in FAILED_COUNTERS if counts.get(k, 0)}
+        if failed:
+            raise fail("deliveries failed this pass: " + ", ".join(f"{k} {v}" for k, v in sorted(failed.items())), 1)
 
 
 async def _serve(book: Book, transport: ArgvTransport, settings: Any) -> None:

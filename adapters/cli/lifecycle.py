@@ -12,8 +12,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, as_of, history, replay, verify
-from statebook.lifecycle.replay import Report
+from statebook.adapters.errors import DamagedHistory
+from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, StatebookError, history, verify
+from statebook.lifecycle.replay import Report, check_entity, fold
+from statebook.lifecycle.schema import row_defaults
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
 
 from .app import app, app_hint, cli_registry, console, err_console, fail, parse_time, run, with_book
@@ -137,11 +139,35 @@ def lifecycle_graph(
 
 
 
+CHAIN_DAMAGE = ("malformed_fact", "broken_chain", "hash_mismatch", "status_discontinuity", "version_gap")
+"""verify's finding kinds that mean the facts themselves are damaged (what history and replay check)."""
+
+
 async def _facts(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
-    facts = await history(book, entity_type, entity_id)
+    try:
+        facts = await history(book, entity_type, entity_id)
+    except StatebookError:
+        raise
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:  # a stored value no fact was written with
+        raise DamagedHistory(f"the facts of {entity_type} {entity_id!r} cannot be read ({type(exc).__name__}); "
+                             f"the history is damaged: `statebook verify --type {entity_type}` names the damage") from None
     if not facts:
         raise EntityNotFound(f"{entity_type} {entity_id!r} has no history in this database")
     return facts
+
+
+def _damage(book: Book, entity_type: str, entity_id: str, facts: list[Fact]) -> str | None:
+    """The first chain finding of these facts (the checks verify runs), or None when they chain."""
+    found = [f for f in check_entity(book.policy(entity_type), entity_id, facts, None) if f.kind in CHAIN_DAMAGE]
+    if not found:
+        return None
+    return (f"the history of {entity_type} {entity_id!r} is damaged ({found[0].kind}: {found[0].detail}); "
+            f"`statebook verify --type {entity_type}` lists every finding")
+
+
+async def _history(book: Book, entity_type: str, entity_id: str) -> tuple[list[Fact], str | None]:
+    facts = await _facts(book, entity_type, entity_id)
+    return facts, _damage(book, entity_type, entity_id, facts)
 
 
 @app.command("history")
@@ -150,20 +176,24 @@ def history_cmd(
     entity_id: str = typer.Argument(..., metavar="ID"),
     as_json: bool = typer.Option(False, "--json", help="one JSON object per fact"),
 ) -> None:
-    """Every fact of one entity, oldest first."""
-    facts = run(with_book(_facts)(entity_type, entity_id))
+    """Every fact of one entity, oldest first; exit 1 (after printing them) when they do not chain."""
+    facts, damage = run(with_book(_history)(entity_type, entity_id))
     if as_json:
         for f in facts:
             typer.echo(_dump(f.to_json()))
     else:
         console.print(history_table(facts, f"{entity_type} {entity_id}"))
+    if damage:
+        raise fail(damage, 1)
 
 
 async def _replay(book: Book, entity_type: str, entity_id: str, when: float | None) -> dict[str, Any] | None:
-    await _facts(book, entity_type, entity_id)
-    if when is None:
-        return await replay(book, entity_type, entity_id)
-    return await as_of(book, entity_type, entity_id, when)
+    facts = await _facts(book, entity_type, entity_id)
+    damage = _damage(book, entity_type, entity_id, facts)
+    if damage:
+        raise DamagedHistory(damage)  # a state folded over a gap would be a wrong answer
+    defaults = row_defaults(book.policy(entity_type).table)
+    return fold((f for f in facts if when is None or f.at <= when), defaults)
 
 
 @app.command("replay")
@@ -172,7 +202,9 @@ def replay_cmd(
     entity_id: str = typer.Argument(..., metavar="ID"),
     as_of_: str = typer.Option(None, "--as-of", metavar="TIME", help="epoch seconds or ISO-8601 (UTC if no zone)"),
 ) -> None:
-    """Fold an entity's facts into its state (now, or as it was at --as-of) and print it as JSON."""
+    """Fold an entity's facts into its state (now, or as it was at --as-of) and print it as JSON.
+
+    Damaged history (facts that do not chain) is a finding: one line, exit 1, no state."""
     when = None if as_of_ is None else parse_time(as_of_, "--as-of")
     state = run(with_book(_replay)(entity_type, entity_id, when))
     if state is None:

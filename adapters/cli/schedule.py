@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from statebook.lifecycle import Book
+from statebook.lifecycle.inputs import INT32, duration, integer, number
 
 from .app import app, cli_registry, console, ctx_state, emit_json, fail, format_time, parse_time, run, with_book
 
@@ -19,6 +20,7 @@ app.add_typer(runs_app, name="runs")
 
 JSON_HELP = "Print JSON instead of a table."
 CONFIG_HELP = "Settings file (TOML); see examples/statebook.toml."
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _settings(config: str | None) -> Any:
@@ -44,6 +46,10 @@ def run_cmd(
     """Run the scheduler daemon: fire schedules, deliver their dispatches, until SIGINT/SIGTERM."""
     from statebook.adapters.daemon import run_daemon
 
+    if log_level.upper() not in LOG_LEVELS:
+        raise fail(f"--log-level {log_level!r} is not a level; use {', '.join(LOG_LEVELS)}")
+    if run_for is not None:
+        duration("--for", run_for)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
     settings = _settings(config)
@@ -105,6 +111,7 @@ def add(
         raise fail("give exactly one trigger: --cron EXPR, --every SECONDS or --at TIME")
     if (notify_kind is None) != (notify_to is None):
         raise fail("--notify-kind and --notify-to go together")
+    _check_counts(every=every, max_runs=max_runs, budget_usd=budget_usd, budget_tokens=budget_tokens)
     spec: dict[str, Any] = {
         "name": name, "trigger_type": triggers[0], "cron_expr": cron, "interval_sec": every, "timezone": tz,
         "at_time": parse_time(at, "--at") if at is not None else None, "action_kind": kind, "action_command": command,
@@ -131,6 +138,21 @@ def add(
     else:
         console.print(f"created schedule {row['name']} ({row['id']}); next fire {format_time(row['next_fire_at'])}",
                       highlight=False)
+
+
+def _check_counts(*, every: int | None, max_runs: int | None, budget_usd: float | None,
+                 budget_tokens: int | None) -> None:
+    """The numeric options against the rules of the columns they fill, before anything is opened."""
+    if every is not None:
+        integer("--every", every, low=1, high=INT32[1])
+    if max_runs is not None:
+        integer("--max-runs", max_runs, low=1, high=INT32[1])
+    if budget_tokens is not None:
+        integer("--budget-tokens", budget_tokens, low=1, high=INT32[1])
+    if budget_usd is not None:
+        number("--budget-usd", budget_usd, low=0.0)
+        if budget_usd <= 0:
+            raise fail(f"--budget-usd: {budget_usd:g} must be more than 0")
 
 
 @schedule_app.command("ls")
@@ -234,10 +256,14 @@ def fire(
     rows = run(with_book(go)())
     if as_json:
         emit_json(rows)
-        return
-    for r in rows:
-        console.print(f"run {r['id']} depth {r['chain_depth']}: {r['status']} ({r['status_reason_code']}, "
-                      f"exit {r['exit_code']})", highlight=False)
+    else:
+        for r in rows:
+            console.print(f"run {r['id']} depth {r['chain_depth']}: {r['status']} ({r['status_reason_code']}, "
+                          f"exit {r['exit_code']})", highlight=False)
+    unfinished = [r for r in rows if r["status"] != "completed"]
+    if unfinished:
+        raise fail(f"run {unfinished[0]['id']} ended {unfinished[0]['status']} "
+                   f"({unfinished[0]['status_reason_code']})", 1)
 
 
 @schedule_app.command("runs")
@@ -248,6 +274,8 @@ def schedule_runs_cmd(
 ) -> None:
     """List a schedule's runs, newest first."""
     from statebook.scheduler.store import get_schedule, list_runs
+
+    integer("--limit", limit, low=1, high=INT32[1])
 
     async def go(book: Book) -> list[dict[str, Any]]:
         return await list_runs(book, (await get_schedule(book, ref))["id"], limit=limit)

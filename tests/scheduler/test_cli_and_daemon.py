@@ -46,7 +46,7 @@ def test_cli_refusals_are_one_line_errors(tmp_path):
     """S2, S11: invalid input exits 2 with a message naming the problem."""
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     r = cli(db, "schedule", "add", "x", "--every", "0", "--command", "true")
-    assert r.exit_code == 2 and "interval_sec" in r.output
+    assert r.exit_code == 2 and "--every" in r.output
     r = cli(db, "schedule", "add", "x", "--every", "5", "--cron", "* * * * *", "--command", "true")
     assert r.exit_code == 2 and "exactly one trigger" in r.output
     cli(db, "schedule", "add", "y", "--every", "5", "--command", "true", "--cwd", str(tmp_path))

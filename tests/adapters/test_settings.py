@@ -1,0 +1,93 @@
+"""Settings through pydantic-settings: sources, precedence, refusals with the nearest name (specs/cli.md C1, C2)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from statebook.adapters.db import open_book
+from statebook.adapters.errors import ConfigError
+from statebook.adapters.settings import Settings, load_settings
+from statebook.lifecycle.inputs import Limits
+
+
+def test_precedence_is_explicit_then_environment_then_file_then_defaults(tmp_path):
+    """C1: explicit > environment > file > defaults, field by field inside a section."""
+    toml = tmp_path / "s.toml"
+    toml.write_text('db = "sqlite:///file.db"\n[scheduler]\ntick_seconds = 3\nmax_concurrent = 7\n')
+    env = {"STATEBOOK_DB": "sqlite:///env.db", "STATEBOOK_SCHEDULER__TICK_SECONDS": "5"}
+    s = load_settings(toml, environ=env)
+    assert (s.db, s.scheduler.tick_seconds, s.scheduler.max_concurrent, s.scheduler.lease_seconds) == \
+        ("sqlite:///env.db", 5.0, 7, 90.0)
+    assert load_settings(toml, environ=env, db="sqlite:///given.db").db == "sqlite:///given.db"
+    assert load_settings(toml, environ={}).db == "sqlite:///file.db"
+    assert load_settings(environ={}).db is None
+    assert Settings().scheduler.tick_seconds == 30  # a Settings built directly reads nothing
+
+
+def test_list_settings_take_json_through_the_environment():
+    """C1: a list setting is JSON in the environment; a value that is not JSON says so."""
+    env = {"STATEBOOK_DISPATCH__NOTIFY_TEMPLATE": '["/bin/echo", "{deliver_to}"]'}
+    assert load_settings(environ=env).dispatch.notify_template == ["/bin/echo", "{deliver_to}"]
+    with pytest.raises(ConfigError, match="takes JSON"):
+        load_settings(environ={"STATEBOOK_DISPATCH__NOTIFY_TEMPLATE": "/bin/echo {deliver_to}"})
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"STATEBOOK_SCHEDULERX__TICK_SECONDS": "5"}, "unknown setting section 'schedulerx' "
+                                                  "(STATEBOOK_SCHEDULERX__TICK_SECONDS); did you mean 'scheduler'?"),
+    ({"STATEBOOK_SCHEDULER__TICK_SECOND": "5"}, "unknown setting 'scheduler.tick_second'"),
+    ({"STATEBOOK_DB__URL": "x"}, "'db' is a setting, not a section"),
+    ({"STATEBOOK_SCHEDULER__TICK_SECONDS": "abc"}, "scheduler.tick_seconds (from the environment)"),
+    ({"STATEBOOK_SCHEDULER__TICK_SECONDS": "nan"}, "finite"),
+])
+def test_the_environment_is_checked_name_by_name(env, fragment):
+    """C2: a typo in a section or field name is refused with the nearest valid name, not ignored."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ=env)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_other_statebook_variables_are_left_alone():
+    """C2: names without `__` that are not settings belong to other uses (STATEBOOK_DEBUG, a run's STATEBOOK_RUN_ID)."""
+    assert load_settings(environ={"STATEBOOK_DEBUG": "1", "STATEBOOK_RUN_ID": "r1"}).db is None
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("[schedulerx]\ntick_seconds = 5\n", "unknown setting section 'schedulerx' in settings file"),
+    ("[scheduler]\ntick_secs = 5\n", "did you mean 'tick_seconds'?"),
+    ("dbb = 'x'\n", "unknown setting 'dbb'"),
+    ("[scheduler]\ntick_seconds = 0\n", "scheduler.tick_seconds"),
+    ("[limits]\njson_depth = 0\n", "limits.json_depth"),
+    ("[dispatch]\nnotify_template = [\"a\\u0000\"]\n", "NUL"),
+    ("[scheduler\n", "is not valid TOML"),
+])
+def test_the_file_is_checked(tmp_path, body, fragment):
+    """C2: unknown keys and sections, bad values and invalid TOML are one-line ConfigErrors."""
+    toml = tmp_path / "s.toml"
+    toml.write_text(body)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(toml, environ={})
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "missing.toml", environ={})
+
+
+def test_limits_reach_the_book(tmp_path):
+    """C9: `[limits]` gives json_depth/json_bytes (defaults 32 and 1 MiB); open_book(limits=) puts them on the Book."""
+    assert load_settings(environ={}).limits.to_limits() == Limits()
+    assert load_settings(environ={}).dispatch.max_payload_bytes is None
+    toml = tmp_path / "s.toml"
+    toml.write_text("[limits]\njson_depth = 4\njson_bytes = 4096\n[dispatch]\nmax_payload_bytes = 2048\n")
+    s = load_settings(toml, environ={})
+    assert s.dispatch.max_payload_bytes == 2048
+
+    async def go() -> Limits:
+        book = await open_book(f"sqlite:///{tmp_path / 'l.db'}", limits=s.limits.to_limits())
+        try:
+            return book.limits
+        finally:
+            await book.engine.dispose()
+
+    assert asyncio.run(go()) == Limits(json_depth=4, json_bytes=4096)
