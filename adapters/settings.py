@@ -10,14 +10,17 @@ the file or in a ``STATEBOOK_<SECTION>__...`` name, is refused with the nearest 
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import InitSettingsSource, TomlConfigSettingsSource
 
 from statebook.lifecycle.errors import InvalidArgument
@@ -172,15 +175,52 @@ SECTIONS: dict[str, type[_Section]] = {
 }
 
 
-class _Environment(EnvSettingsSource):
-    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
+class EnvironmentSource(PydanticBaseSettingsSource):
+    """``STATEBOOK_*`` variables of a given mapping (``os.environ`` by default) as settings data.
+
+    A custom source through pydantic-settings' public source interface: ``STATEBOOK_DB`` and
+    ``STATEBOOK_APP`` set the top-level keys, ``STATEBOOK_<SECTION>__<FIELD>`` a section's field (the
+    names are checked first, :func:`_check_environment`); a list or table field takes JSON."""
 
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = {k.lower(): v for k, v in environ.items()}
         super().__init__(settings_cls)
+        self.environ = environ
 
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return self._environ
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        name = f"{ENV_PREFIX}{field_name.upper()}"
+        return self.environ.get(name), name, self.field_is_complex(field)
+
+    def __call__(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for name, value in self.environ.items():
+            if not name.upper().startswith(ENV_PREFIX):
+                continue
+            rest = name[len(ENV_PREFIX):].lower()
+            if "__" in rest:
+                section, key = rest.split("__", 1)
+                field = SECTIONS[section].model_fields[key]
+                data.setdefault(section, {})[key] = self._decoded(field, value, name)
+            elif rest in Settings.model_fields and rest not in SECTIONS:
+                data[rest] = value
+        return data
+
+    def _decoded(self, field: Any, value: str, name: str) -> Any:
+        if not _structured(field.annotation):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise ConfigError(f"invalid setting in the environment: {name} takes JSON, e.g. "
+                              "'[\"a\", \"b\"]' or '{\"key\": \"value\"}'") from None
+
+
+def _structured(annotation: Any) -> bool:
+    """A list, table or model annotation (optional or not): its environment value is JSON."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_structured(a) for a in args)
+    origin = typing.get_origin(annotation) or annotation
+    return origin in (list, dict, tuple, set) or (isinstance(origin, type) and issubclass(origin, BaseModel))
 
 
 def _nearest(name: str, choices: list[str]) -> str:
@@ -264,10 +304,7 @@ def load_settings(path: str | Path | None = None, *, environ: Mapping[str, str] 
     explicit = {k: v for k, v in explicit.items() if v is not None}
     layers.append(("given explicitly", InitSettingsSource(Settings, explicit)()))
     _check_environment(environ)
-    try:
-        layers.append(("from the environment", _Environment(Settings, environ)()))
-    except Exception as exc:  # pydantic-settings' SettingsError: a list or table that is not JSON
-        raise ConfigError(f"invalid setting in the environment: {exc}") from None
+    layers.append(("from the environment", EnvironmentSource(Settings, environ)()))
     if path is not None:
         file = Path(path)
         data = _read_file(file)()
