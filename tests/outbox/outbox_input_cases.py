@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from statebook.lifecycle import Actor, Book, Reason, StatebookError, TransitionRejected, create, verify
 from statebook.lifecycle.errors import InvalidArgument
@@ -150,6 +152,38 @@ SHAPES: list[tuple[str, str, Callable[[Book, dict[str, str]], Any]]] = [
     ("batch-not-a-list", "items", lambda b, s: enqueue_dispatches(b, None)),
     ("batch-int-key", "items[0]", lambda b, s: enqueue_dispatches(b, [{"kind": "k", "deliver_to": "r", 1: 2}])),
 ]
+
+
+# Fuzzing: text and numbers the boundary must sort out (surrogates, NUL, dashes, huge, blank, nan, 2**63).
+ODD_TEXT = st.one_of(st.text(max_size=12), st.sampled_from(
+    ["", "   ", "\ud800", "a\x00b", "-opt", "--version", "x" * 300, "é\udfff", "0" * 32]))
+NUMBER = st.one_of(st.integers(), st.floats(), st.sampled_from(
+    [0, 1, 10_000, 10_001, 2**31, 2**63, -(2**63) - 1, 1e400, 253402300800.0, True]))
+BODY = st.one_of(
+    st.none(), st.just(DEEP), st.just(["a", "list"]), st.just({"big": "x" * 2_000_000}),
+    st.recursive(st.one_of(st.none(), st.booleans(), NUMBER, ODD_TEXT),
+                 lambda kids: st.lists(kids, max_size=3) | st.dictionaries(ODD_TEXT | st.integers(), kids, max_size=3),
+                 max_leaves=8),
+)
+ENQUEUE_FIELDS = {
+    "kind": ODD_TEXT, "deliver_to": ODD_TEXT, "body": BODY, "dedup_key": st.none() | ODD_TEXT,
+    "ack_required": st.sampled_from([True, False, 1, "yes"]), "max_attempts": NUMBER,
+    "expires_at": st.none() | NUMBER, "session_id": st.none() | ODD_TEXT,
+}
+FUZZ = settings(max_examples=150, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
+"""Derandomized, so both backends run the same inputs; one test per backend (hence the executors)."""
+
+
+async def outcome(book: Book, call: Callable[[], Any]) -> tuple[str, Any]:
+    """("ok", result) or ("refused", error); the refusal must be an InvalidArgument (decided before
+    any statement, so by the input alone: both backends decide alike) and must write nothing."""
+    before = await counts(book)
+    try:
+        return "ok", await call()
+    except StatebookError as exc:
+        assert await counts(book) == before, f"{type(exc).__name__} after a write: {exc}"
+        return "refused", exc
 
 
 class OutboxInputCases:
@@ -309,6 +343,49 @@ class OutboxInputCases:
                 await retry_dispatch(book, did, actor=Actor("operator", "dana"))
             assert caught.value.rule == "status" and await counts(book) == before
 
+
+    @FUZZ
+    @given(data=st.data())
+    async def test_fuzzed_enqueues_succeed_or_are_refused_before_any_write(self, book, data):
+        """O22 fuzz: enqueue_dispatch and enqueue_dispatches with odd text, numbers and bodies either
+        succeed (one row and one fact per new dispatch) or raise an InvalidArgument and write nothing;
+        nothing else escapes, and the history verifies."""
+        args = {"kind": "k", "deliver_to": "r"}
+        for field, strategy in ENQUEUE_FIELDS.items():
+            if data.draw(st.booleans(), label=f"set {field}"):
+                args[field] = data.draw(strategy, label=field)
+        batch = data.draw(st.booleans(), label="as a batch")
+        before = await counts(book)
+        call = (lambda: enqueue_dispatches(book, [args])) if batch else (lambda: enqueue_dispatch(book, **args))
+        kind, result = await outcome(book, call)
+        if kind == "ok":
+            assert await counts(book) in (before, (before[0] + 1, before[1] + 1))
+        else:
+            assert isinstance(result, InvalidArgument), f"{type(result).__name__}: {result}"
+            named = result.argument.removeprefix("items[0].")
+            assert named in ENQUEUE_FIELDS or named == "body", result.argument
+        assert (await verify(book, "dispatch")).ok
+
+    @FUZZ
+    @given(data=st.data())
+    async def test_fuzzed_operator_calls_succeed_or_are_refused_with_a_statebook_error(self, book, clock, data):
+        """O22 fuzz: get, list, ack, retry and purge with odd ids, tokens, statuses, times and limits
+        return or raise a StatebookError; a refusal writes nothing."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="r", ack_required=True)
+        text, number = ODD_TEXT | st.just(did), NUMBER | ODD_TEXT
+        calls = {
+            "get": lambda: get_dispatch(book, data.draw(text)),
+            "list": lambda: list_dispatches(book, status=data.draw(st.none() | ODD_TEXT), limit=data.draw(number)),
+            "ack": lambda: ack_dispatch(book, data.draw(text), data.draw(ODD_TEXT | st.integers())),
+            "retry": lambda: retry_dispatch(book, data.draw(text)),
+            "purge": lambda: purge_dispatch(book, data.draw(text), force=data.draw(st.sampled_from([False, "x"]))),
+            "bulk": lambda: purge_dispatches(book, before=data.draw(number), dry_run=True,
+                                             statuses=data.draw(st.none() | st.lists(ODD_TEXT, max_size=2))),
+            "retention": lambda: apply_retention(book, now=data.draw(number), delivered_days=data.draw(number)),
+        }
+        name = data.draw(st.sampled_from(sorted(calls)), label="call")
+        await outcome(book, calls[name])
+        assert (await verify(book, "dispatch")).ok
 
 class _Rollback(Exception):
     pass
