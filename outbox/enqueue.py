@@ -270,7 +270,10 @@ async def enqueue_dispatch(
 
     With ``dedup_key`` the first committed row wins: a later call (even a racing one on another
     connection) returns that row's id and writes nothing. Invalid arguments raise
-    :class:`DispatchInvalid` (a ``ValueError``) and write nothing.
+    :class:`DispatchInvalid` (a ``ValueError``) naming the argument and write nothing: among them
+    ``max_attempts`` outside 1 to 10,000, a body deeper or larger than ``book.limits`` allow or
+    whose payload the book's delivery cannot carry, and a route starting with ``-`` unless
+    ``book.limits`` come from a template with ``--`` before it (specs/outbox.md O22).
 
     >>> did = await enqueue_dispatch(book, kind="terminal_notify", deliver_to="seat-1")  # doctest: +SKIP
     """
