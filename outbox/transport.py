@@ -1,7 +1,8 @@
 """Transports: how one claimed dispatch is sent. A small protocol with two implementations.
 
 A transport never raises for a delivery problem: it returns a failed :class:`TransportResult`,
-which the delivery step records as that row's failure.
+which the delivery step records as that row's failure. An argument no command line can carry is
+refused with :class:`DispatchInvalid` instead (O22); delivery records that as a failure too.
 """
 
 from __future__ import annotations

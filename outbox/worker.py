@@ -21,11 +21,11 @@ from typing import Any
 
 from statebook.lifecycle import Actor, Book
 
+from . import checks
 from .admin import apply_retention
 from .attempts import Candidate, read_candidates
 from .attempts import DELIVERY_ACTOR, next_due
 from .delivery import COUNTERS, deliver_due_dispatches, deliver_offered
-from . import checks
 from .errors import DispatchInvalid
 from .offers import offered_id, subscribe, unsubscribe
 from .transport import Transport
