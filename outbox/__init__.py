@@ -3,12 +3,15 @@
 Producers :func:`enqueue_dispatch`; a :class:`DeliveryWorker` (or :func:`deliver_due_dispatches`
 on a tick) claims due rows, runs a :class:`Transport` outside any transaction and records each
 outcome as one transition; consumers :func:`ack_dispatch`; operators inspect, retry and purge.
+Bad arguments are refused before any query (:class:`DispatchInvalid`, an ``InvalidArgument``);
+:func:`dispatch_limits` gives a book the bounds its delivery template can carry (O22).
 The pipeline's separate steps (scan, claim, execute, finalize, release) live in :mod:`.delivery`
 and :mod:`.attempts`; constants beside the code they govern.
 """
 
 from .ack import ack_dispatch
 from .admin import apply_retention, get_dispatch, list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch
+from .bounds import DispatchLimits, dispatch_limits
 from .delivery import deliver_due_dispatches
 from .enqueue import enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat
 from .errors import AckRejected, DispatchInvalid
@@ -20,7 +23,8 @@ from .worker import DeliveryWorker, Retention
 
 __all__ = [
     "DISPATCH", "AckRejected", "ArgvTransport", "CallableTransport", "DeliveryWorker", "DispatchInvalid",
-    "DispatchSignal", "Retention", "Signal", "Transport", "TransportResult", "ack_dispatch", "apply_retention",
-    "deliver_due_dispatches", "dispatch_outbox", "enqueue_dispatch", "enqueue_dispatches", "enqueue_revival_heartbeat",
-    "get_dispatch", "list_dispatches", "purge_dispatch", "purge_dispatches", "retry_dispatch",
+    "DispatchLimits", "DispatchSignal", "Retention", "Signal", "Transport", "TransportResult", "ack_dispatch",
+    "apply_retention", "deliver_due_dispatches", "dispatch_limits", "dispatch_outbox", "enqueue_dispatch",
+    "enqueue_dispatches", "enqueue_revival_heartbeat", "get_dispatch", "list_dispatches", "purge_dispatch",
+    "purge_dispatches", "retry_dispatch",
 ]

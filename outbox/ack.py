@@ -8,6 +8,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionRejected, transition
 
+from . import checks
 from .errors import AckRejected
 from .schema import dispatch_outbox
 
@@ -40,6 +41,10 @@ async def ack_dispatch(book: Book, dispatch_id: str, ack_token: str, *, actor: A
     correct ack of an acked row returns True and writes nothing. A row that already left the
     acknowledgement tier (dead_letter, expired) cannot be acked: :class:`TransitionRejected`.
     """
+    checks.book_arg(book)
+    checks.dispatch_id(dispatch_id)
+    checks.text_arg("ack_token", ack_token)  # its form only: the message never shows the token
+    checks.actor(actor)
     row = await _read(book, dispatch_id)
     if row is None:
         raise EntityNotFound(f"dispatch {dispatch_id!r} does not exist")

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, TransitionRejected, purge, transition
 from statebook.lifecycle.engine import purge_many
 
+from . import checks
 from .enqueue import notify
 from .errors import DispatchInvalid
 from .schema import dispatch_outbox
@@ -33,9 +34,13 @@ def _decode(row: Any) -> dict[str, Any]:
 
 def _check_status(book: Book, status: str | None) -> None:
     """A status the book's dispatch lifecycle declares (an application may add its own, specs/extending.md)."""
+    if status is None:
+        return
+    checks.text_arg("status", status)
     declared = book.policy("dispatch").statuses
-    if status is not None and status not in declared:
-        raise DispatchInvalid(f"unknown dispatch status {status!r}; statuses are {', '.join(declared)}")
+    if status not in declared:
+        raise DispatchInvalid(f"status: unknown dispatch status {status[:80]!r}; statuses are {', '.join(declared)}",
+                              argument="status", rule="status")
 
 
 def _terminal(book: Book) -> tuple[str, ...]:
@@ -46,6 +51,8 @@ def _terminal(book: Book) -> tuple[str, ...]:
 
 async def get_dispatch(book: Book, dispatch_id: str) -> dict[str, Any] | None:
     """The row as a dict (payload decoded), or None."""
+    checks.book_arg(book)
+    checks.dispatch_id(dispatch_id)
     t = dispatch_outbox
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t).where(t.c.id == dispatch_id))).first()
@@ -54,9 +61,9 @@ async def get_dispatch(book: Book, dispatch_id: str) -> dict[str, Any] | None:
 
 async def list_dispatches(book: Book, *, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     """Newest first (created_at, then id), optionally one status, at most ``limit`` rows."""
+    checks.book_arg(book)
     _check_status(book, status)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise DispatchInvalid(f"limit must be a positive integer, got {limit!r}")
+    checks.count("limit", limit, checks.MAX_LIST)
     t = dispatch_outbox
     query = sa.select(t).order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
     if status is not None:
@@ -68,17 +75,24 @@ async def list_dispatches(book: Book, *, status: str | None = None, limit: int =
 
 async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR) -> bool:
     """Send a dead_letter or expired dispatch again: ONE operator transition to pending with
-    attempt=0, next_attempt_at=now, last_error=None. False for another status or a lost race.
+    attempt=0, next_attempt_at=now, last_error=None. False when a concurrent change won the race.
 
-    Raises ``LookupError`` when the row does not exist.
+    Raises ``LookupError`` (:class:`EntityNotFound`) when the row does not exist and
+    :class:`TransitionRejected` (rule ``status``) when it is in another status; neither writes.
     """
+    checks.book_arg(book)
+    checks.dispatch_id(dispatch_id)
+    checks.actor(actor)
     t = dispatch_outbox
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t.c.status, t.c.attempt).where(t.c.id == dispatch_id))).first()
     if row is None:
         raise EntityNotFound(f"dispatch {dispatch_id!r} does not exist")
     if row.status not in RETRYABLE:
-        return False
+        raise TransitionRejected(
+            f"dispatch {dispatch_id} is {row.status!r}; only dead_letter or expired dispatches can be retried",
+            rule="status",
+        )
     async with book.begin() as tx:
         outcome = await transition(
             tx, "dispatch", dispatch_id, "pending", expected=row.status, guards={"attempt": row.attempt},
@@ -97,6 +111,10 @@ async def purge_dispatch(
 
     Non-terminal rows are refused (:class:`TransitionRejected`) unless ``force=True``.
     """
+    checks.book_arg(book)
+    checks.dispatch_id(dispatch_id)
+    checks.actor(actor)
+    checks.flag("force", force)
     try:
         outcome = await purge(
             book, "dispatch", dispatch_id, reason=Reason("dispatch.purged.operator", "purged by an operator"),
@@ -162,10 +180,17 @@ async def purge_dispatches(
     tombstone fact. Non-terminal statuses are refused unless ``force=True``: a pending or
     delivering row is live work.
     """
+    checks.book_arg(book)
+    checks.when("before", before)
+    checks.flag("dry_run", dry_run)
+    checks.flag("force", force)
+    checks.actor(actor)
+    checks.callback("progress", progress)
     terminal = _terminal(book)
-    chosen = tuple(terminal if statuses is None else statuses)
+    chosen = tuple(terminal if statuses is None else checks.texts("statuses", statuses))
     if not chosen:
-        raise DispatchInvalid("statuses must name at least one status (or be None for the terminal ones)")
+        raise DispatchInvalid("statuses: must name at least one status (or be None for the terminal ones)",
+                              argument="statuses", rule="empty")
     for status in chosen:
         _check_status(book, status)
     live = sorted(set(chosen) - set(terminal))
@@ -195,8 +220,12 @@ async def apply_retention(
     """Purge delivered/acked rows settled more than ``delivered_days`` ago and the other terminal rows
     (dead_letter, expired, and any terminal status an application adds) settled more than
     ``failed_days`` ago. Returns the number purged per terminal status."""
-    if not (0 < delivered_days < float("inf") and 0 < failed_days < float("inf")):
-        raise DispatchInvalid(f"retention periods must be positive and finite, got {delivered_days} and {failed_days}")
+    checks.book_arg(book)
+    checks.when("now", now)
+    checks.days("delivered_days", delivered_days)
+    checks.days("failed_days", failed_days)
+    checks.actor(actor)
+    checks.callback("progress", progress)
     terminal = _terminal(book)
     counts = dict.fromkeys(terminal, 0)
     succeeded = tuple(s for s in SUCCEEDED if s in terminal)

@@ -37,8 +37,8 @@ from .attempts import (
     scan_heads,
     settle_command,
 )
-from .errors import DispatchInvalid
-from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, send_timeout
+from . import checks
+from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
 
 from .steps import _applied, execute
 
@@ -209,8 +209,7 @@ async def run_leases(
     the attempt not used up — in the same transaction as the outcomes that finish with it. With
     ``refill``, slots that fall idle are filled by claiming more leases, ``budget`` rows at most.
     """
-    if book.conn is not None:
-        raise DispatchInvalid("transports must not run inside a database transaction; pass an unbound book")
+    checks.book_arg(book, unbound="run_leases")
     clock = now or book.clock.now
     counts = dict.fromkeys(COUNTERS, 0)
     gate = asyncio.Semaphore(concurrency)
@@ -310,12 +309,17 @@ async def deliver_due_dispatches(
 
     >>> counts = await deliver_due_dispatches(book, transport=CallableTransport(send))  # doctest: +SKIP
     """
-    if batch_size < 1 or concurrency < 1:
-        raise DispatchInvalid(f"batch_size and concurrency must be >= 1, got {batch_size} and {concurrency}")
-    if book.conn is not None:
-        raise DispatchInvalid("deliver_due_dispatches runs transports; pass an unbound book, not a transaction")
+    checks.book_arg(book, unbound="deliver_due_dispatches")
+    if now is not None:
+        checks.when("now", now)
+    checks.count("batch_size", batch_size, checks.MAX_BATCH)
+    checks.count("concurrency", concurrency, checks.MAX_CONCURRENCY)
+    checks.actor(actor)
     if transport is None:
+        check_elements("notify_template", notify_template)
         transport = ArgvTransport(notify_template)
+    else:
+        checks.transport_arg(transport)
     clock: Callable[[], float] = (lambda: now) if now is not None else book.clock.now
     refill = _due_claimer(book, clock, send_timeout(transport), actor)
     return await run_leases(book, [], transport, concurrency=concurrency, now=clock, actor=actor, refill=refill,
@@ -341,8 +345,7 @@ async def deliver_offered(
     At most ``concurrency`` offers are claimed up front; the pass claims the rest through the scan
     as its slots free (O21).
     """
-    if book.conn is not None:
-        raise DispatchInvalid("deliver_offered runs transports; pass an unbound book, not a transaction")
+    checks.book_arg(book, unbound="deliver_offered")
     clock = book.clock.now
     timeout = send_timeout(transport)
     leases, counts = await claim_offered(book, offered[:concurrency], now=clock(), actor=actor, timeout=timeout)

@@ -7,7 +7,6 @@ book.begin() as tx``) to enqueue atomically with your own writes.
 from __future__ import annotations
 
 import json
-import math
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -16,7 +15,10 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_many
 from statebook.lifecycle.codec import dumps, new_id
+from statebook.lifecycle.inputs import KEY_CHARS, Limits
 
+from . import checks
+from .bounds import payload_bound
 from .errors import DispatchInvalid
 from .offers import offer_created
 from .policy import NOTIFY_CHANNEL
@@ -30,54 +32,62 @@ ENQUEUE_ACTOR = Actor("system", "enqueue_dispatch")
 _DEDUP_RETRIES = 3
 _CHUNK = 500
 
-_STRICT = json.JSONEncoder(allow_nan=False)  # one encoder, not one per call
-
 _ENQUEUE_ARGS = frozenset(
     {"kind", "deliver_to", "body", "dedup_key", "ack_required", "max_attempts", "expires_at", "session_id",
      "schedule_run_id"}
 )
 
 
-def _text(name: str, value: Any, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or not value.strip():
-        raise DispatchInvalid(f"{name} must be a non-empty string, got {value!r}")
-    if "\x00" in value:
-        raise DispatchInvalid(f"{name} must not contain a NUL character (\\x00); got {value!r}")
-
-
 def _validate(
-    *, kind: Any, deliver_to: Any, body: Any, dedup_key: Any, ack_required: Any, max_attempts: Any,
+    limits: Limits, *, kind: Any, deliver_to: Any, body: Any, dedup_key: Any, ack_required: Any, max_attempts: Any,
     expires_at: Any, session_id: Any, schedule_run_id: Any,
 ) -> dict[str, Any]:
-    """Check every argument that does not need the database; returns the body to store."""
-    _text("kind", kind)
-    _text("deliver_to", deliver_to)
-    _text("dedup_key", dedup_key, optional=True)
-    _text("session_id", session_id, optional=True)
-    _text("schedule_run_id", schedule_run_id, optional=True)
-    if not isinstance(ack_required, bool):
-        raise DispatchInvalid(f"ack_required must be True or False, got {ack_required!r}")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise DispatchInvalid(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-    if expires_at is not None and (
-        isinstance(expires_at, bool) or not isinstance(expires_at, int | float) or not math.isfinite(expires_at)
-    ):
-        raise DispatchInvalid(f"expires_at must be a finite POSIX timestamp or None, got {expires_at!r}")
+    """Check every argument that does not need the database (O4, O22); returns the body to store."""
+    checks.name("kind", kind)
+    checks.route("deliver_to", deliver_to, limits)
+    checks.optional_name("dedup_key", dedup_key)
+    checks.optional_name("session_id", session_id)
+    checks.optional_name("schedule_run_id", schedule_run_id)
+    checks.flag("ack_required", ack_required)
+    checks.count("max_attempts", max_attempts, checks.MAX_ATTEMPTS)
+    if expires_at is not None:
+        checks.when("expires_at", expires_at)
     if body is None:
-        return {}
-    if not isinstance(body, Mapping):
-        raise DispatchInvalid(f"body must be a JSON object (a dict) or None, got {type(body).__name__}")
-    try:
-        # Round-trip: refuses values JSON cannot carry (sets, NaN, objects) and non-string keys.
-        text = _STRICT.encode(dict(body))
-        decoded = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise DispatchInvalid(f"body must be JSON-serialisable: {exc}") from None
-    if decoded != dict(body):
-        raise DispatchInvalid("body must be a JSON object with string keys and JSON values (it changed on a JSON round-trip)")
-    return decoded
+        stored, size = {}, 2
+    else:
+        checks.json_object("body", body, limits)
+        text = dumps(body)
+        # A copy: the row (and an offer serialised later) must not see the caller change its dict.
+        stored, size = json.loads(text), len(text.encode())
+    _check_payload(limits, kind, deliver_to, ack_required, size)
+    return stored
+
+
+_ENVELOPE_BYTES = len(dumps(dispatch_envelope(
+    created_at=0.0, dispatch_id=new_id(), kind="", deliver_to="", ack_token=None, body={})).encode())
+"""The envelope with empty kind, route and body, no token and ``created_at`` 0.0, as canonical JSON."""
+_CREATED_AT_SLACK = 24 - len("0.0")
+"""A float's ``repr`` is at most 24 characters (``-1.2345678901234567e-100``); sizes count ``created_at`` so."""
+
+
+def _check_payload(limits: Limits, kind: str, deliver_to: str, ack_required: bool, body_bytes: int) -> None:
+    """Refuse a body whose envelope would exceed what the book's delivery carries (O22).
+
+    The envelope's size is known before the row is built: canonical JSON of a fixed shape, counted
+    with ``created_at`` at its longest, so the check needs neither the clock nor a second encode.
+    """
+    bound, why = payload_bound(limits)
+    rough = _ENVELOPE_BYTES + _CREATED_AT_SLACK + 34 + body_bytes + 6 * (len(kind) + len(deliver_to))
+    if rough <= bound:  # every character encodes to at most 6 bytes (an escape): certainly fits
+        return
+    size = (_ENVELOPE_BYTES + _CREATED_AT_SLACK + body_bytes - 2 + len(dumps(kind).encode()) - 2
+            + len(dumps(deliver_to).encode()) - 2 + (30 if ack_required else 0))  # a token's 34 bytes for null's 4
+    if size > bound:
+        raise DispatchInvalid(
+            f"body: the dispatch's payload would be {size} bytes as JSON, more than the {bound} this book delivers "
+            f"({why}); send a smaller body (e.g. a reference to the data)",
+            argument="body", rule="payload",
+        )
 
 
 async def _existing_ids(tx: Book, keys: Iterable[str]) -> dict[str, str]:
@@ -106,7 +116,8 @@ def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
     """Column values of a new pending dispatch; the envelope is serialised here, once."""
     expires_at = args["expires_at"]
     if expires_at is not None and expires_at <= now:
-        raise DispatchInvalid(f"expires_at {expires_at} is not in the future (now is {now}); pass a later time or None")
+        raise DispatchInvalid(f"expires_at: {expires_at} is not in the future (now is {now}); pass a later time or None",
+                              argument="expires_at", rule="future")
     dispatch_id = new_id()
     token = secrets.token_hex(16) if args["ack_required"] else None
     payload = dispatch_envelope(
@@ -165,7 +176,8 @@ async def _enqueue_one(tx: Book, args: dict[str, Any], *, offer: bool = False) -
         # waited for that commit), and a fresh statement now sees its id. Without one: an id
         # collision; draw another.
     raise DispatchInvalid(
-        f"could not enqueue: dedup_key {dedup_key!r} conflicted but no row holds it (purged concurrently?); retry"
+        f"dedup_key: could not enqueue: {dedup_key!r} conflicted but no row holds it (purged concurrently?); retry",
+        argument="dedup_key", rule="conflict",
     )
 
 
@@ -183,7 +195,7 @@ async def _enqueue_many(tx: Book, prepared: list[dict[str, Any]]) -> tuple[list[
         try:
             values = _new_row(args, now)
         except DispatchInvalid as exc:
-            raise DispatchInvalid(f"item {index}: {exc}") from None
+            raise checks.in_item(exc, index) from None
         if key is not None:
             first_with_key[key] = index
         fresh.append((index, NewEntity(values, "pending", _reason(args["kind"]), ENQUEUE_ACTOR)))
@@ -229,7 +241,7 @@ async def _enqueue_fresh(book: Book, prepared: list[dict[str, Any]]) -> list[str
         try:
             entities.append(NewEntity(_new_row(args, now), "pending", _reason(args["kind"]), ENQUEUE_ACTOR))
         except DispatchInvalid as exc:
-            raise DispatchInvalid(f"item {index}: {exc}") from None
+            raise checks.in_item(exc, index) from None
     outcomes = await create_many(book, "dispatch", entities, if_absent=True)
     ids = []
     for args, entity, outcome in zip(prepared, entities, outcomes, strict=True):
@@ -258,7 +270,10 @@ async def enqueue_dispatch(
 
     With ``dedup_key`` the first committed row wins: a later call (even a racing one on another
     connection) returns that row's id and writes nothing. Invalid arguments raise
-    :class:`DispatchInvalid` (a ``ValueError``) and write nothing.
+    :class:`DispatchInvalid` (a ``ValueError``) naming the argument and write nothing: among them
+    ``max_attempts`` outside 1 to 10,000, a body deeper or larger than ``book.limits`` allow or
+    whose payload the book's delivery cannot carry, and a route starting with ``-`` unless
+    ``book.limits`` come from a template with ``--`` before it (specs/outbox.md O22).
 
     >>> did = await enqueue_dispatch(book, kind="terminal_notify", deliver_to="seat-1")  # doctest: +SKIP
     """
@@ -267,7 +282,8 @@ async def enqueue_dispatch(
         "max_attempts": max_attempts, "expires_at": expires_at, "session_id": session_id,
         "schedule_run_id": schedule_run_id,
     }
-    args["body"] = _validate(**args)
+    checks.book_arg(book)
+    args["body"] = _validate(book.limits, **args)
     if dedup_key is None and book.conn is None:
         # No dedup lookup: the create is the only statement (on PostgreSQL one autocommit round trip).
         dispatch_id, _ = await _enqueue_one(book, args, offer=True)
@@ -284,22 +300,32 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
     anything is written; one invalid item refuses the whole batch. (Should a generated id already
     exist — 128 random bits make that practically impossible — that one item is retried alone.)
     """
+    checks.book_arg(book)
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise DispatchInvalid(f"items: expected a list of mappings of enqueue_dispatch's arguments, got "
+                              f"{type(items).__name__}", argument="items", rule="type")
+    limits = book.limits
     prepared: list[dict[str, Any]] = []
     for index, item in enumerate(items):
-        unknown = sorted(set(item) - _ENQUEUE_ARGS)
+        if not isinstance(item, Mapping):
+            raise DispatchInvalid(f"items[{index}]: expected a mapping of enqueue_dispatch's arguments, got "
+                                  f"{type(item).__name__}", argument=f"items[{index}]", rule="type")
+        unknown = sorted(repr(key) if not isinstance(key, str) else key for key in item if key not in _ENQUEUE_ARGS)
         if unknown:
-            raise DispatchInvalid(f"item {index}: unknown argument(s) {', '.join(unknown)}; known: {', '.join(sorted(_ENQUEUE_ARGS))}")
+            raise DispatchInvalid(f"items[{index}]: unknown argument(s) {', '.join(unknown)[:200]}; known: "
+                                  f"{', '.join(sorted(_ENQUEUE_ARGS))}", argument=f"items[{index}]", rule="unknown")
         missing = sorted({"kind", "deliver_to"} - set(item))
         if missing:
-            raise DispatchInvalid(f"item {index}: missing required argument(s) {', '.join(missing)}")
+            raise DispatchInvalid(f"items[{index}]: missing required argument(s) {', '.join(missing)}",
+                                  argument=f"items[{index}]", rule="missing")
         args = {
             "body": None, "dedup_key": None, "ack_required": False, "max_attempts": DEFAULT_MAX_ATTEMPTS,
             "expires_at": None, "session_id": None, "schedule_run_id": None, **item,
         }
         try:
-            args["body"] = _validate(**args)
+            args["body"] = _validate(limits, **args)
         except DispatchInvalid as exc:
-            raise DispatchInvalid(f"item {index}: {exc}") from None
+            raise checks.in_item(exc, index) from None
         prepared.append(args)
     if not prepared:
         return []
@@ -324,14 +350,23 @@ async def enqueue_revival_heartbeat(
 
     A truthy ``reset_epoch`` sets ``expires_at = reset_epoch + ttl_seconds``; zero means no expiry.
     """
-    if isinstance(seats, str):
-        raise DispatchInvalid("seats must be a list of seat names, not one string")
+    checks.book_arg(book)
+    seats = checks.texts("seats", seats)
+    checks.when("reset_epoch", reset_epoch)  # 0: no expiry
+    checks.seconds("ttl_seconds", ttl_seconds)
+    checks.count("max_attempts", max_attempts, checks.MAX_ATTEMPTS)
     expires_at = reset_epoch + ttl_seconds if reset_epoch else None
+    if expires_at is not None:
+        checks.when("reset_epoch + ttl_seconds", expires_at)
+    for index, seat in enumerate(seats):
+        if len(_revival_key(seat, reset_epoch)) > KEY_CHARS:
+            raise DispatchInvalid(f"seats[{index}]: is {len(seat)} characters long; its dedup key would pass the "
+                                  f"{KEY_CHARS} characters a key holds", argument=f"seats[{index}]", rule="length")
     items = [
         {
             "kind": "revival_ping",
             "deliver_to": seat,
-            "dedup_key": f"revival:{seat}:{reset_epoch}",
+            "dedup_key": _revival_key(seat, reset_epoch),
             "ack_required": False,
             "max_attempts": max_attempts,
             "expires_at": expires_at,
@@ -339,3 +374,7 @@ async def enqueue_revival_heartbeat(
         for seat in seats
     ]
     return await enqueue_dispatches(book, items)
+
+
+def _revival_key(seat: str, reset_epoch: float) -> str:
+    return f"revival:{seat}:{reset_epoch}"

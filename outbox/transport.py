@@ -1,7 +1,8 @@
 """Transports: how one claimed dispatch is sent. A small protocol with two implementations.
 
 A transport never raises for a delivery problem: it returns a failed :class:`TransportResult`,
-which the delivery step records as that row's failure.
+which the delivery step records as that row's failure. An argument no command line can carry is
+refused with :class:`DispatchInvalid` instead (O22); delivery records that as a failure too.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from statebook.lifecycle.inputs import DEFAULT_LIMITS, Limits
+
+from . import checks
+from .bounds import DELIVER_TO, PAYLOAD, DispatchLimits, dispatch_limits
+from .errors import DispatchInvalid
+
 NOTIFY_TIMEOUT_SECONDS = 10.0
 ERROR_CAP = 2000
 """Stored error text is cut to this many characters (specs/outbox.md O13)."""
-
-DELIVER_TO = "{deliver_to}"
-PAYLOAD = "{payload}"
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,16 @@ def send_timeout(transport: object) -> float:
     return NOTIFY_TIMEOUT_SECONDS
 
 
+def check_elements(argument: str, template: object) -> None:
+    """Refuse a template element no command line can carry (O22): not text, a NUL, a lone surrogate.
+
+    Only a list or tuple is looked into; any other template is :func:`check_template`'s problem.
+    """
+    if isinstance(template, list | tuple):
+        for index, part in enumerate(template):
+            checks.text_arg(f"{argument}[{index}]", part)
+
+
 def check_template(template: object) -> str | None:
     """None when ``template`` is a usable argv template, else what is wrong with it."""
     if template is None:
@@ -89,26 +103,47 @@ class ArgvTransport:
     partial interpolation and no shell. Without a ``{payload}`` element the payload goes to stdin.
     A run longer than ``timeout`` seconds is killed (its whole process group).
 
+    A template element that is not text or holds a NUL is refused when the transport is built; a
+    route or payload no command line can carry (NUL, lone surrogate) or a route starting with ``-``
+    without a ``--`` before ``{deliver_to}`` is refused by :meth:`send` (:class:`DispatchInvalid`,
+    recorded as that attempt's failure), never passed to the command (O22).
+
     >>> ArgvTransport(["notify-send", "{deliver_to}", "{payload}"])  # doctest: +ELLIPSIS
     ArgvTransport([...], timeout=10.0)
     """
 
     def __init__(self, template: Sequence[str] | None, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> None:
+        check_elements("template", template)
         self.template = None if template is None else list(template) if isinstance(template, list | tuple) else template
-        self.timeout = timeout
+        self.timeout = checks.seconds("timeout", timeout)
         self.problem = check_template(self.template)
+        self._dash = dispatch_limits(self.template).dash_routes
 
     def __repr__(self) -> str:
         return f"ArgvTransport({self.template!r}, timeout={self.timeout})"
+
+    def limits(self, base: Limits = DEFAULT_LIMITS) -> DispatchLimits:
+        """``base`` with what this template can carry: give it to the producers' book (``Book(limits=)``)."""
+        return dispatch_limits(self.template, base)
 
     def argv(self, deliver_to: str, payload: str) -> list[str]:
         assert self.problem is None and self.template is not None
         values = {DELIVER_TO: deliver_to, PAYLOAD: payload}
         return [values.get(part, part) for part in self.template]
 
+    def _check(self, deliver_to: Any, payload: Any) -> None:
+        """What enqueue refuses, refused again at the command line (rows enqueued under other limits)."""
+        checks.text_arg("deliver_to", deliver_to)
+        checks.text_arg("payload", payload)
+        if deliver_to.startswith("-") and not self._dash:
+            raise DispatchInvalid("deliver_to: starts with '-' and the template has no '--' before {deliver_to}, "
+                                  "so the command would read it as an option; not sent", argument="deliver_to",
+                                  rule="dash")
+
     async def send(self, deliver_to: str, payload: str) -> TransportResult:
         if self.problem is not None:
             return TransportResult.failed(self.problem, reason="template")
+        self._check(deliver_to, payload)
         argv = self.argv(deliver_to, payload)
         stdin = None if PAYLOAD in self.template else payload.encode()  # type: ignore[operator]
         try:
@@ -161,8 +196,11 @@ class CallableTransport:
     """
 
     def __init__(self, fn: SendFn, timeout: float | None = None) -> None:
+        if not callable(fn):
+            raise DispatchInvalid(f"fn: expected an async callable (deliver_to, payload), got {type(fn).__name__}",
+                                  argument="fn", rule="type")
         self.fn = fn
-        self.timeout = timeout
+        self.timeout = None if timeout is None else checks.seconds("timeout", timeout)
 
     async def send(self, deliver_to: str, payload: str) -> TransportResult:
         try:

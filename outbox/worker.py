@@ -21,12 +21,13 @@ from typing import Any
 
 from statebook.lifecycle import Actor, Book
 
+from . import checks
 from .admin import apply_retention
 from .attempts import Candidate, read_candidates
 from .attempts import DELIVERY_ACTOR, next_due
 from .delivery import COUNTERS, deliver_due_dispatches, deliver_offered
-from .offers import offered_id, subscribe, unsubscribe
 from .errors import DispatchInvalid
+from .offers import offered_id, subscribe, unsubscribe
 from .transport import Transport
 
 log = logging.getLogger("statebook.outbox.worker")
@@ -45,6 +46,11 @@ class Retention:
     failed_days: float = 30
     every_seconds: float = 3600
 
+    def __post_init__(self) -> None:
+        checks.days("delivered_days", self.delivered_days)
+        checks.days("failed_days", self.failed_days)
+        checks.seconds("every_seconds", self.every_seconds)
+
 
 class DeliveryWorker:
     """Delivers due dispatches until :meth:`stop` is called."""
@@ -61,10 +67,18 @@ class DeliveryWorker:
         extra_wakeups: AsyncIterable[Any] | None = None,
         actor: Actor = DELIVERY_ACTOR,
     ) -> None:
-        if book.conn is not None:
-            raise DispatchInvalid("a DeliveryWorker needs an unbound book (it runs transports outside transactions)")
-        if tick_seconds <= 0 or batch_size < 1 or concurrency < 1:
-            raise DispatchInvalid("tick_seconds must be > 0, batch_size and concurrency >= 1")
+        checks.book_arg(book, unbound="a DeliveryWorker")
+        checks.transport_arg(transport)
+        checks.count("batch_size", batch_size, checks.MAX_BATCH)
+        checks.count("concurrency", concurrency, checks.MAX_CONCURRENCY)
+        checks.seconds("tick_seconds", tick_seconds)
+        if retention is not None and not isinstance(retention, Retention):
+            raise DispatchInvalid(f"retention: expected a Retention or None, got {type(retention).__name__}",
+                                  argument="retention", rule="type")
+        if extra_wakeups is not None and not hasattr(extra_wakeups, "__aiter__"):
+            raise DispatchInvalid(f"extra_wakeups: expected an async iterable or None, got "
+                                  f"{type(extra_wakeups).__name__}", argument="extra_wakeups", rule="type")
+        checks.actor(actor)
         self.book = book
         # Our own claims and finalizations must not wake us: write through a book without hooks.
         self._own = dataclasses.replace(book, on_commit=[])

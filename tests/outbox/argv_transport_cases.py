@@ -44,7 +44,6 @@ BAD_TEMPLATES = [
     [],
     "notify {deliver_to}",
     ["notify", "{payload}"],
-    ["notify", 7, "{deliver_to}"],
     ["{deliver_to}", "x"],
     ["notify", "{deliver_to} "],
 ]

@@ -45,18 +45,22 @@ class DispatchAdminCases:
         assert isinstance((await get_dispatch(book, ids[0]))["payload"], dict)
 
     async def test_retry_refuses_live_and_successful_rows_without_writing(self, book, clock):
-        """O15: retry accepts only dead_letter or expired; for another status it returns False and
-        writes nothing; a missing row is a LookupError; an expired row can be retried."""
+        """O15: retry accepts only dead_letter or expired; another status is refused
+        (TransitionRejected, rule ``status``) and nothing is written; a missing row is a LookupError;
+        an expired row can be retried."""
         with pytest.raises(LookupError):
             await retry_dispatch(book, "0" * 32)
         pending = await enqueue_dispatch(book, kind="k", deliver_to="r")
-        assert await retry_dispatch(book, pending) is False
+        with pytest.raises(TransitionRejected, match="'pending'; only dead_letter or expired") as caught:
+            await retry_dispatch(book, pending)
+        assert caught.value.rule == "status"
         assert len(await facts(book, pending)) == 1
         expiring = await enqueue_dispatch(book, kind="k", deliver_to="x", expires_at=clock.now() + 1)
         clock.advance(1)
         await deliver_due_dispatches(book, transport=Recorder().transport)
         assert (await row(book, expiring))["status"] == "expired"
-        assert await retry_dispatch(book, pending) is False  # delivered now
+        with pytest.raises(TransitionRejected, match="'delivered'"):
+            await retry_dispatch(book, pending)  # delivered now
         assert await retry_dispatch(book, expiring) is True
         assert (await row(book, expiring))["status"] == "pending"
 

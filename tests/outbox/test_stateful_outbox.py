@@ -459,7 +459,8 @@ class OutboxMachine(RuleBasedStateMachine):
         before = self.before()
         row = before.rows.get(did)
         try:
-            got = self.run(ack_dispatch(self.book, did, self.tokens[did] if right else "0" * 32))
+            # A row without a token is acked with "" (a token must be text, O22): still "none requested".
+            got = self.run(ack_dispatch(self.book, did, (self.tokens[did] or "") if right else "0" * 32))
         except (EntityNotFound, AckRejected, TransitionRejected) as exc:
             if row is None:
                 assert isinstance(exc, LookupError)
@@ -477,7 +478,7 @@ class OutboxMachine(RuleBasedStateMachine):
 
     def operator(self, did, purge):
         """O15: retry moves dead_letter/expired to pending (attempt 0, due now, no error) in one
-        transition and leaves other statuses alone. O16: purge deletes a terminal row with a
+        transition and refuses other statuses (TransitionRejected, nothing written). O16: purge deletes a terminal row with a
         tombstone fact and refuses a live one."""
         before = self.before()
         row = before.rows.get(did)
@@ -492,6 +493,9 @@ class OutboxMachine(RuleBasedStateMachine):
             return
         elif row is None:
             with pytest.raises(LookupError):
+                self.run(retry_dispatch(self.book, did))
+        elif row["status"] not in ("dead_letter", "expired"):
+            with pytest.raises(TransitionRejected, match="only dead_letter or expired"):
                 self.run(retry_dispatch(self.book, did))
         elif self.run(retry_dispatch(self.book, did)):
             event("operator retry")
