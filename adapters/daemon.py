@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from pydantic import ValidationError
 
 from statebook.lifecycle import Book, Registry, history, verify
+from statebook.lifecycle.errors import InvalidArgument
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.recovery import new_daemon_id
@@ -65,14 +65,16 @@ def resolve_settings(settings: Settings, config_path: str | None) -> Settings:
 
 async def seed_schedules(book: Book, settings: Settings) -> list[str]:
     created = []
-    for spec in settings.scheduler.schedules:
-        if await find_schedule(book, spec.get("name", "")) is not None:
-            continue
+    for index, spec in enumerate(settings.scheduler.schedules):
+        name = spec.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"scheduler.schedules entry {index}: needs a name (a non-empty string)")
         try:
+            if await find_schedule(book, name) is not None:
+                continue
             row = await create_schedule(book, spec, default_zone=settings.scheduler.timezone)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise ConfigError(f"scheduler.schedules entry {spec.get('name')!r}: {first['msg']}") from None
+        except InvalidArgument as exc:
+            raise ConfigError(f"scheduler.schedules entry {name!r}: {exc}") from None
         log.info("created schedule %s (%s) from the settings", row["name"], row["id"])
         created.append(row["id"])
     return created
@@ -141,7 +143,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     settings = resolve_settings(settings, config_path)
     registry = resolve_registry(settings.app) if registry is None else registry
     require_builtins(registry, "the daemon")
-    book = await open_book(settings.db, registry=registry, limits=settings.limits.to_limits())
+    book = await open_book(settings.db, registry=registry, limits=settings.book_limits())
     leader = None
     try:
         daemon_id = new_daemon_id()

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statebook.lifecycle.book import TOUCHED
 from statebook.lifecycle.errors import ConstraintViolation, StorageError, StorageUnavailable
-from statebook.lifecycle.facts import HASHED_FIELDS, Cursor, facts_table
+from statebook.lifecycle.facts import HASHED_FIELDS, Cursor, facts_table, stored_columns
 from statebook.lifecycle.store import Lock, Unit
 
 FACT_COLUMNS: tuple[str, ...] = (*HASHED_FIELDS, "prev_hash", "hash")
@@ -251,7 +251,7 @@ class SQLStore:
 
     def tail_query(self, cursor: Cursor, limit: int) -> sa.Select[Any]:
         t = facts_table
-        return sa.select(t).where(t.c.seq > cursor.seq).order_by(t.c.seq).limit(limit)
+        return sa.select(*stored_columns(t)).where(t.c.seq > cursor.seq).order_by(t.c.seq).limit(limit)
 
     async def maintain(self) -> None:
         return None

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
-from statebook.lifecycle.facts import Cursor, facts_table
+from statebook.lifecycle.facts import Cursor, facts_table, stored_columns
 from statebook.lifecycle.store import Lock, RowWrite, Unit, register_backend
 
 from .persistence import FACT_COLUMNS, OWN_TRANSACTION, Driver, SQLStore, translated
@@ -162,7 +162,7 @@ class PostgresStore(SQLStore):
         t = facts_table
         horizon = sa.text("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
         return (
-            sa.select(t)
+            sa.select(*stored_columns(t))
             .where(sa.tuple_(t.c.tx_id, t.c.seq) > sa.tuple_(sa.literal(cursor.tx_id), sa.literal(cursor.seq)))
             .where(t.c.tx_id < sa.select(horizon).scalar_subquery())
             .order_by(t.c.tx_id, t.c.seq)

@@ -25,6 +25,7 @@ from pydantic_settings.sources import InitSettingsSource, TomlConfigSettingsSour
 
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import Limits, text
+from statebook.outbox.bounds import dispatch_limits
 
 from .errors import ConfigError
 
@@ -162,6 +163,21 @@ class Settings(BaseSettings):
         if value is not None and (":" not in value or not all(p.strip() for p in value.split(":", 1))):
             raise ValueError(f"app must be module:attr (e.g. myapp.lifecycles:registry), not {value!r}")
         return value
+
+    def book_limits(self) -> Limits:
+        """The book's bounds: ``[limits]`` and what the delivery template can carry (the payload bound
+        and whether a route may start with ``-``, specs/outbox.md O22), so an enqueue refuses what the
+        daemon could never deliver."""
+        return dispatch_limits(self.dispatch.notify_template, self.limits.to_limits(),
+                               payload_bytes=self.dispatch.max_payload_bytes)
+
+    @model_validator(mode="after")
+    def _deliverable_payload_bound(self) -> Settings:
+        try:
+            self.book_limits()
+        except InvalidArgument as exc:
+            raise ValueError(f"dispatch.max_payload_bytes: {exc}") from None
+        return self
 
     @field_validator("db", "app")
     @classmethod

@@ -116,13 +116,25 @@ class Fact:
 
     @classmethod
     def from_row(cls, row: Any) -> Fact:
+        """A fact from a row of :func:`stored_columns` (JSON fields as their stored text, decoded here:
+        text that is not JSON stays text, so a damaged fact is read, and then fails verify)."""
         m = row._mapping
-        return cls(**{k: m[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: decoded(m[k]) if k in JSON_FIELDS else m[k] for k in cls.__dataclass_fields__})
 
     @classmethod
     def from_stored(cls, values: Sequence[Any]) -> Fact:
         """A fact from its ``STORED_FIELDS`` values as the driver returns them (JSON fields as text)."""
         return cls(**{k: decoded(v) if k in JSON_FIELDS else v for k, v in zip(STORED_FIELDS, values)})
+
+
+def stored_column(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """A column as stored: JSON as its text (PostgreSQL's ``json`` keeps its input text), so reading
+    never fails on a value that is not JSON."""
+    return sa.cast(column, sa.Text).label(column.name) if isinstance(column.type, sa.JSON) else column
+
+
+def stored_columns(table: sa.Table) -> list[sa.ColumnElement[Any]]:
+    return [stored_column(c) for c in table.columns]
 
 
 def decoded(value: Any) -> Any:

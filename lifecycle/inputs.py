@@ -135,7 +135,7 @@ def json_value(argument: str, value: Any, limits: Limits | None = None) -> Any:
             estimate += 26
         elif node is None or kind is bool:
             estimate += 6
-        elif kind is dict or kind is list or kind is tuple or isinstance(node, Mapping):
+        elif kind is dict or kind is list or kind is tuple:
             depth += 1
             if depth > limits.json_depth:
                 raise _refuse(argument, "depth", f"is nested more than {limits.json_depth} levels deep")
@@ -259,4 +259,4 @@ def check_reason_actor(reason: Any, actor: Any, metadata: Mapping[str, Any] | No
     if metadata:
         if not isinstance(metadata, Mapping):
             raise _refuse("metadata", "type", f"expected a mapping, got {type(metadata).__name__}")
-        json_value("metadata", metadata, limits)
+        json_value("metadata", dict(metadata), limits)

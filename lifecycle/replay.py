@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from .book import Book
 from .codec import dumps
-from .facts import GENESIS, Fact, decoded, facts_table, fact_hash, legacy_fact_hash
+from .facts import GENESIS, Fact, decoded, fact_hash, facts_table, legacy_fact_hash, stored_columns
 from .inputs import KEY_CHARS, integer, text, timestamp
 from .policy import Lifecycle
 from .screen import Screen, Suspect
@@ -56,7 +56,8 @@ async def history(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
     async with book.read() as conn:
         rows = (
             await conn.execute(
-                sa.select(t).where(t.c.entity_type == entity_type, t.c.entity_id == entity_id).order_by(t.c.seq)
+                sa.select(*stored_columns(t)).where(t.c.entity_type == entity_type, t.c.entity_id == entity_id)
+                .order_by(t.c.seq)
             )
         ).fetchall()
     return [Fact.from_row(r) for r in rows]
@@ -244,7 +245,7 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
 
 async def _stream_facts(book: Book, entity_type: str | None) -> AsyncIterator[Fact]:
     t = facts_table
-    query = sa.select(t).order_by(t.c.entity_type, t.c.entity_id, t.c.seq)
+    query = sa.select(*stored_columns(t)).order_by(t.c.entity_type, t.c.entity_id, t.c.seq)
     if entity_type is not None:
         query = query.where(t.c.entity_type == entity_type)
     async with book.read() as conn:

@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .book import Book
 from .errors import StorageError
-from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table
+from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table, stored_column
 from .policy import Lifecycle
 from .schema import row_defaults
 from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError
@@ -138,11 +138,6 @@ async def _ranges(conn: AsyncConnection, lc: Lifecycle, count: int) -> list[tupl
     return list(zip(bounds, [*bounds[1:], None]))
 
 
-def _stored(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
-    """A column as stored: JSON as its text (PostgreSQL's ``json`` keeps its input text)."""
-    return sa.cast(column, sa.Text).label(column.name) if isinstance(column.type, sa.JSON) else column
-
-
 @dataclass(frozen=True)
 class _Chunk:
     """The entities of one lifecycle with ids in [lo, hi) (None: unbounded)."""
@@ -155,8 +150,8 @@ class _Chunk:
     def queries(self, store: Store) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """(facts, rows) in id order: code point order (``Store.in_id_order``), as Merge compares ids."""
         t, table = facts_table, self.lc.table
-        facts = sa.select(*(_stored(t.c[k]) for k in STORED_FIELDS)).where(t.c.entity_type == self.lc.entity_type)
-        rows = sa.select(*(_stored(c) for c in table.columns))
+        facts = sa.select(*(stored_column(t.c[k]) for k in STORED_FIELDS)).where(t.c.entity_type == self.lc.entity_type)
+        rows = sa.select(*(stored_column(c) for c in table.columns))
         if self.lo is not None:
             facts, rows = facts.where(t.c.entity_id >= self.lo), rows.where(table.c.id >= self.lo)
         if self.hi is not None:

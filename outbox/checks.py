@@ -82,8 +82,9 @@ def actor(value: Any, argument: str = "actor") -> Actor:
 def transport_arg(value: Any, argument: str = "transport") -> None:
     """Anything with an async ``send(deliver_to, payload)`` (the :class:`~.transport.Transport` protocol)."""
     if not callable(getattr(value, "send", None)):
+        hint = "; wrap an async function in CallableTransport(fn)" if callable(value) else ""
         raise _refuse(argument, "type", f"expected a Transport (an object with async send(deliver_to, payload)), "
-                                        f"got {type(value).__name__}")
+                                        f"got {type(value).__name__}{hint}")
 
 
 def flag(argument: str, value: Any) -> bool:

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, create, transition
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, text
+from statebook.outbox import checks
 
 from .errors import InvalidSchedule, ScheduleError
 from .requests import JSON_FIELDS, LIST_FIELDS, CreateScheduleRequest
@@ -68,6 +69,13 @@ async def create_schedule(book: Book, request: CreateScheduleRequest | Mapping[s
     for field in (*JSON_FIELDS, *LIST_FIELDS):
         try:
             json_value(field, values[field], book.limits)
+        except InvalidArgument as exc:
+            raise InvalidSchedule(str(exc), argument=exc.argument, rule=exc.rule) from None
+    if req.notify is not None:
+        # The run's end enqueues this dispatch in its final transaction: refuse now what enqueue would refuse then.
+        try:
+            checks.name("notify.kind", req.notify["kind"])
+            checks.route("notify.deliver_to", req.notify["deliver_to"], book.limits)
         except InvalidArgument as exc:
             raise InvalidSchedule(str(exc), argument=exc.argument, rule=exc.rule) from None
     if await find_schedule(book, req.name) is not None:

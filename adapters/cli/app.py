@@ -18,7 +18,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from statebook.lifecycle import Book, Registry, StatebookError
-from statebook.lifecycle.inputs import timestamp
+from statebook.lifecycle.inputs import Limits, timestamp
 
 from .funnel import classify, mask
 
@@ -125,21 +125,23 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-async def open_cli_book(*, must_exist: bool = True, create: bool = False) -> Book:
+async def open_cli_book(*, must_exist: bool = True, create: bool = False, limits: Limits | None = None) -> Book:
     """The book the CLI works on. An operator command on a missing SQLite file is an error."""
     from statebook.adapters.db import open_book
 
-    return await open_book(ctx_state.db_url, registry=cli_registry(), must_exist=must_exist, create=create)
+    return await open_book(ctx_state.db_url, registry=cli_registry(), must_exist=must_exist, create=create,
+                           limits=limits)
 
 
 def with_book(
-    fn: Callable[..., Awaitable[T]], *, must_exist: bool = True, create: bool = False
+    fn: Callable[..., Awaitable[T]], *, must_exist: bool = True, create: bool = False, limits: Limits | None = None
 ) -> Callable[..., Coroutine[Any, Any, T]]:
-    """Wrap ``async fn(book, ...)`` so the book is opened and disposed around it."""
+    """Wrap ``async fn(book, ...)`` so the book is opened (with ``limits``, default the built-in ones)
+    and disposed around it."""
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> T:
-        book = await open_cli_book(must_exist=must_exist, create=create)
+        book = await open_cli_book(must_exist=must_exist, create=create, limits=limits)
         try:
             return await fn(book, *args, **kwargs)
         finally:

@@ -141,8 +141,9 @@ def retry_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
         return done, row["status"] if row else None
 
     done, status = run(with_book(go)())
-    if not done:
-        raise fail(f"dispatch {dispatch_id} is {status}; only dead_letter or expired dispatches can be retried")
+    if not done:  # a wrong status raised (exit 2); False is a race lost to another writer
+        raise fail(f"dispatch {dispatch_id} changed while it was retried (it is {status} now); run the command again "
+                   "if it still needs a retry", 1)
     typer.echo(f"retried {dispatch_id}")
 
 
@@ -222,7 +223,7 @@ def deliver_cmd(
 
     async def go() -> dict[str, int] | None:
         book = await open_book(ctx_state.db_url or settings.db, registry=registry, must_exist=True, create=True,
-                               limits=settings.limits.to_limits())
+                               limits=settings.book_limits())
         try:
             if once:
                 return await deliver_due_dispatches(

@@ -54,7 +54,12 @@ def history_table(facts: list[Fact], title: str = "") -> Table:
     for f in facts:
         move = f"{f.previous_status or '(new)'} -> {f.status or '(purged)'}"
         reason = f.reason_code + (f": {f.reason_summary}" if f.reason_summary else "")
-        patch = "" if f.is_creation else ", ".join(f"{k}={v!r}" for k, v in sorted(f.patch.items()))
+        if f.is_creation:
+            patch = ""
+        elif isinstance(f.patch, dict):
+            patch = ", ".join(f"{k}={v!r}" for k, v in sorted(f.patch.items()))
+        else:  # a damaged fact: its stored text, as read (the command then reports the damage)
+            patch = repr(f.patch)
         actor = f"{f.actor_type}:{f.actor_id}" if f.actor_id else f.actor_type
         at = datetime.fromtimestamp(f.at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(str(f.version), at, move, escape(actor), escape(reason), escape(patch))

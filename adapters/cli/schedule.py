@@ -101,8 +101,6 @@ def add(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Create a schedule (exactly one of --cron, --every, --at)."""
-    from pydantic import ValidationError
-
     from statebook.scheduler.requests import CreateScheduleRequest
     from statebook.scheduler.store import create_schedule
 
@@ -121,12 +119,7 @@ def add(
         "budget_usd": budget_usd, "budget_tokens": budget_tokens, "missed_fire_policy": missed,
         "overlap_policy": overlap, "enabled": not paused,
     }
-    try:
-        request = CreateScheduleRequest.model_validate(spec)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "schedule"
-        raise fail(f"invalid schedule ({where}): {first['msg']}") from None
+    request = CreateScheduleRequest.parse(spec)  # InvalidSchedule names the field (the funnel prints it)
     zone = _settings(None).scheduler.timezone
 
     async def go(book: Book) -> dict[str, Any]:
@@ -142,15 +135,17 @@ def add(
 
 def _check_counts(*, every: int | None, max_runs: int | None, budget_usd: float | None,
                  budget_tokens: int | None) -> None:
-    """The numeric options against the rules of the columns they fill, before anything is opened."""
+    """The numeric options against the scheduler's ranges (specs/scheduler.md S18), named as options."""
+    from statebook.scheduler.requests import BUDGET_USD, COUNTS, INTERVAL_SECONDS
+
     if every is not None:
-        integer("--every", every, low=1, high=INT32[1])
+        integer("--every", every, low=INTERVAL_SECONDS[0], high=INTERVAL_SECONDS[1])
     if max_runs is not None:
-        integer("--max-runs", max_runs, low=1, high=INT32[1])
+        integer("--max-runs", max_runs, low=COUNTS[0], high=COUNTS[1])
     if budget_tokens is not None:
-        integer("--budget-tokens", budget_tokens, low=1, high=INT32[1])
+        integer("--budget-tokens", budget_tokens, low=COUNTS[0], high=COUNTS[1])
     if budget_usd is not None:
-        number("--budget-usd", budget_usd, low=0.0)
+        number("--budget-usd", budget_usd, low=0.0, high=BUDGET_USD)
         if budget_usd <= 0:
             raise fail(f"--budget-usd: {budget_usd:g} must be more than 0")
 
@@ -238,22 +233,17 @@ def fire(
     """Fire a schedule now, in this process, and wait for the run (and its follow-ups) to end."""
     from statebook.adapters.daemon import resolve_settings
     from statebook.scheduler.engine import SchedulerEngine
-    from statebook.scheduler.store import get_run, list_runs
 
     settings = resolve_settings(_settings(config), config)
 
     async def go(book: Book) -> list[dict[str, Any]]:
         engine = SchedulerEngine(book, settings)
         try:
-            run_id = await engine.fire_now(ref)
-            await engine.wait_idle()
+            return list((await engine.fire_and_wait(ref)).runs)
         finally:
             await engine.stop()
-        first = await get_run(book, run_id)
-        chain = [r for r in await list_runs(book, first["schedule_id"], limit=50) if r["fired_at"] >= first["fired_at"]]
-        return sorted(chain, key=lambda r: (r["chain_depth"], r["fired_at"]))
 
-    rows = run(with_book(go)())
+    rows = run(with_book(go, limits=settings.book_limits())())
     if as_json:
         emit_json(rows)
     else:

@@ -18,7 +18,7 @@ from statebook.adapters.cli import app
 from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import FakeClock
 from statebook.lifecycle.facts import facts_table
-from statebook.outbox import deliver_due_dispatches, dispatch_outbox, enqueue_dispatch
+from statebook.outbox import CallableTransport, deliver_due_dispatches, dispatch_outbox, enqueue_dispatch
 from statebook.scheduler.schema import schedules
 
 runner = CliRunner()
@@ -70,7 +70,7 @@ def seeded(db_url, backend) -> str:
                 await reset_schema(book.engine)
             for seat in ("seat-1", "seat-2"):
                 await enqueue_dispatch(book, kind="k", deliver_to=seat)
-            await deliver_due_dispatches(book, transport=_delivered)
+            await deliver_due_dispatches(book, transport=CallableTransport(_delivered))
         finally:
             await book.engine.dispose()
 

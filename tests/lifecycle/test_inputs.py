@@ -123,3 +123,11 @@ def test_the_size_bound_is_exact_at_the_edge(value: list[str], offset: int) -> N
     exact = len(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
     bound = max(2, exact + offset)
     assert (outcome(value, Limits(json_bytes=bound)) == "size") == (exact > bound)
+
+
+def test_a_mapping_that_is_not_a_dict_is_refused_as_not_json() -> None:
+    """The canonical encoder takes dicts only: any other mapping inside a value is refused here, not a TypeError later."""
+    from types import MappingProxyType
+
+    with pytest.raises(InvalidArgument, match="mappingproxy, which is not JSON"):
+        json_value("body", {"inner": MappingProxyType({"a": 1})})

@@ -9,6 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from statebook.adapters.daemon import seed_schedules
+from statebook.adapters.errors import ConfigError
 from statebook.adapters.settings import SchedulerSettings, Settings
 from statebook.lifecycle import StatebookError, verify
 from statebook.lifecycle.errors import InvalidArgument
@@ -122,8 +123,16 @@ class SchedulerInputCases:
         before = await counts(book)
         with pytest.raises(StatebookError) as err:
             await seed_schedules(book, Settings(scheduler=SchedulerSettings(schedules=[spec])))
-        assert "cron_expr" in str(err.value) and "never fires" in str(err.value)
+        assert isinstance(err.value, ConfigError), type(err.value)  # a settings error: the CLI exits 2
+        assert "'nightly'" in str(err.value) and "cron_expr" in str(err.value) and "never fires" in str(err.value)
         assert await counts(book) == before
+
+    @pytest.mark.parametrize("route", ["-rf", "", "a\x00b", "\ud800"], ids=repr)
+    async def test_a_notify_route_enqueue_would_refuse_is_refused_at_creation(self, book, route):
+        """S18 with O22: the dispatch a run's end enqueues is checked when the schedule is made, not when the
+        run's final transaction would fail on it."""
+        async with Refused(book, "notify"):
+            await create_schedule(book, command_spec(notify={"kind": "run_ended", "deliver_to": route}))
 
     # -- case 2: at_time --------------------------------------------------------------------------------
     @pytest.mark.parametrize("at", BAD_AT, ids=repr)
