@@ -31,7 +31,7 @@ from statebook.lifecycle.facts import facts_table
 from statebook.outbox import CallableTransport, TransportResult, deliver_due_dispatches, enqueue_dispatch, get_dispatch
 from statebook.scheduler import create_schedule
 
-from .strategies import Seed
+from .strategies import Deep, Seed, nested
 
 START = 1_700_000_000.0
 SCALE = {"deep": 10}
@@ -110,9 +110,12 @@ async def seed(book: Book) -> dict[str, Any]:
 
 
 def resolve(value: Any, seeds: dict[str, Any]) -> Any:
-    """``value`` with every :class:`Seed` replaced by this backend's entity (through lists, tuples, dicts)."""
+    """``value`` with every :class:`Seed` replaced by this backend's entity and every :class:`Deep` built
+    (through lists, tuples and dicts)."""
     if isinstance(value, Seed):
         return seeds[value.role]
+    if isinstance(value, Deep):
+        return nested(value.depth)
     if type(value) is list:
         return [resolve(v, seeds) for v in value]
     if type(value) is tuple:

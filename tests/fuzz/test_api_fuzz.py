@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from statebook.lifecycle import (
@@ -27,7 +27,7 @@ from statebook.scheduler import (
     find_schedule, get_run, get_schedule, list_runs, list_schedules,
 )
 
-from .strategies import Seed, bodies, ids, integers, json_values, numbers, texts, times, wrong_types
+from .strategies import Deep, Seed, bodies, ids, integers, json_values, numbers, texts, times, wrong_types
 from .support import examples, open_pair
 
 pytestmark = pytest.mark.postgres
@@ -90,8 +90,8 @@ def new_entity(values, status, why, who, meta) -> NewEntity:
        BOOLS, BOOLS)
 def test_create(pair, entity_type, values, status, why, who, meta, entity_id, if_absent, fresh_id):
     async def call(book, r):
-        await create(book, entity_type, values=values, status=status, reason=reason(why), actor=actor(who),
-                     metadata=meta, entity_id=r(entity_id), if_absent=if_absent, fresh_id=fresh_id)
+        await create(book, entity_type, values=r(values), status=status, reason=reason(why), actor=actor(who),
+                     metadata=r(meta), entity_id=r(entity_id), if_absent=if_absent, fresh_id=fresh_id)
 
     pair.check(call)
 
@@ -101,7 +101,7 @@ def test_create(pair, entity_type, values, status, why, who, meta, entity_id, if
                                         wrong_types()), max_size=3), BOOLS)
 def test_create_many(pair, entity_type, items, if_absent):
     async def call(book, r):
-        made = [new_entity(*item) if isinstance(item, tuple) else item for item in items]
+        made = [new_entity(*r(item)) if isinstance(item, tuple) else item for item in items]
         await create_many(book, entity_type, made, if_absent=if_absent)
 
     pair.check(call)
@@ -124,7 +124,7 @@ def test_transition(pair, args):
 
     async def call(book, r):
         await transition(book, entity_type, r(entity_id), target, reason=reason(why), actor=actor(who),
-                         expected=expected, guards=guard, patch=patch, idempotency_key=key, metadata=meta)
+                         expected=expected, guards=guard, patch=r(patch), idempotency_key=key, metadata=r(meta))
 
     pair.check(call)
 
@@ -142,8 +142,8 @@ def test_apply_many(pair, commands, lock, seen):
             et, eid, target, why, who, expected, guard, patch, key, meta = item
             built.append(Command(et, r(eid), target, reason(why), actor(who),
                                  tuple(expected) if isinstance(expected, list) else expected,
-                                 guard or {}, patch or {}, key, meta or {}))
-        await apply_many(book, built, lock=lock, seen=seen)
+                                 guard or {}, r(patch) or {}, key, r(meta) or {}))
+        await apply_many(book, built, lock=lock, seen=r(seen))
 
     pair.check(call)
 
@@ -191,6 +191,13 @@ enqueue_kwargs = st.fixed_dictionaries(
 
 
 @examples(EXAMPLES["enqueue_dispatch"])
+@example({"kind": "note", "deliver_to": "\ud800"})
+@example({"kind": "\ud800", "deliver_to": "ops"})
+@example({"kind": "note", "deliver_to": "ops", "body": {"text": "\ud800"}})
+@example({"kind": "note", "deliver_to": "ops", "body": {"deep": Deep(3000)}})
+@example({"kind": "note", "deliver_to": "ops", "max_attempts": 2**31})
+@example({"kind": "note", "deliver_to": "ops", "max_attempts": 2**63})
+@example({"kind": "note", "deliver_to": "ops", "expires_at": float("nan")})
 @given(enqueue_kwargs)
 def test_enqueue_dispatch(pair, kwargs):
     async def call(book, r):
@@ -200,6 +207,7 @@ def test_enqueue_dispatch(pair, kwargs):
 
 
 @examples(EXAMPLES["enqueue_dispatches"])
+@example([None])
 @given(st.one_of(st.lists(st.one_of(enqueue_kwargs, wrong_types()), max_size=3), wrong_types()))
 def test_enqueue_dispatches(pair, items):
     async def call(book, r):
@@ -241,6 +249,9 @@ def test_list_dispatches(pair, status, limit):
 
 
 @examples(EXAMPLES["purge_dispatches"])
+@example(float("nan"), None, True, False, ("operator", "api"))
+@example(float("nan"), None, False, False, ("operator", "api"))
+@example(float("inf"), ["pending"], False, True, ("operator", "api"))
 @given(times(), maybe(st.one_of(st.lists(texts("delivered", "dead_letter", "pending"), max_size=3), wrong_types())),
        BOOLS, BOOLS, actors)
 def test_purge_dispatches(pair, before, statuses, dry_run, force, who):
@@ -287,6 +298,8 @@ def test_deliver_due_dispatches(pair, now, transport, template, batch_size, conc
 
 
 @examples(EXAMPLES["argv_transport"])
+@example(["/bin/echo", "{deliver_to}"], 1.0, "a\x00b", "{}")
+@example(["/bin/echo", "a\x00", "{payload}"], 1.0, "ops", "{}")
 @given(templates, numbers(1.0, 0.5), texts("ops", "-n", "--version"), st.one_of(texts('{"a":1}'), wrong_types()))
 def test_argv_transport(template, timeout, deliver_to, payload):
     """No database: construction refuses with a StatebookError or builds; send returns a result or refuses."""
@@ -349,10 +362,18 @@ schedule_specs = st.fixed_dictionaries(
 
 
 @examples(EXAMPLES["create_schedule"])
+@example({"name": "x", "trigger_type": "cron", "cron_expr": "0 0 31 2 *", "action_kind": "command",
+          "action_command": "/bin/true"}, False, None, ("operator", "cli"))
+@example({"name": "x", "trigger_type": "interval", "interval_sec": 99999999999, "action_kind": "command",
+          "action_command": "/bin/true"}, False, None, ("operator", "cli"))
+@example({"name": "x", "trigger_type": "cron", "cron_expr": "0 9 * * *", "timezone": "Mars/Olympus",
+          "action_kind": "command", "action_command": "/bin/true"}, False, None, ("operator", "cli"))
+@example({"name": "x", "trigger_type": "at", "at_time": float("nan"), "action_kind": "command",
+          "action_command": "/bin/true"}, False, None, ("operator", "cli"))
 @given(schedule_specs, st.booleans(), maybe(st.one_of(st.sampled_from(ZONES), texts())), actors)
 def test_create_schedule(pair, spec, as_model, default_zone, who):
     async def call(book, r):
-        request = CreateScheduleRequest.model_validate(spec) if as_model else spec
+        request = CreateScheduleRequest.model_validate(r(spec)) if as_model else r(spec)
         await create_schedule(book, request, default_zone=default_zone, actor=actor(who))
 
     pair.check(call)
