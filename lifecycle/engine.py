@@ -176,9 +176,8 @@ async def transition(
     ...     reason=Reason("dispatch.delivering.attempt"), actor=Actor("system", "delivery"))  # doctest: +SKIP
     """
     cmd = Command(
-        entity_type, entity_id, target, reason, actor,
-        (expected,) if isinstance(expected, str) else tuple(expected),
-        dict(guards or {}), dict(patch or {}), idempotency_key, dict(metadata or {}),
+        entity_type, entity_id, target, reason, actor, _statuses("expected", expected),
+        _mapping("guards", guards), _mapping("patch", patch), idempotency_key, _mapping("metadata", metadata),
     )
     return await apply(book, cmd)
 
@@ -214,13 +213,13 @@ async def apply_many(
 
 async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"],
                  seen: Mapping[str, Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
-    entity_type = commands[0].entity_type
-    lc = book.policy(entity_type)
     for c in commands:
         if not isinstance(c, Command):
             raise InvalidArgument(f"commands: expected Command, got {type(c).__name__}", argument="commands",
                                   rule="type")
         text("entity_id", c.entity_id, max_chars=KEY_CHARS, empty=False)
+    entity_type = commands[0].entity_type
+    lc = book.policy(entity_type)
     ids = [c.entity_id for c in commands]
     if len(set(ids)) != len(ids) or any(c.entity_type != entity_type for c in commands):
         raise InvalidArgument("commands: apply_many takes commands for distinct entities of one entity type",
@@ -295,7 +294,33 @@ async def _replays(store: Store, unit: Unit, keyed: list[Command], current: Mapp
                                         fact["id"], replayed=True)
 
 
+def _statuses(argument: str, value: Any) -> tuple[str, ...]:
+    """One status or an iterable of them, as a tuple (each then checked as text)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return tuple(value)
+    raise InvalidArgument(f"{argument}: expected a status or a list of statuses, got {type(value).__name__}",
+                          argument=argument, rule="type")
+
+
+def _mapping(argument: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{argument}: expected a mapping of column names to values, got {type(value).__name__}",
+                              argument=argument, rule="type")
+    return dict(value)
+
+
 def _check_inputs(lc: Lifecycle, c: Command, limits: Any) -> None:
+    for argument, value in (("guards", c.guards), ("patch", c.patch), ("metadata", c.metadata)):
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(f"{argument}: expected a mapping, got {type(value).__name__}", argument=argument,
+                                  rule="type")
+    if not isinstance(c.expected, tuple):
+        raise InvalidArgument(f"expected: expected a tuple of statuses, got {type(c.expected).__name__}",
+                              argument="expected", rule="type")
     check_reason_actor(c.reason, c.actor, c.metadata, limits)
     text("target", c.target, max_chars=KEY_CHARS)
     for status in c.expected:
@@ -345,6 +370,11 @@ async def purge_many(
 ) -> list[Outcome]:
     """:func:`purge` for many rows of one type in one transaction, set-based (a bounded number of
     statements per :data:`BATCH` rows). A row that is missing or not in ``expected`` is a conflict."""
+    if not isinstance(entity_ids, Sequence) or isinstance(entity_ids, str):
+        raise InvalidArgument(f"entity_ids: expected a list of ids, got {type(entity_ids).__name__}",
+                              argument="entity_ids", rule="type")
+    for entity_id in entity_ids:
+        text("entity_id", entity_id, max_chars=KEY_CHARS, empty=False)
     if len(set(entity_ids)) != len(entity_ids):
         raise InvalidArgument("entity_ids: purge_many takes distinct entity ids", argument="entity_ids",
                               rule="distinct")
@@ -361,7 +391,9 @@ async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, rea
     for entity_id in entity_ids:
         text("entity_id", entity_id, max_chars=KEY_CHARS, empty=False)
     lc.check_reason(reason.code)
-    allowed = (expected,) if isinstance(expected, str) else tuple(expected or lc.statuses)
+    allowed = (_statuses("expected", expected) if expected is not None else ()) or lc.statuses
+    for status in allowed:
+        text("expected", status, max_chars=KEY_CHARS)
     store = book.store
     outcomes: dict[str, Outcome] = {}
     async with store.unit(book.conn) as unit:

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 
 from .codec import dumps
 from .errors import InvalidArgument
+from .reasons import Actor, Reason
 
 KEY_CHARS = 255
 """The longest text an index stores (ids, idempotency and dedup keys, names): two such keys of
@@ -250,6 +251,12 @@ def _indexed(table: sa.Table, column: sa.Column[Any]) -> bool:
 
 def check_reason_actor(reason: Any, actor: Any, metadata: Mapping[str, Any] | None, limits: Limits) -> None:
     """A command's reason, actor and metadata: what its fact stores besides the row's values."""
+    if not isinstance(reason, Reason):
+        raise _refuse("reason", "type", f"expected a Reason, got {type(reason).__name__}")
+    if not isinstance(actor, Actor):
+        raise _refuse("actor", "type", f"expected an Actor, got {type(actor).__name__}")
+    if not isinstance(reason.evidence, tuple):
+        raise _refuse("reason.evidence", "type", f"expected a tuple of text, got {type(reason.evidence).__name__}")
     text("reason.code", reason.code, max_chars=KEY_CHARS)
     text("reason.summary", reason.summary)
     for ref in reason.evidence:

@@ -36,6 +36,9 @@ class Reason:
 
     def __post_init__(self) -> None:
         if self.evidence or type(self.evidence) is not tuple:  # () needs nothing (the common case)
+            if isinstance(self.evidence, (str, bytes)) or not isinstance(self.evidence, (list, tuple, set, frozenset)):
+                raise InvalidArgument(f"reason.evidence: expected a list of references, got "
+                                      f"{type(self.evidence).__name__}", argument="reason.evidence", rule="type")
             object.__setattr__(self, "evidence", tuple(str(e) for e in self.evidence))
 
 

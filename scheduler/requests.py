@@ -73,8 +73,8 @@ def _shown(value: Any) -> str:
 class CreateScheduleRequest(BaseModel):
     """A schedule to create. Errors name the field and what a valid value looks like.
 
-    ``model_validate`` raises pydantic's ``ValidationError``; :meth:`parse` (what ``create_schedule``
-    uses) raises one :class:`InvalidSchedule` naming the field instead.
+    Building one (``CreateScheduleRequest(...)``, ``model_validate``, :meth:`parse`) refuses with one
+    :class:`InvalidSchedule` naming the first field that is wrong, never pydantic's ``ValidationError``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -121,8 +121,19 @@ class CreateScheduleRequest(BaseModel):
         if not isinstance(data, Mapping):
             raise _refuse("request", "type", f"expected a CreateScheduleRequest or a mapping of its fields, "
                                              f"got {type(data).__name__}")
+        return cls.model_validate(dict(data))
+
+    def __init__(self, **data: Any) -> None:
         try:
-            return cls.model_validate(dict(data))
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise refusal(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> CreateScheduleRequest:  # type: ignore[override]
+        """pydantic's ``model_validate``, refusing with one :class:`InvalidSchedule` (not a ``ValidationError``)."""
+        try:
+            return super().model_validate(obj, **kwargs)
         except ValidationError as exc:
             raise refusal(exc) from None
 

@@ -22,19 +22,25 @@ from statebook.lifecycle.inputs import Limits, timestamp
 
 from .funnel import classify, mask
 
-try:  # typer >= 0.2x carries its own click
-    from typer import TyperException as _UsageError
-except ImportError:  # pragma: no cover - older typer on click
-    from click import ClickException as _UsageError
-
 class FunnelGroup(TyperGroup):
-    """The root command: every error a command raises becomes one line and an exit code (funnel.py)."""
+    """The root command: every error a command raises becomes one line and an exit code (funnel.py).
+
+    Usage errors too (a bad option, a value typer cannot convert, an unknown command): one line
+    naming the help to read, instead of typer's box, exit 2."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except typer.TyperException as exc:
+            raise _usage(exc) from None
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, _UsageError):
-            raise  # our own exits, and typer's usage errors (exit 2)
+        except (typer.Exit, typer.Abort):
+            raise  # our own exits
+        except typer.TyperException as exc:
+            raise _usage(exc) from None
         except BaseException as exc:  # noqa: BLE001 - the one place every error is turned into a line
             if isinstance(exc, SystemExit):
                 raise
@@ -42,6 +48,15 @@ class FunnelGroup(TyperGroup):
             if debug_enabled():
                 traceback.print_exception(exc, file=sys.stderr)
             raise fail(line, code) from None
+
+
+def _usage(exc: Any) -> BaseException:
+    """typer's usage error as one line; help shown for a command given no arguments stays as it is."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # not an error: typer shows the help it carries
+        return exc
+    context = getattr(exc, "ctx", None)
+    where = f" (see '{context.command_path} --help')" if context is not None else ""
+    return fail(f"{exc.format_message()}{where}", getattr(exc, "exit_code", 2) or 2)
 
 
 app = typer.Typer(

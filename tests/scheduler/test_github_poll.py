@@ -22,10 +22,9 @@ def test_filter_values_must_be_non_empty_lists():
 
 def test_unknown_filter_keys_are_refused_at_creation():
     """S2/S13: a github_filter with unknown keys is refused when the schedule is created."""
-    from pydantic import ValidationError
-
     from statebook.scheduler import CreateScheduleRequest
+    from statebook.scheduler.errors import InvalidSchedule
 
-    with pytest.raises(ValidationError, match="unknown keys"):
+    with pytest.raises(InvalidSchedule, match="unknown keys"):
         CreateScheduleRequest(name="g", trigger_type="github_poll", github_repo="o/r", github_filter={"kinds": ["x"]},
                               action_kind="command", action_command="true", action_cwd="/tmp")
