@@ -18,6 +18,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from statebook.lifecycle import Book, Registry, StatebookError
+from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import Limits, timestamp
 
 from .funnel import classify, mask
@@ -181,7 +182,11 @@ def parse_time(text: str, option: str) -> float:
             seconds = parsed.timestamp()
         except (OverflowError, ValueError, OSError):
             seconds = -1.0  # outside what a timestamp holds: refused below
-    return timestamp(option, seconds)
+    try:
+        return timestamp(option, seconds)
+    except InvalidArgument as exc:  # name what was typed, not the float it became ("1e400" is inf)
+        raise InvalidArgument(f"{option}: {text.strip()!r} is not a time from 1970 to 9999 "
+                              f"({str(exc).split(': ', 1)[1]})", argument=option, rule=exc.rule) from None
 
 
 def format_time(ts: float | None) -> str:
