@@ -91,7 +91,27 @@ def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int 
         _configure_sqlite(engine)
         return engine
     _require_asyncpg()
+    _check_postgres_options(parsed)
     return create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2, json_serializer=dumps)
+
+
+_DIALECT_OPTIONS = frozenset({"prepared_statement_cache_size", "async_fallback"})
+"""URL query options SQLAlchemy's asyncpg dialect reads itself; every other one is passed to asyncpg.connect."""
+
+
+def _check_postgres_options(parsed: sa.engine.URL) -> None:
+    """Refuse a URL option asyncpg.connect does not take (it would fail at the first connection with a
+    TypeError); name the ones it does."""
+    import inspect
+
+    import asyncpg
+
+    known = set(inspect.signature(asyncpg.connect).parameters) - {"dsn", "connection_class", "record_class"}
+    for key in parsed.query:
+        if key not in known and key not in _DIALECT_OPTIONS:
+            hint = "; for TLS use ssl=require (asyncpg has no sslmode)" if key == "sslmode" else ""
+            raise ConfigError(f"the database URL's option {key!r} is not one asyncpg takes{hint}; "
+                              f"options: {', '.join(sorted(known | _DIALECT_OPTIONS))}")
 
 
 def _require_asyncpg() -> None:

@@ -340,6 +340,8 @@ def _first_problem(exc: ValidationError, layers: list[tuple[str, Mapping[str, An
     first = errors[0]
     loc = tuple(first["loc"])
     where = ".".join(str(p) for p in loc) or "settings"
+    if not loc:  # a rule across sections (a model validator): its message names the settings
+        return f"invalid settings: {first['msg'].removeprefix('Value error, ')}"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if first["type"] == "extra_forbidden":
         section = SECTIONS.get(str(loc[0])) if len(loc) == 2 else None

@@ -260,8 +260,12 @@ def test_an_interrupt_exits_130(tmp_path, monkeypatch):
 
 
 def test_usage_errors_and_unknown_entities_exit_2(tmp_path):
-    """C5, C7: a bad option (typer's usage error) and an unknown entity exit 2."""
-    assert invoke("dispatch", "ls", "--limit", "many").exit_code == 2
+    """C4, C5, C7: a bad option, an unknown command or option (typer's usage errors: its box was 5-19 lines)
+    and an unknown entity are one line, exit 2."""
+    assert_one_line(invoke("dispatch", "ls", "--limit", "many"), 2, "'--limit'", "see 'statebook dispatch ls --help'")
+    assert_one_line(invoke("nosuch"), 2, "No such command 'nosuch'", "see 'statebook --help'")
+    assert_one_line(invoke("--bogus"), 2, "--bogus")
+    assert_one_line(invoke("schedule", "runs"), 2, "see 'statebook schedule runs --help'")  # a missing argument
     db = f"sqlite:///{tmp_path / 'u.db'}"
     invoke("--db", db, "schedule", "add", "u", "--every", "60", "--command", "/bin/true")
     assert_one_line(invoke("--db", db, "schedule", "show", "nope"), 2)

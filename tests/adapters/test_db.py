@@ -103,3 +103,14 @@ async def test_sqlite_connections_return_to_the_pool_outside_any_transaction(tmp
             assert (await conn.exec_driver_sql("SELECT count(*) FROM t")).scalar() == 0
     finally:
         await engine.dispose()
+
+
+def test_a_postgres_url_option_asyncpg_does_not_take_is_refused_before_connecting():
+    """C4: ``?sslmode=`` (libpq's spelling) was a TypeError at the first connection; now a ConfigError naming it."""
+    from statebook.adapters.db import connect
+    from statebook.adapters.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'sslmode' is not one asyncpg takes; for TLS use ssl=require"):
+        connect("postgresql://u@127.0.0.1:1/x?sslmode=require")
+    engine = connect("postgresql://u@127.0.0.1:1/x?ssl=require&command_timeout=5")  # asyncpg's own options pass
+    assert engine.url.query == {"ssl": "require", "command_timeout": "5"}
