@@ -118,39 +118,44 @@ def json_value(argument: str, value: Any, limits: Limits | None = None) -> Any:
     escaped, a number at most 26); only a value whose bound exceeds ``json_bytes`` is encoded to
     measure it exactly."""
     limits = limits or DEFAULT_LIMITS
+    low, high = INT64
     estimate = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
+    stack: list[tuple[Any, int]] = [((value,), 0)]  # the value inside a depth-0 wrapper: one loop for all
+    while stack:  # containers only; their scalars are checked where they are met
         node, depth = stack.pop()
-        kind = type(node)
-        if kind is str:
-            if not node.isascii():
-                _json_text(argument, node)
-            estimate += 6 * len(node) + 3
-        elif kind is int:
-            integer(argument, node)
-            estimate += 21
-        elif kind is float:
-            if node - node != 0.0:
-                raise _refuse(argument, "finite", f"holds {node!r}, which JSON cannot carry")
-            estimate += 26
-        elif node is None or kind is bool:
-            estimate += 6
-        elif kind is dict or kind is list or kind is tuple:
-            depth += 1
-            if depth > limits.json_depth:
-                raise _refuse(argument, "depth", f"is nested more than {limits.json_depth} levels deep")
-            estimate += 2
-            if kind is list or kind is tuple:
-                stack.extend((item, depth) for item in node)
-            else:
-                for key, item in node.items():
-                    if type(key) is not str:
-                        raise _refuse(argument, "json", f"has a key of type {type(key).__name__}; JSON keys are text")
-                    stack.append((key, depth))
-                    stack.append((item, depth))
+        if depth > limits.json_depth:
+            raise _refuse(argument, "depth", f"is nested more than {limits.json_depth} levels deep")
+        estimate += 2
+        if type(node) is dict:
+            for key in node:
+                if type(key) is not str:
+                    raise _refuse(argument, "json", f"has a key of type {type(key).__name__}; JSON keys are text")
+                if not key.isascii():
+                    _json_text(argument, key)
+                estimate += 6 * len(key) + 4
+            items: Any = node.values()
         else:
-            raise _refuse(argument, "json", f"holds a {kind.__name__}, which is not JSON")
+            items = node
+        for item in items:
+            kind = type(item)
+            if kind is str:
+                if not item.isascii():
+                    _json_text(argument, item)
+                estimate += 6 * len(item) + 3
+            elif kind is int:
+                if not low <= item <= high:
+                    integer(argument, item)
+                estimate += 21
+            elif kind is float:
+                if item - item != 0.0:
+                    raise _refuse(argument, "finite", f"holds {item!r}, which JSON cannot carry")
+                estimate += 26
+            elif kind is dict or kind is list or kind is tuple:
+                stack.append((item, depth + 1))
+            elif item is None or kind is bool:
+                estimate += 6
+            else:
+                raise _refuse(argument, "json", f"holds a {kind.__name__}, which is not JSON")
     if estimate > limits.json_bytes:
         size = len(dumps(value).encode())
         if size > limits.json_bytes:

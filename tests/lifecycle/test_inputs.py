@@ -117,8 +117,13 @@ def test_column_fast_paths_agree_with_the_full_checks(column: str, value: Any) -
     assert accepted == expected, (column, value)
 
 
-@given(st.lists(st.text(st.characters(codec="utf-8"), max_size=300), max_size=5), st.integers(min_value=-3, max_value=3))
-def test_the_size_bound_is_exact_at_the_edge(value: list[str], offset: int) -> None:
+EDGE_TEXT = st.text(st.characters(codec="utf-8"), max_size=300)
+
+
+@given(st.one_of(st.lists(EDGE_TEXT, max_size=5), st.dictionaries(EDGE_TEXT, st.one_of(EDGE_TEXT, st.none(),
+                                                                                        st.integers(min_value=-(2**63), max_value=2**63 - 1)), max_size=4)),
+       st.integers(min_value=-3, max_value=3))
+def test_the_size_bound_is_exact_at_the_edge(value: Any, offset: int) -> None:
     """Text of escapes and multi-byte characters right at the bound: the estimate never lets one past."""
     exact = len(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
     bound = max(2, exact + offset)
