@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from statebook.lifecycle.codec import new_id
+
+from .errors import DispatchInvalid
 
 SIGNAL_SCHEMA_VERSION: int = 1
 """Changes only when a field is removed or renamed; adding a nullable field is not breaking."""
@@ -24,7 +26,7 @@ class Signal(BaseModel):
     """A message with identity and provenance. ``created_at`` comes from the caller's clock."""
 
     # Unknown fields are ignored so an older reader accepts a newer envelope (additions are not breaking).
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     id: str = Field(default_factory=new_id)
     created_at: float
@@ -32,6 +34,20 @@ class Signal(BaseModel):
     data: Any = None
     emitter_role: str | None = None
     schema_version: int = SIGNAL_SCHEMA_VERSION
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """pydantic's ``model_validate``, refusing with :class:`DispatchInvalid` (not a ``ValidationError``)."""
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise _refusal(exc) from None
 
     @model_validator(mode="after")
     def _mark_class(self) -> Signal:
@@ -54,6 +70,17 @@ class DispatchSignal(Signal):
     attempt: int = 0
     ack_token: str | None = None
     body: dict[str, Any] = Field(default_factory=dict)
+
+
+def _refusal(exc: ValidationError) -> DispatchInvalid:
+    """The first error of a signal's validation as one DispatchInvalid naming its field."""
+    first = exc.errors(include_url=False)[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, DispatchInvalid):  # raised by a nested __init__, already one refusal
+        return cause
+    field = ".".join(str(part) for part in first["loc"]) or "signal"
+    return DispatchInvalid(f"{field!r}: {first['msg']}" if not field.isidentifier() else f"{field}: {first['msg']}",
+                           argument=field[:255], rule=first["type"])
 
 
 _DISPATCH_MARKER = {"class": f"statebook.outbox.{DispatchSignal.__name__}"}
