@@ -175,6 +175,12 @@ def _short(value: Any) -> str:
     return shown if len(shown) <= 40 else f"{shown[:20]}…({len(shown)} digits)"
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a message, cut to about ``limit`` characters (input may be megabytes)."""
+    text_ = repr(value)
+    return text_ if len(text_) <= limit else f"{text_[: limit - 20]}…({len(text_)} characters)"
+
+
 DEFAULT_LIMITS = Limits()
 
 

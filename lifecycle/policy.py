@@ -17,6 +17,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from .errors import PolicyError, RegistrySealed, TransitionRejected, UnknownEntityType, UnknownReason
+from .inputs import shown
 from .validation import validate
 
 SameStatus = Literal["edge", "allow"]
@@ -381,7 +382,7 @@ class Registry:
             return self._by_type[entity_type]
         except (KeyError, TypeError):  # TypeError: an unhashable value is no type name either
             known = ", ".join(sorted(self._by_type)) or "none"
-            raise UnknownEntityType(f"no lifecycle is registered for {entity_type!r}; known types: {known}") from None
+            raise UnknownEntityType(f"no lifecycle is registered for {shown(entity_type)}; known types: {known}") from None
 
     def __contains__(self, entity_type: object) -> bool:
         try:
