@@ -29,7 +29,7 @@ from .registry import builtin_registry
 from .sqlite import BUSY_TIMEOUT_MS  # one value for the connections and the writer queue
 
 DEFAULT_URL = "sqlite:///./statebook.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 schema_version = sa.Table(
     "statebook_schema",
@@ -168,6 +168,12 @@ async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK, *, reg
         elif found > SCHEMA_VERSION:
             raise ConfigError(
                 f"the database has schema version {found}, newer than this statebook ({SCHEMA_VERSION}); upgrade statebook"
+            )
+        elif found < SCHEMA_VERSION:  # no migrations before the first release (specs/performance.md)
+            raise ConfigError(
+                f"the database has schema version {found}, older than this statebook ({SCHEMA_VERSION}): its facts "
+                "table has another set of indexes; create a new database (there are no migrations before the "
+                "first release)"
             )
 
 

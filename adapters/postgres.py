@@ -258,13 +258,12 @@ def _compile_json_text(element: _json_text, compiler: Any, **kw: Any) -> str:
 
 
 # Sequence values can commit out of order; the writing transaction's id lets the tailing reader emit only
-# facts whose transactions are all finished (``tail_query``).
-sa.event.listen(
-    facts_table,
-    "after_create",
-    sa.DDL(
-        "ALTER TABLE status_transitions ALTER COLUMN tx_id SET DEFAULT (pg_current_xact_id()::text::bigint)"
-    ).execute_if(dialect="postgresql"),
-)
+# facts whose transactions are all finished (``tail_query``), read in (tx_id, seq) order from its own index
+# (without it every poll would scan and sort the whole table).
+for _ddl in (
+    "ALTER TABLE status_transitions ALTER COLUMN tx_id SET DEFAULT (pg_current_xact_id()::text::bigint)",
+    "CREATE INDEX ix_fact_tail ON status_transitions (tx_id, seq)",
+):
+    sa.event.listen(facts_table, "after_create", sa.DDL(_ddl).execute_if(dialect="postgresql"))
 
 register_backend("postgresql", PostgresStore)

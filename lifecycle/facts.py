@@ -25,7 +25,7 @@ facts_table = sa.Table(
     "status_transitions",
     metadata,
     sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("id", sa.String(32), nullable=False, unique=True),
+    sa.Column("id", sa.String(32), nullable=False),
     sa.Column("entity_type", sa.Text, nullable=False),
     sa.Column("entity_id", sa.Text, nullable=False),
     sa.Column("prev_fact_id", sa.String(32), nullable=False),
@@ -46,10 +46,10 @@ facts_table = sa.Table(
     sa.Column("prev_hash", sa.String(64), nullable=False),
     sa.Column("hash", sa.String(64), nullable=False),
     sa.Column("tx_id", sa.BigInteger, nullable=True),
-    sa.UniqueConstraint("entity_type", "entity_id", "prev_fact_id", name="uq_fact_chain"),
-    sa.Index("ix_fact_entity", "entity_type", "entity_id", "seq"),
-    sa.Index("ix_fact_reason_at", "reason_code", "at"),
-    sa.Index("ix_fact_at", "at"),
+    # The indexes a fact pays for, each with the queries it serves (specs/performance.md, "Fact indexes"):
+    # one entity's history in order, verify's sweep, the purged-id probe, and no fork: two facts can never
+    # claim the same version of one entity.
+    sa.UniqueConstraint("entity_type", "entity_id", "version", name="uq_fact_version"),
     sa.Index(
         "uq_fact_idempotency",
         "entity_type",

@@ -57,7 +57,7 @@ async def history(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
         rows = (
             await conn.execute(
                 sa.select(*stored_columns(t)).where(t.c.entity_type == entity_type, t.c.entity_id == entity_id)
-                .order_by(t.c.seq)
+                .order_by(t.c.version)
             )
         ).fetchall()
     return [Fact.from_row(r) for r in rows]
@@ -245,7 +245,7 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
 
 async def _stream_facts(book: Book, entity_type: str | None) -> AsyncIterator[Fact]:
     t = facts_table
-    query = sa.select(*stored_columns(t)).order_by(t.c.entity_type, t.c.entity_id, t.c.seq)
+    query = sa.select(*stored_columns(t)).order_by(t.c.entity_type, t.c.entity_id, t.c.version)
     if entity_type is not None:
         query = query.where(t.c.entity_type == entity_type)
     async with book.read() as conn:

@@ -156,7 +156,7 @@ class _Chunk:
             facts, rows = facts.where(t.c.entity_id >= self.lo), rows.where(table.c.id >= self.lo)
         if self.hi is not None:
             facts, rows = facts.where(t.c.entity_id < self.hi), rows.where(table.c.id < self.hi)
-        return facts.order_by(store.in_id_order(t.c.entity_id), t.c.seq), rows.order_by(store.in_id_order(table.c.id))
+        return facts.order_by(store.in_id_order(t.c.entity_id), t.c.version), rows.order_by(store.in_id_order(table.c.id))
 
 
 class _Run:

@@ -7,6 +7,8 @@ import sqlite3
 import stat
 
 import pytest
+
+from statebook.adapters.db import SCHEMA_VERSION
 import sqlalchemy as sa
 
 from statebook.adapters.db import connect, normalize_url, open_book
@@ -77,7 +79,18 @@ async def test_schema_version_is_recorded_once(tmp_path):
         async with book.read() as conn:
             versions = (await conn.execute(sa.text("SELECT version FROM statebook_schema"))).scalars().all()
         await book.engine.dispose()
-    assert versions == [1]
+    assert versions == [SCHEMA_VERSION]
+
+
+async def test_a_database_of_an_older_schema_is_refused_with_what_to_do(tmp_path):
+    """The fact layout of schema 2 has other indexes than 1's; an older file is named, not half-used."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    book = await open_book(url)
+    async with book.engine.begin() as conn:
+        await conn.execute(sa.text("UPDATE statebook_schema SET version = 1"))
+    await book.engine.dispose()
+    with pytest.raises(ConfigError, match="schema version 1, older than this statebook .2.*create a new database"):
+        await open_book(url)
 
 
 async def test_sqlite_connections_return_to_the_pool_outside_any_transaction(tmp_path):
