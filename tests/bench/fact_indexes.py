@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -84,7 +85,8 @@ async def plans(url: str, entities: int) -> list[tuple[str, str]]:
                 explain = "EXPLAIN (COSTS OFF) " if postgres else "EXPLAIN QUERY PLAN "
                 rows = (await conn.execute(sa.text(explain + sql), {"one": one, "two": two})).all()
                 lines = [r[0] if postgres else r[-1] for r in rows]
-                out.append((name, "; ".join(" ".join(line.split()) for line in lines)))
+                plan = "; ".join(" ".join(line.split()) for line in lines)
+                out.append((name, re.sub(r"'[0-9a-f]{32}'", ":id", plan)))
     finally:
         await book.engine.dispose()
     return out

@@ -149,7 +149,8 @@ class AuditCases:
         assert len({f.hash for f in facts}) == len(facts)
 
     async def test_a_second_fact_on_the_same_predecessor_cannot_commit(self, book: Book):
-        """L8: (entity, prev_fact_id) is unique, so a fork of the history is refused by the database."""
+        """L8: (entity, version) is unique, so a fork of the history (a second fact at a version) is refused by
+        the database."""
         await new_task(book, "t1")
         await start(book, "t1")
         first, second = await history(book, "task", "t1")
@@ -160,6 +161,19 @@ class AuditCases:
         other = {**second.content(), "id": "other", "entity_id": "t2", "prev_fact_id": first.id}
         await execute(book, sa.insert(facts_table).values(insert_values(other, first.hash)))
         assert await count_facts(book) == 3, "the constraint is per entity"
+
+    async def test_a_forged_successor_at_another_version_commits_but_verify_reports_it(self, book: Book):
+        """L8: the database forbids two facts at one version; a forged second successor that claims the next
+        version instead is stored, and verify names the damage (the chain no longer ends at the row's head)."""
+        await new_task(book, "t1")
+        await start(book, "t1")
+        first, second = await history(book, "task", "t1")
+        assert (await verify(book)).ok
+        forged = {**second.content(), "id": "f" * 32, "version": 3, "status": "rejected"}
+        await execute(book, sa.insert(facts_table).values(insert_values(forged, first.hash)))
+        report = await verify(book)
+        assert not report.ok
+        assert {f.entity_id for f in report.findings} == {"t1"}, report.findings
 
     # -- verify finds tampering ------------------------------------------------------------------
 
