@@ -50,7 +50,6 @@ class Limits:
         integer("json_bytes", self.json_bytes, low=2, high=2**30)
 
 
-
 def _refuse(argument: str, rule: str, message: str) -> InvalidArgument:
     return InvalidArgument(f"{argument}: {message}", argument=argument, rule=rule)
 
