@@ -8,7 +8,7 @@ RUN_SECONDS ?= 12
 PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then exit 0; fi; \
 	echo "statebook needs Python >= 3.11; $$0 is $$("$$0" -V 2>&1). Use make PYTHON=python3.11 (and remove $(VENV) if it is stale)." >&2; exit 1'
 
-.PHONY: venv run test bench
+.PHONY: venv run test bench growth
 
 venv: $(VENV)/.stamp
 
@@ -32,3 +32,10 @@ BENCH_ARGS ?=
 bench: venv
 	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/run.py $(if $(BASELINE),--baseline $(BASELINE)) $(BENCH_ARGS)
+
+# How drain, verify and scheduler evaluation cost grow (10k-1M history rows, 10-10,000 schedules; several
+# minutes): a table, specs/performance-growth.png and tests/bench/growth.json. GROWTH_ARGS, e.g. --quick.
+GROWTH_ARGS ?=
+growth: venv
+	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
+	$(VENV)/bin/python tests/bench/growth.py $(GROWTH_ARGS)
