@@ -70,7 +70,11 @@ schedules = managed_table(
     sa.CheckConstraint(_in("action_kind", ACTION_KINDS), name="ck_schedules_action"),
     sa.CheckConstraint(_in("missed_fire_policy", ("skip", "run_once")), name="ck_schedules_missed"),
     sa.CheckConstraint(_in("overlap_policy", ("skip", "allow")), name="ck_schedules_overlap"),
-    sa.Index("ix_schedules_due", "enabled", "next_fire_at"),
+    # The due scan (evaluation.due_query: active, next_fire_at <= now, in (next_fire_at, id) order) and the
+    # tick's earliest next fire (min(next_fire_at) of the active ones) read this; without it both scanned
+    # and sorted every schedule on each tick. The old (enabled, next_fire_at) index served neither query.
+    sa.Index("ix_schedules_due", "next_fire_at", "id", sqlite_where=sa.text("status = 'active'"),
+             postgresql_where=sa.text("status = 'active'")),
 )
 
 schedule_runs = managed_table(
