@@ -64,13 +64,15 @@ async def create(
 
 
 async def create_many(
-    book: Book, entity_type: str, items: Sequence[NewEntity], *, if_absent: bool = False
+    book: Book, entity_type: str, items: Sequence[NewEntity], *, if_absent: bool = False, fresh_ids: bool = False
 ) -> list[Outcome]:
     """Insert many entities and their first facts in one transaction (outcomes in input order).
 
     With ``if_absent=True`` rows hitting a unique constraint are skipped (``conflict`` outcomes).
+    ``fresh_ids=True`` says every id given was drawn with :func:`codec.new_id` just now (as
+    ``create``'s ``fresh_id``), so none can belong to a purged history and the probe for one is skipped.
     """
-    return await _create(book, entity_type, items, if_absent, trust_ids=False)
+    return await _create(book, entity_type, items, if_absent, trust_ids=fresh_ids)
 
 
 async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_absent: bool, *,

@@ -199,7 +199,8 @@ async def _enqueue_many(tx: Book, prepared: list[dict[str, Any]]) -> tuple[list[
         if key is not None:
             first_with_key[key] = index
         fresh.append((index, NewEntity(values, "pending", _reason(args["kind"]), ENQUEUE_ACTOR)))
-    outcomes = await create_many(tx, "dispatch", [entity for _, entity in fresh], if_absent=True)
+    outcomes = await create_many(tx, "dispatch", [entity for _, entity in fresh], if_absent=True,
+                                 fresh_ids=True)  # _new_row drew every id with new_id()
     created = False
     for (index, entity), outcome in zip(fresh, outcomes, strict=True):
         if outcome.applied:
@@ -242,7 +243,7 @@ async def _enqueue_fresh(book: Book, prepared: list[dict[str, Any]]) -> list[str
             entities.append(NewEntity(_new_row(args, now), "pending", _reason(args["kind"]), ENQUEUE_ACTOR))
         except DispatchInvalid as exc:
             raise checks.in_item(exc, index) from None
-    outcomes = await create_many(book, "dispatch", entities, if_absent=True)
+    outcomes = await create_many(book, "dispatch", entities, if_absent=True, fresh_ids=True)  # ids from new_id()
     ids = []
     for args, entity, outcome in zip(prepared, entities, outcomes, strict=True):
         if outcome.applied:
