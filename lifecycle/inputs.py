@@ -77,7 +77,7 @@ def integer(argument: str, value: Any, *, low: int = INT64[0], high: int = INT64
     if type(value) is not int and (not isinstance(value, int) or isinstance(value, bool)):
         raise _refuse(argument, "type", f"expected an integer, got {type(value).__name__}")
     if not low <= value <= high:
-        raise _refuse(argument, "range", f"{_short(value)} is out of range; allowed: {low} to {high}")
+        raise _refuse(argument, "range", f"{shown(value)} is out of range; allowed: {low} to {high}")
     return value
 
 
@@ -90,9 +90,9 @@ def number(argument: str, value: Any, *, low: float = -math.inf, high: float = m
     except OverflowError:
         as_float = math.inf
     if not math.isfinite(as_float):
-        raise _refuse(argument, "finite", f"{_short(value)} is not a finite number")
+        raise _refuse(argument, "finite", f"{shown(value)} is not a finite number")
     if not low <= as_float <= high:
-        raise _refuse(argument, "range", f"{_short(value)} is out of range; allowed: {low:g} to {high:g}")
+        raise _refuse(argument, "range", f"{shown(value)} is out of range; allowed: {low:g} to {high:g}")
     return value
 
 
@@ -106,7 +106,7 @@ def duration(argument: str, value: Any, *, low: float = 0.0, high: float = 100 *
     """Seconds, finite, in ``[low, high]`` (at most a century by default); ``positive`` refuses 0."""
     number(argument, value, low=low, high=high)
     if positive and value <= 0:
-        raise _refuse(argument, "range", f"{_short(value)} must be more than 0 seconds")
+        raise _refuse(argument, "range", f"{shown(value)} must be more than 0 seconds")
     return value
 
 
@@ -169,15 +169,10 @@ def _json_text(argument: str, value: str) -> None:
         raise _refuse(argument, "utf8", f"holds text that is not valid UTF-8 (a lone surrogate at {exc.start})") from None
 
 
-def _short(value: Any) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 40 else f"{shown[:20]}…({len(shown)} digits)"
-
-
 def shown(value: Any, limit: int = 60) -> str:
     """``repr(value)`` for a message, cut to about ``limit`` characters (input may be megabytes)."""
-    text_ = repr(value)
-    return text_ if len(text_) <= limit else f"{text_[: limit - 20]}…({len(text_)} characters)"
+    full = repr(value)
+    return full if len(full) <= limit else f"{full[: limit - 20]}…({len(full)} characters)"
 
 
 DEFAULT_LIMITS = Limits()
@@ -246,7 +241,7 @@ def _column_rule(table: sa.Table, column: sa.Column[Any]) -> tuple[str, Any, Any
 
 def _boolean(argument: str, value: Any) -> Any:
     if type(value) is not bool and value not in (0, 1):
-        raise _refuse(argument, "type", f"expected true or false, got {_short(value)}")
+        raise _refuse(argument, "type", f"expected true or false, got {shown(value)}")
     return value
 
 

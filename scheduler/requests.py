@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from statebook.lifecycle.errors import InvalidArgument
-from statebook.lifecycle.inputs import INT32, KEY_CHARS, Limits, integer, json_value, number, text, timestamp
+from statebook.lifecycle.inputs import INT32, KEY_CHARS, Limits, integer, json_value, number, shown, text, timestamp
 
 from .errors import InvalidSchedule
 from .schema import ACTION_KINDS
@@ -64,10 +64,6 @@ def _as_schedule_error(exc: InvalidArgument) -> InvalidSchedule:
         return exc
     return InvalidSchedule(str(exc), argument=exc.argument, rule=exc.rule)
 
-
-def _shown(value: Any) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 60 else f"{shown[:50]}… ({len(shown)} characters)"
 
 
 class CreateScheduleRequest(BaseModel):
@@ -143,7 +139,7 @@ class CreateScheduleRequest(BaseModel):
     def _name(cls, value: Any) -> Any:
         text("name", value, max_chars=KEY_CHARS)
         if not _NAME.fullmatch(value):
-            raise _refuse("name", "pattern", f"{_shown(value)} must start with a letter or digit and use only "
+            raise _refuse("name", "pattern", f"{shown(value)} must start with a letter or digit and use only "
                           "letters, digits, '_', '.', ':' or '-' (at most 128 characters)")
         return value
 
@@ -173,7 +169,7 @@ class CreateScheduleRequest(BaseModel):
         if value is not None:
             text("github_repo", value, max_chars=KEY_CHARS)
             if not _REPO.fullmatch(value):
-                raise _refuse("github_repo", "pattern", f"{_shown(value)} is not 'owner/name'")
+                raise _refuse("github_repo", "pattern", f"{shown(value)} is not 'owner/name'")
         return value
 
     @field_validator("interval_sec", "poll_interval_sec", mode="before")
@@ -228,7 +224,7 @@ class CreateScheduleRequest(BaseModel):
         if value == "playbook":
             raise _refuse("action_kind", "vocabulary", "'playbook' is not stored; use 'play' (the one vocabulary)")
         if value not in ACTION_KINDS:
-            raise _refuse("action_kind", "vocabulary", f"{_shown(value)} is unknown; use one of {', '.join(ACTION_KINDS)}")
+            raise _refuse("action_kind", "vocabulary", f"{shown(value)} is unknown; use one of {', '.join(ACTION_KINDS)}")
         return value
 
     # -- the fields together ------------------------------------------------------------------
@@ -303,10 +299,10 @@ def check_threshold(cfg: Mapping[str, Any]) -> None:
                       f"{', '.join(THRESHOLD_KEYS)}")
     metric, op = cfg.get("metric"), cfg.get("op", "gt")
     if metric not in THRESHOLD_METRICS:
-        raise _refuse("threshold_config.metric", "vocabulary", f"{_shown(metric)} is unknown; use one of "
+        raise _refuse("threshold_config.metric", "vocabulary", f"{shown(metric)} is unknown; use one of "
                       f"{', '.join(THRESHOLD_METRICS)}")
     if op not in THRESHOLD_OPS:
-        raise _refuse("threshold_config.op", "vocabulary", f"{_shown(op)} is unknown; use 'gt' or 'gte'")
+        raise _refuse("threshold_config.op", "vocabulary", f"{shown(op)} is unknown; use 'gt' or 'gte'")
     if "value" not in cfg:
         raise _refuse("threshold_config.value", "required", "a threshold needs a numeric 'value'")
     number("threshold_config.value", cfg["value"], low=-THRESHOLD_VALUE, high=THRESHOLD_VALUE)
@@ -334,7 +330,7 @@ def check_overlay(overlay: Mapping[str, Any], key: str) -> None:
         if kind == "playbook":
             raise _refuse(where, "vocabulary", "action kind 'playbook' is not stored; use 'play'")
         if kind is not None and kind not in ACTION_KINDS:
-            raise _refuse(where, "vocabulary", f"action kind {_shown(kind)} is unknown; use one of "
+            raise _refuse(where, "vocabulary", f"action kind {shown(kind)} is unknown; use one of "
                           f"{', '.join(ACTION_KINDS)}")
         for name, value in current.items():
             field = name.removeprefix("action_")
@@ -384,7 +380,7 @@ def check_filter(flt: Mapping[str, Any] | None) -> dict[str, frozenset[str]]:
     out: dict[str, frozenset[str]] = {}
     for key, values in flt.items():
         if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
-            raise _refuse(f"github_filter.{key}", "type", f"must be a non-empty list of text, got {_shown(values)}")
+            raise _refuse(f"github_filter.{key}", "type", f"must be a non-empty list of text, got {shown(values)}")
         for v in values:
             text(f"github_filter.{key}", v, max_chars=KEY_CHARS)
         out[key] = frozenset(values)

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, available_timezones
 
 from croniter import CroniterBadDateError, croniter
 
-from statebook.lifecycle.inputs import KEY_CHARS, text
+from statebook.lifecycle.inputs import KEY_CHARS, shown, text
 
 from .errors import InvalidSchedule
 
@@ -53,7 +53,7 @@ def check_zone(argument: str, value: Any) -> str:
     """A schedule's own ``timezone``: a real IANA key, else :class:`InvalidSchedule` (S18)."""
     name = _text(argument, value, KEY_CHARS)
     if not name or known_zone(name) is None:
-        raise InvalidSchedule(f"{argument}: {_shown(name)} is not an IANA time zone; use a name such as "
+        raise InvalidSchedule(f"{argument}: {shown(name)} is not an IANA time zone; use a name such as "
                               "'Europe/Paris', 'America/New_York' or 'UTC'", argument=argument, rule="zone")
     return name
 
@@ -64,7 +64,7 @@ def resolve_zone(name: str | None) -> ZoneInfo | timezone:
         return timezone.utc
     zone = known_zone(name) if isinstance(name, str) else None
     if zone is None:
-        log.warning("unknown timezone %s; cron schedules fall back to UTC", _shown(name))
+        log.warning("unknown timezone %s; cron schedules fall back to UTC", shown(name))
         return timezone.utc
     return zone
 
@@ -78,7 +78,7 @@ def check_cron(argument: str, value: Any) -> str:
             return expr
         except Exception as exc:  # noqa: BLE001 - croniter's errors are many and not one family
             if not _no_date(exc):
-                raise InvalidSchedule(f"{argument}: {_shown(expr)} is not a cron expression ({_croniter_says(exc)}); "
+                raise InvalidSchedule(f"{argument}: {shown(expr)} is not a cron expression ({_croniter_says(exc)}); "
                                       "use five fields such as '*/5 * * * *'", argument=argument, rule="cron") from None
     raise _never_fires(argument, expr)
 
@@ -97,14 +97,14 @@ def next_cron(expr: str, after: float, zone: ZoneInfo | timezone) -> float:
                 return when
     except Exception as exc:  # noqa: BLE001 - translated: no croniter error leaves the scheduler
         if not _no_date(exc):
-            raise InvalidSchedule(f"cron_expr: {_shown(expr)} is not a cron expression ({_croniter_says(exc)})",
+            raise InvalidSchedule(f"cron_expr: {shown(expr)} is not a cron expression ({_croniter_says(exc)})",
                                   argument="cron_expr", rule="cron") from None
     raise _never_fires("cron_expr", expr, after)
 
 
 def _never_fires(argument: str, expr: str, after: float | None = None) -> InvalidSchedule:
     since = "" if after is None else f" after {datetime.fromtimestamp(after, timezone.utc):%Y-%m-%dT%H:%MZ}"
-    return InvalidSchedule(f"{argument}: {_shown(expr)} never fires{since} (no date matches it, e.g. February 31)",
+    return InvalidSchedule(f"{argument}: {shown(expr)} never fires{since} (no date matches it, e.g. February 31)",
                            argument=argument, rule="never_fires")
 
 
@@ -124,10 +124,6 @@ def _text(argument: str, value: Any, max_chars: int) -> str:
     except Exception as exc:  # an InvalidArgument: the same, as a schedule's error
         raise InvalidSchedule(str(exc), argument=argument, rule=getattr(exc, "rule", "type")) from None
 
-
-def _shown(value: Any) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 60 else f"{shown[:50]}… ({len(value)} characters)"
 
 
 def next_interval(anchor: float, interval: float, now: float) -> float:

@@ -18,7 +18,7 @@ from statebook.lifecycle.replay import Report, check_entity, fold
 from statebook.lifecycle.schema import row_defaults
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
 
-from .app import app, app_hint, cli_registry, console, err_console, fail, parse_time, run, with_book
+from .app import app, cli_registry, console, err_console, fail, parse_time, run, with_book
 
 lifecycle_app = typer.Typer(help="Inspect the declared lifecycles (works without a database).", no_args_is_help=True)
 app.add_typer(lifecycle_app, name="lifecycle")

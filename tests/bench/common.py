@@ -7,6 +7,7 @@ result; absolute numbers are noise.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import statistics
@@ -15,10 +16,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+
+T = TypeVar("T")
 
 BENCH_DIR = Path(__file__).resolve().parent
 TESTS_DIR = BENCH_DIR.parent
@@ -226,6 +229,26 @@ async def recreate_databases(base: str, names: Sequence[str]) -> dict[str, str]:
     finally:
         await conn.close()
     return {name: pg_database_url(base, name) for name in names}
+
+
+async def drop_databases(base: str, names: Sequence[str]) -> None:
+    """Drop the databases ``names`` on the server of ``base`` (the end of a run)."""
+    conn = await asyncpg.connect(base)
+    try:
+        for name in names:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def run_with_postgres(pg_url: str | None, job: Callable[[str], Awaitable[T]]) -> T:
+    """``asyncio.run(job(url))`` on ``pg_url``, or on a throwaway cluster (tests/pgcluster.py) when None."""
+    if pg_url:
+        return asyncio.run(job(pg_url))
+    import pgcluster
+
+    with pgcluster.throwaway_cluster() as url:
+        return asyncio.run(job(url))
 
 
 async def pg_server_version(url: str) -> str:

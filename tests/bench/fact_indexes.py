@@ -11,7 +11,6 @@ table — so a reader sees the index each one uses, and a dropped index shows up
 from __future__ import annotations
 
 import argparse
-import asyncio
 import re
 import sys
 import tempfile
@@ -25,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from statebook.adapters.db import open_book, reset_schema  # noqa: E402
 from statebook.lifecycle import FakeClock  # noqa: E402
 from statebook.outbox import CallableTransport, deliver_due_dispatches, enqueue_dispatches  # noqa: E402
+
+from common import run_with_postgres  # noqa: E402  (tests/bench, the script's directory)
 
 QUERIES: list[tuple[str, str, str]] = [
     ("history, replay, as_of (one entity's facts in order)",
@@ -111,14 +112,7 @@ def main() -> None:
             return {"SQLite": await plans(f"sqlite:///{tmp}/facts.db", args.entities),
                     "PostgreSQL": await plans(pg_url, args.entities)}
 
-    if args.pg_url:
-        print(table(asyncio.run(both(args.pg_url))))
-        return
-    import pgcluster
-
-    with pgcluster.throwaway_cluster() as url:
-        print(table(asyncio.run(both(url))))
-
+    print(table(run_with_postgres(args.pg_url, both)))
 
 if __name__ == "__main__":
     main()

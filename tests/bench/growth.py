@@ -28,7 +28,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
 sys.path.insert(0, str(BENCH_DIR))
 
-from common import REPO_DIR, SqliteFiles, machine, median, recreate_databases  # noqa: E402
+from common import REPO_DIR, SqliteFiles, drop_databases, machine, median, recreate_databases  # noqa: E402
 
 PG, SQ = "postgresql", "sqlite"
 BACKENDS = (PG, SQ)
@@ -224,19 +224,8 @@ async def measure(pg_base: str, sizes: Sequence[int], rounds: int) -> Results:
         results.update(await scheduler_points(pg_base, SCHEDULES, rounds, files))
     finally:
         files.cleanup()
-        await _drop(pg_base, [HISTORY_DB, SCHEDULE_DB])
+        await drop_databases(pg_base, [HISTORY_DB, SCHEDULE_DB])
     return results
-
-
-async def _drop(base: str, names: list[str]) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(base)
-    try:
-        for name in names:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,6 @@ is the planner working from the statistics of an empty table, not the statement 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from statebook.adapters.db import open_book, reset_schema  # noqa: E402
 from statebook.outbox import enqueue_dispatches  # noqa: E402
+
+from common import run_with_postgres  # noqa: E402  (tests/bench, the script's directory)
 
 BATCH = 500
 
@@ -61,14 +62,7 @@ def main() -> None:
     parser.add_argument("--pg-url", help="PostgreSQL URL (default: a throwaway cluster)")
     parser.add_argument("--batches", type=int, default=50)
     args = parser.parse_args()
-    if args.pg_url:
-        print(asyncio.run(report(args.pg_url, args.batches)))
-        return
-    import pgcluster
-
-    with pgcluster.throwaway_cluster() as url:
-        print(asyncio.run(report(url, args.batches)))
-
+    print(run_with_postgres(args.pg_url, lambda url: report(url, args.batches)))
 
 if __name__ == "__main__":
     main()

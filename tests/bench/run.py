@@ -31,8 +31,8 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import pgcluster  # noqa: E402
 
-from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, machine, pg_server_version,  # noqa: E402
-                    recreate_databases, render_table)
+from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, drop_databases, machine,  # noqa: E402
+                    pg_server_version, recreate_databases, render_table)
 
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "memory")
 COMPARED = ("W1", "W2", "W3")
@@ -135,17 +135,6 @@ REPO = BENCH_DIR.parent.parent
 
 def base_url_is_throwaway(url: str) -> bool:
     return url in _THROWAWAY
-
-
-async def drop_databases(base: str, names: list[str]) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(base)
-    try:
-        for name in names:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
