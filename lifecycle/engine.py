@@ -19,7 +19,7 @@ from .errors import (
     ConstraintViolation, DuplicateEntity, EntityNotFound, IdempotencyMismatch, InvalidArgument, StorageError,
     TransitionRejected,
 )
-from .inputs import KEY_CHARS, check_columns, check_reason_actor, text
+from .inputs import KEY_CHARS, check_columns, check_reason_actor, plain_texts, text
 from .plan import HEAD, Command, NewEntity, Outcome, applied, conflict, matches, plan_create, plan_purge, plan_transition
 from .policy import Lifecycle
 from .reasons import Actor, Reason
@@ -317,20 +317,21 @@ def _mapping(argument: str, value: Any) -> dict[str, Any]:
 
 def _check_inputs(lc: Lifecycle, c: Command, limits: Any) -> None:
     for argument, value in (("guards", c.guards), ("patch", c.patch), ("metadata", c.metadata)):
-        if not isinstance(value, Mapping):
+        if type(value) is not dict and not isinstance(value, Mapping):
             raise InvalidArgument(f"{argument}: expected a mapping, got {type(value).__name__}", argument=argument,
                                   rule="type")
     if not isinstance(c.expected, tuple):
         raise InvalidArgument(f"expected: expected a tuple of statuses, got {type(c.expected).__name__}",
                               argument="expected", rule="type")
     check_reason_actor(c.reason, c.actor, c.metadata, limits)
-    text("target", c.target, max_chars=KEY_CHARS)
-    for status in c.expected:
-        text("expected", status, max_chars=KEY_CHARS)
+    if not plain_texts((c.target, *c.expected, *c.patch, *c.guards), KEY_CHARS):  # else each explains itself
+        text("target", c.target, max_chars=KEY_CHARS)
+        for status in c.expected:
+            text("expected", status, max_chars=KEY_CHARS)
+        for name in (*c.patch, *c.guards):
+            text("field name", name, max_chars=KEY_CHARS)
     if c.idempotency_key is not None:
         text("idempotency_key", c.idempotency_key, max_chars=KEY_CHARS, empty=False)
-    for name in (*c.patch, *c.guards):
-        text("field name", name, max_chars=KEY_CHARS)
     check_columns(lc.table, c.patch, limits, what="patch")
     check_columns(lc.table, c.guards, limits, what="guards")
 

@@ -176,10 +176,19 @@ def insert_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
     return {**content, "prev_hash": prev_hash, "hash": fact_hash(content, prev_hash)}
 
 
+_EMPTY = {list: "[]", dict: "{}"}
+"""The canonical text of an empty list and dict (most facts' evidence and metadata), without encoding."""
+
+
+def _stored_text(value: Any) -> str:
+    """``dumps(value)``; an empty list or dict without running the encoder."""
+    return _EMPTY[type(value)] if not value and type(value) in _EMPTY else dumps(value)
+
+
 def stored_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
     """:func:`insert_values` with the ``JSON_FIELDS`` already as the canonical text they store — the
     text the hash was taken over, serialised once (the engine's statements bind them as text)."""
-    texts = [dumps(content[k]) for k in JSON_FIELDS]
+    texts = [_stored_text(content[k]) for k in JSON_FIELDS]
     return {**content, **dict(zip(JSON_FIELDS, texts)), "prev_hash": prev_hash,
             "hash": _hash_of(content, prev_hash, texts)}
 
