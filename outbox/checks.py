@@ -20,9 +20,7 @@ from .errors import DispatchInvalid
 MAX_ATTEMPTS = 10_000
 """``max_attempts`` is 1 to this: attempts beyond it would only repeat a capped backoff for years."""
 MAX_BATCH = 10_000
-"""``batch_size`` (rows one claim takes) is 1 to this."""
-MAX_PASS = 10_000_000
-"""``limit`` (rows one delivery pass claims in all, ``batch_size`` at a time) is 1 to this."""
+"""``batch_size`` (rows one pass claims) is 1 to this."""
 MAX_CONCURRENCY = 1_000
 """``concurrency`` (transports in flight) is 1 to this."""
 MAX_LIST = 100_000

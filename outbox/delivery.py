@@ -201,17 +201,13 @@ async def run_leases(
     actor: Actor = DELIVERY_ACTOR,
     refill: Refill | None = None,
     budget: int = 0,
-    batch: int | None = None,
 ) -> dict[str, int]:
     """Execute leases with at most ``concurrency`` transports in flight; finalize as they finish.
 
     Each send checks its lease with ``now`` right before it starts and is skipped when less than the
     transport timeout is left (O21): the lease is released — its row ``pending`` again, due at once,
     the attempt not used up — in the same transaction as the outcomes that finish with it. With
-    ``refill``, slots that fall idle are filled by claiming more leases, ``budget`` rows at most and
-    ``batch`` rows per claim; a claim runs while the outcomes finished before it are being recorded
-    (two transactions at once, on two connections), so the database's work on one overlaps ours on
-    the other.
+    ``refill``, slots that fall idle are filled by claiming more leases, ``budget`` rows at most.
     """
     checks.book_arg(book, unbound="run_leases")
     clock = now or book.clock.now
@@ -249,7 +245,7 @@ async def run_leases(
         free = concurrency - running - waiting
         if refill is None or budget <= 0 or free <= 0:
             return 0
-        want = min(budget, batch or budget, claimable(free, earlier if slowest is None else slowest))
+        want = min(budget, claimable(free, earlier if slowest is None else slowest))
         try:
             more, claimed = await refill(want)
         except Exception:
@@ -278,15 +274,11 @@ async def run_leases(
                     log.warning("dispatch %s attempt %s not sent: less than its %gs transport timeout was left "
                                 "of the lease; releasing it for a later claim", lease.dispatch_id, lease.attempt,
                                 lease.timeout)
-            recording = asyncio.ensure_future(_record_group(book, done, clock, actor))
-            try:
-                remaining += await claim_more()
-            finally:
-                recorded = await recording  # also when the claim failed or the pass is cancelled
-            for outcome in recorded:
+            for outcome in await _record_group(book, done, clock, actor):
                 key = _COUNTED.get(outcome or "")
                 if key:
                     counts[key] += 1
+            remaining += await claim_more()
     finally:
         for task in tasks:
             task.cancel()
@@ -305,10 +297,8 @@ async def deliver_due_dispatches(
     batch_size: int = 100,
     concurrency: int = 8,
     actor: Actor = DELIVERY_ACTOR,
-    limit: int | None = None,
 ) -> dict[str, int]:
-    """One delivery pass over at most ``limit`` due rows (default ``batch_size``), claimed at most
-    ``batch_size`` at a time; its five counters (O11).
+    """One delivery pass over at most ``batch_size`` due rows; its five counters (O11).
 
     ``attempted`` counts claims won (not rows seen); ``delivered`` successful sends whose outcome
     was recorded (including ack-required sends now awaiting their ack); ``retried`` failures
@@ -324,8 +314,6 @@ async def deliver_due_dispatches(
         checks.when("now", now)
     checks.count("batch_size", batch_size, checks.MAX_BATCH)
     checks.count("concurrency", concurrency, checks.MAX_CONCURRENCY)
-    if limit is not None:
-        checks.count("limit", limit, checks.MAX_PASS)
     checks.actor(actor)
     if transport is None:
         check_elements("notify_template", notify_template)
@@ -335,7 +323,7 @@ async def deliver_due_dispatches(
     clock: Callable[[], float] = (lambda: now) if now is not None else book.clock.now
     refill = _due_claimer(book, clock, send_timeout(transport), actor)
     return await run_leases(book, [], transport, concurrency=concurrency, now=clock, actor=actor, refill=refill,
-                            budget=batch_size if limit is None else limit, batch=batch_size)
+                            budget=batch_size)
 
 
 def _due_claimer(book: Book, clock: Callable[[], float], timeout: float, actor: Actor) -> Refill:

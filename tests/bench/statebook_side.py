@@ -71,18 +71,8 @@ async def drain_due(book: Book, sink: Sink, expected: int) -> None:
     from statebook.outbox import CallableTransport, deliver_due_dispatches
 
     transport = CallableTransport(sink)
-    passes = True  # a revision whose deliver_due_dispatches takes limit= drains in one pass, BATCH rows per claim
     while sink.count < expected:
-        if passes:
-            try:
-                counts = await deliver_due_dispatches(book, transport=transport, batch_size=BATCH,
-                                                      concurrency=CONCURRENCY, limit=expected - sink.count)
-            except TypeError:  # an earlier revision: one pass per batch
-                passes = False
-                continue
-        else:
-            counts = await deliver_due_dispatches(book, transport=transport, batch_size=BATCH,
-                                                  concurrency=CONCURRENCY)
+        counts = await deliver_due_dispatches(book, transport=transport, batch_size=BATCH, concurrency=CONCURRENCY)
         if counts["attempted"] == 0:
             break
     if sink.count < expected:
