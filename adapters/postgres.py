@@ -24,7 +24,10 @@ from statebook.lifecycle.facts import Cursor, facts_table, stored_columns
 from statebook.lifecycle.store import Lock, RowWrite, Unit, register_backend
 
 from .persistence import FACT_COLUMNS, OWN_TRANSACTION, Driver, SQLStore, translated
-from .postgres_batches import FACT_VARYING, constant_keys, delete_many, insert_many, set_params, update_many, update_row
+from .postgres_batches import (
+    FACT_VARYING, constant_columns, delete_many, fact_columns, insert_many, row_columns, set_params, update_columns,
+    update_many,
+)
 
 _STARTED = "statebook.started"
 """``conn.info`` key: the SQLAlchemy transaction for which the driver transaction was started."""
@@ -182,9 +185,9 @@ class PostgresStore(SQLStore):
             params = {f"r_{k}": v for k, v in writes[0].values.items()}
             params.update({f"f_{k}": writes[0].fact[k] for k in FACT_COLUMNS})
             return {writes[0].entity_id} if await db.execute(stmt, params) == 1 else set()
-        rows, facts = [dict(w.values) for w in writes], [w.fact for w in writes]
-        row_constant = constant_keys(rows, columns, frozenset({"id"}))
-        fact_constant = constant_keys(facts, FACT_COLUMNS, FACT_VARYING)
+        rows, facts = row_columns(writes, columns), fact_columns(writes)
+        row_constant = constant_columns(rows, frozenset({"id"}))
+        fact_constant = constant_columns(facts, FACT_VARYING)
         base = ("insert_many", table, columns, if_absent)
         row_constant, fact_constant = self._variant(base, row_constant, fact_constant)
         stmt = self.cached((base, row_constant, fact_constant),
@@ -198,10 +201,9 @@ class PostgresStore(SQLStore):
         if not writes:
             return set()
         guards, columns = writes[0].guards, tuple(writes[0].values)
-        rows = [update_row(w) for w in writes]
-        facts = [w.fact for w in writes]
-        row_constant = constant_keys(rows, tuple(rows[0]), frozenset({"b_id"}))
-        fact_constant = constant_keys(facts, FACT_COLUMNS, FACT_VARYING)
+        rows, facts = update_columns(writes), fact_columns(writes)
+        row_constant = constant_columns(rows, frozenset({"b_id"}))
+        fact_constant = constant_columns(facts, FACT_VARYING)
         base = ("update_many", table, guards, columns)
         row_constant, fact_constant = self._variant(base, row_constant, fact_constant)
         stmt = self.cached((base, row_constant, fact_constant),
@@ -211,10 +213,10 @@ class PostgresStore(SQLStore):
     async def delete(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
         if not writes:
             return set()
-        rows = [{"b_id": w.entity_id, "b_version": w.expect["version"], "b_last_fact_id": w.expect["last_fact_id"]}
-                for w in writes]
+        rows = {"b_id": [w.entity_id for w in writes], "b_version": [w.expect["version"] for w in writes],
+                "b_last_fact_id": [w.expect["last_fact_id"] for w in writes]}
         stmt = self.cached(("delete_many", table), lambda: delete_many(table))
-        return {r[0] for r in await unit.handle.fetch(stmt.statement, set_params(stmt, rows, [w.fact for w in writes]))}
+        return {r[0] for r in await unit.handle.fetch(stmt.statement, set_params(stmt, rows, fact_columns(writes)))}
 
     def _variant(self, base: Hashable, row_constant: frozenset[str], fact_constant: frozenset[str]
                  ) -> tuple[frozenset[str], frozenset[str]]:

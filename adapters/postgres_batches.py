@@ -6,7 +6,7 @@ statement, so a row the compare-and-set refused gets no fact (specs/lifecycle.md
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +22,25 @@ FACT_VARYING = frozenset({"id", "entity_id"})
 """Fact columns always sent per row (the join key and the fact id)."""
 
 
-def update_row(w: RowWrite) -> dict[str, Any]:
-    row = {"b_id": w.entity_id, "b_version": w.expect["version"], "b_status": w.expect["status"],
-           "b_last_fact_id": w.expect["last_fact_id"]}
-    row.update({f"b_{g}": w.expect[g] for g in w.guards})
-    row.update({f"n_{c}": v for c, v in w.values.items()})
-    return row
+def update_columns(writes: Sequence[RowWrite]) -> dict[str, list[Any]]:
+    """An update batch as one list per parameter: the compare-and-set keys ``b_*`` and the new values ``n_*``."""
+    first = writes[0]
+    columns = {"b_id": [w.entity_id for w in writes]}
+    for key in ("version", "status", "last_fact_id", *first.guards):
+        columns[f"b_{key}"] = [w.expect[key] for w in writes]
+    for key in first.values:
+        columns[f"n_{key}"] = [w.values[key] for w in writes]
+    return columns
+
+
+def row_columns(writes: Sequence[RowWrite], names: Sequence[str]) -> dict[str, list[Any]]:
+    """The rows' ``names`` values as one list per column."""
+    return {name: [w.values[name] for w in writes] for name in names}
+
+
+def fact_columns(writes: Sequence[RowWrite]) -> dict[str, list[Any]]:
+    """The facts' values as one list per fact column."""
+    return {name: [w.fact[name] for w in writes] for name in FACT_COLUMNS}
 
 
 def _pg_type(column: sa.Column[Any]) -> str:
@@ -59,32 +72,35 @@ class _SetStatement:
     fact_constant: frozenset[str] = frozenset()
 
 
-def set_params(stmt: _SetStatement, rows: list[dict[str, Any]], facts: Sequence[Any]) -> dict[str, Any]:
-    first = rows[0]
-    params: dict[str, Any] = {
-        f"{stmt.row_prefix}{k}": first[k] if k in stmt.row_constant else [r[k] for r in rows] for k in first
-    }
-    params.update({
-        f"f_{c}": facts[0][c] if c in stmt.fact_constant else [f[c] for f in facts] for c in FACT_COLUMNS
-    })
+def set_params(stmt: _SetStatement, rows: Mapping[str, list[Any]], facts: Mapping[str, list[Any]]) -> dict[str, Any]:
+    """The statement's parameters from one list per column: a constant column's one value, else its list."""
+    prefix, row_constant, fact_constant = stmt.row_prefix, stmt.row_constant, stmt.fact_constant
+    params: dict[str, Any] = {f"{prefix}{k}": v[0] if k in row_constant else v for k, v in rows.items()}
+    params.update({f"f_{k}": v[0] if k in fact_constant else v for k, v in facts.items()})
     return params
 
 
-def constant_keys(items: Sequence[Any], keys: tuple[str, ...], varying: frozenset[str]) -> frozenset[str]:
-    """Keys whose value is the same in every item (same type too; JSON containers never count: two
-    equal dicts can be different JSON, e.g. ``1`` and ``true``). ``varying`` are never constant."""
-    first, rest = items[0], items[1:]
+def constant_columns(columns: Mapping[str, list[Any]], varying: frozenset[str]) -> frozenset[str]:
+    """Columns whose value is the same in every row (same type too: ``1`` and ``True`` are equal in
+    Python, not in SQL; JSON containers never count: two equal dicts can be different JSON, e.g.
+    ``1`` and ``true``). ``varying`` are never constant."""
     found = []
-    for k in keys:
-        if k in varying:
+    for name, values in columns.items():
+        if name in varying:
             continue
-        value = first[k]
-        kind = type(value)
-        if kind is dict or kind is list:
+        first = values[0]
+        kind = type(first)
+        if kind is dict or kind is list or values.count(first) != len(values):
             continue
-        if all(type(item[k]) is kind and item[k] == value for item in rest):
-            found.append(k)
-    return frozenset(found) - varying
+        if kind is not str and first is not None and any(type(v) is not kind for v in values):
+            continue
+        found.append(name)
+    return frozenset(found)
+
+
+def constant_keys(items: Sequence[Mapping[str, Any]], keys: tuple[str, ...], varying: frozenset[str]) -> frozenset[str]:
+    """:func:`constant_columns` of rows given as mappings."""
+    return constant_columns({k: [item[k] for item in items] for k in keys}, varying)
 
 
 def _source(prefix: str, alias: str, columns: list[sa.Column[Any]], *, json_as_text: bool = False,
