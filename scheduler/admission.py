@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Book
 from statebook.outbox import dispatch_outbox
+from statebook.outbox.admin import settled_only
 
 from .schema import schedule_runs
 
@@ -163,7 +164,8 @@ async def _metric_values(book: Book, due: Sequence[Mapping[str, Any]], now: floa
             own = [r.c.ended_at >= since, r.c.ended_at <= now]
             if metric == "dead_letters":
                 d = dispatch_outbox
-                q = sa.select(sa.func.count()).where(d.c.status == "dead_letter", d.c.updated_at >= since)
+                q = sa.select(sa.func.count()).where(d.c.status == "dead_letter", d.c.updated_at >= since,
+                                                     *settled_only(book, ["dead_letter"]))
                 total = float((await conn.execute(q)).scalar() or 0)
                 values.update(dict.fromkeys(ids, total))
                 continue

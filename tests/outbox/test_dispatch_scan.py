@@ -59,3 +59,28 @@ async def test_the_scan_reads_the_due_index_in_order(tmp_path):
         await book.engine.dispose()
     assert "idx_dispatch_outbox_due" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
+
+
+async def test_retention_and_bulk_purge_read_the_settled_index(tmp_path):
+    """O11 (specs/performance.md, "Dispatch indexes"): a query over terminal statuses repeats the settled
+    index's predicate, so SQLite serves it from that partial index instead of scanning the table; a
+    query that also names a non-terminal status (a forced purge) is left as it was."""
+    import sqlalchemy as sa
+
+    from statebook.adapters.db import open_book
+    from statebook.outbox import admin
+
+    book = await open_book(f"sqlite:///{tmp_path / 'plan.db'}")
+    try:
+        async def plan(statuses: list[str]) -> str:
+            query = admin.settled_query(book, statuses, 1e9)
+            sql = str(query.compile(book.engine, compile_kwargs={"literal_binds": True}))
+            async with book.read() as conn:
+                return " | ".join(str(r[-1]) for r in await conn.execute(sa.text(f"EXPLAIN QUERY PLAN {sql}")))
+
+        for statuses in (["delivered", "acked"], ["dead_letter", "expired"], ["dead_letter"]):
+            assert "idx_dispatch_outbox_settled" in await plan(statuses), statuses
+        assert admin.settled_only(book, ["pending", "delivered"]) == []
+        assert "idx_dispatch_outbox_settled" not in await plan(["pending", "delivered"])
+    finally:
+        await book.engine.dispose()
