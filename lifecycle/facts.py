@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -166,8 +167,11 @@ def legacy_fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
     return digest(prev_hash, dumps(dict(content)))
 
 
+_scalars = itemgetter(*SCALAR_FIELDS)
+
+
 def _hash_of(content: Mapping[str, Any], prev_hash: str, json_texts: Sequence[str]) -> str:
-    scalars = dumps_tree([content[k] for k in SCALAR_FIELDS])  # no container, so no cycle to look for
+    scalars = dumps_tree(list(_scalars(content)))  # no container, so no cycle to look for
     return digest(prev_hash, scalars, *json_texts)
 
 
@@ -189,8 +193,11 @@ def stored_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
     """:func:`insert_values` with the ``JSON_FIELDS`` already as the canonical text they store — the
     text the hash was taken over, serialised once (the engine's statements bind them as text)."""
     texts = [_stored_text(content[k]) for k in JSON_FIELDS]
-    return {**content, **dict(zip(JSON_FIELDS, texts)), "prev_hash": prev_hash,
-            "hash": _hash_of(content, prev_hash, texts)}
+    stored = dict(content)
+    stored.update(zip(JSON_FIELDS, texts))
+    stored["prev_hash"] = prev_hash
+    stored["hash"] = _hash_of(content, prev_hash, texts)
+    return stored
 
 
 @dataclass(frozen=True)
