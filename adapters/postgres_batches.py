@@ -26,7 +26,7 @@ def update_columns(writes: Sequence[RowWrite]) -> dict[str, list[Any]]:
     """An update batch as one list per parameter: the compare-and-set keys ``b_*`` and the new values ``n_*``."""
     first = writes[0]
     columns = {"b_id": [w.entity_id for w in writes]}
-    for key in ("version", "status", "last_fact_id", *first.guards):
+    for key in ("version", "status", "last_fact_id", "chain_hash", *first.guards):
         columns[f"b_{key}"] = [w.expect[key] for w in writes]
     for key in first.values:
         columns[f"n_{key}"] = [w.values[key] for w in writes]
@@ -166,14 +166,15 @@ def update_many(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ..
                  fact_constant: frozenset[str]) -> _SetStatement:
     """Per-row compare-and-set updates and, for each row updated, its fact; the ids updated."""
     keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
-            sa.Column("b_status", table.c.status.type), sa.Column("b_last_fact_id", table.c.last_fact_id.type)]
+            sa.Column("b_status", table.c.status.type), sa.Column("b_last_fact_id", table.c.last_fact_id.type),
+            sa.Column("b_chain_hash", table.c.chain_hash.type)]
     keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
     news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
     values_sql, value_binds, v = _source("", "v", [*keys, *news], constant=row_constant)
     facts_sql, fact_binds = _facts_from("updated", fact_constant)
     where = " AND ".join(
         [f"t.id = {v['b_id']}", f"t.version = {v['b_version']}", f"t.status = {v['b_status']}",
-         f"t.last_fact_id = {v['b_last_fact_id']}"]
+         f"t.last_fact_id = {v['b_last_fact_id']}", f"t.chain_hash = {v['b_chain_hash']}"]
         + [f"t.{_q(g)} IS NOT DISTINCT FROM {v['b_' + g]}" for g in guards]  # NULL-safe guards
     )
     sets = ", ".join(f"{_q(c)} = {v['n_' + c]}" for c in columns)

@@ -294,6 +294,7 @@ def _update(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...]) 
             table.c.version == sa.bindparam("b_version"),
             table.c.status == sa.bindparam("b_status"),
             table.c.last_fact_id == sa.bindparam("b_last_fact_id"),
+            table.c.chain_hash == sa.bindparam("b_chain_hash"),
             # NULL-safe: a guard may expect "still unset" (SQLite IS).
             *(table.c[g].is_not_distinct_from(sa.bindparam(f"b_{g}", type_=table.c[g].type)) for g in guards),
         )

@@ -163,7 +163,11 @@ def plan_purge(lc: Lifecycle, entity_id: str, row: Mapping[str, Any], reason: Re
 
 
 def _expect(row: Mapping[str, Any], guards: Mapping[str, Any]) -> dict[str, Any]:
-    return {"version": row["version"], "status": row["status"], "last_fact_id": row["last_fact_id"], **guards}
+    """The compare-and-set of a write: the row's head as read (its chain hash too: the new fact's
+    ``prev_hash`` is taken from it, so a row given by a caller (``seen=``) with a wrong hash is a
+    conflict, not a broken chain) and the guarded columns."""
+    return {"version": row["version"], "status": row["status"], "last_fact_id": row["last_fact_id"],
+            "chain_hash": row["chain_hash"], **guards}
 
 
 def matches(cmd: Command, row: Mapping[str, Any] | None) -> bool:

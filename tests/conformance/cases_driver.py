@@ -282,6 +282,27 @@ class DriverCases:
         await assert_folds(book, a, b)
 
     @pytest.mark.parametrize("bound", [False, True], ids=["own_transaction", "callers_transaction"])
+    async def test_seen_row_with_only_a_wrong_chain_hash_is_a_conflict(self, book: Book, bound: bool):
+        """L4 / L8: a seen row whose fact id, version and status are right but whose chain hash is not (a
+        forged or corrupted head) is a conflict: the new fact's ``prev_hash`` comes from that hash, so the
+        compare-and-set covers it and nothing that would fail verify is written."""
+        await create_many(book, "task", [fresh(i, dedup_key=i) for i in ("a", "b")])
+        rows, _ = await snapshot(book)
+        a, b = sorted(rows, key=lambda i: rows[i]["title"])
+        forged = {**rows[b], "chain_hash": "f" * 64}
+        before = await snapshot(book)
+        if bound:
+            async with book.begin() as tx:
+                outcomes = await apply_many(tx, [claim(a), claim(b)], seen={a: rows[a], b: forged})
+        else:
+            outcomes = await apply_many(book, [claim(a), claim(b)], seen={a: rows[a], b: forged})
+        assert [o.kind for o in outcomes] == ["applied", "conflict"]
+        after = await snapshot(book)
+        assert after[0][b] == before[0][b] and after[1] == before[1] + 1
+        assert (await verify(book, "task")).ok
+        await assert_folds(book, a, b)
+
+    @pytest.mark.parametrize("bound", [False, True], ids=["own_transaction", "callers_transaction"])
     async def test_seen_row_with_an_old_version_is_a_conflict(self, book: Book, bound: bool):
         """L4 / L15: a seen row whose entity left and came back to the same status and guard values differs
         from the current row only in its version; the compare-and-set on the version makes the command a
