@@ -10,8 +10,8 @@ Plans are plain values (:class:`RowWrite`), so a backend needs no knowledge of l
 
 - ``insert``: new rows and their creation facts; a row a unique constraint refuses is skipped
   (``if_absent``) or raises :class:`~.errors.DuplicateEntity`. Returns the ids inserted.
-- ``update``: per row, ``UPDATE ... WHERE id, version, status, last_fact_id and every guard still
-  match`` and, for each row that matched, its fact. Returns the ids updated.
+- ``update``: per row, ``UPDATE ... WHERE id, version, status, last_fact_id, chain_hash and every
+  guard still match`` and, for each row that matched, its fact. Returns the ids updated.
 - ``delete``: the same compare-and-set as a DELETE (purge), with the tombstone facts.
 
 A :class:`Unit` is one transaction of the engine's statements (or, on PostgreSQL, a single
@@ -47,7 +47,8 @@ class RowWrite:
 
     ``values`` are the row's new column values (insert: every column; update: the patch and the
     lifecycle columns), ``expect`` the compare-and-set condition: ``version``, ``status``,
-    ``last_fact_id`` and the guarded columns as the plan read them (empty for an insert).
+    ``last_fact_id``, ``chain_hash`` and the guarded columns as the plan read them (empty for an
+    insert; a delete compares ``version`` and ``last_fact_id``).
     ``fact`` is the stored form of the fact (``facts.stored_values``).
     """
 
