@@ -12,6 +12,7 @@ from typing import Any
 
 from statebook.lifecycle import Registry, StatebookError
 from statebook.outbox import DISPATCH
+from statebook.outbox.notifications import CHANNEL_ATTEMPT, NOTIFICATION, RATE_BUCKET
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 from .errors import ConfigError
@@ -21,11 +22,12 @@ BUILTIN_TYPES = (DISPATCH.entity_type, SCHEDULE.entity_type, SCHEDULE_RUN.entity
 
 
 def builtin_registry(*, seal: bool = True) -> Registry:
-    """A registry holding ``dispatch``, ``schedule`` and ``schedule_run``.
+    """A registry holding ``dispatch``, ``schedule``, ``schedule_run`` and the notifications' ``notification``,
+    ``channel_attempt`` and ``rate_bucket``.
 
     Pass ``seal=False`` to register or extend lifecycles before sealing it yourself.
     """
-    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN])
+    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, RATE_BUCKET])
     return registry.seal() if seal else registry
 
 

@@ -50,6 +50,7 @@ from lease_timeout_cases import LeaseTimeoutCases  # noqa: E402
 from outbox_input_cases import OutboxInputCases  # noqa: E402
 from offer_cases import OfferCases  # noqa: E402
 from purge_race_cases import PurgeRaceCases  # noqa: E402
+from notification_intake_cases import NotificationIntakeCases  # noqa: E402
 
 from chains_and_notify_cases import ChainsAndNotifyCases  # noqa: E402  (tests/scheduler, on sys.path)
 from gate_cases import GateCases  # noqa: E402
@@ -61,8 +62,8 @@ from missed_and_recovery_cases import MissedAndRecoveryCases  # noqa: E402
 from set_evaluation_cases import SetEvaluationCases  # noqa: E402
 from stale_claim_cases import StaleClaimCases  # noqa: E402
 
-__all__ = ["ConcurrentWriterCases", "LifecycleConformance", "OutboxConformance", "SchedulerConformance",
-           "SerialWriterCases"]
+__all__ = ["ConcurrentWriterCases", "LifecycleConformance", "NotificationConformance", "OutboxConformance",
+           "SchedulerConformance", "SerialWriterCases"]
 
 POOL_SIZE = 25
 """Room for the racing cases: every racer holds its own connection."""
@@ -123,6 +124,11 @@ class OutboxConformance(
 ):
     """The outbox's cases (specs/outbox.md), from tests/outbox/*_cases.py: every one runs on each backend that
     inherits this class, next to ``LifecycleConformance``. Cases may ask for ``backend`` (the backend's name)."""
+
+
+class NotificationConformance(NotificationIntakeCases):
+    """The notifications' cases (specs/notifications.md), from tests/outbox/notification_*_cases.py, on each
+    backend that inherits this class."""
 
 
 class SchedulerConformance(

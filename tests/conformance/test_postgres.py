@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from .suite import ConcurrentWriterCases, LifecycleConformance, OutboxConformance, SchedulerConformance
+from .suite import (
+    ConcurrentWriterCases, LifecycleConformance, NotificationConformance, OutboxConformance, SchedulerConformance,
+)
 
 
 @pytest.mark.postgres
-class TestPostgres(LifecycleConformance, OutboxConformance, SchedulerConformance, ConcurrentWriterCases):
+class TestPostgres(
+    LifecycleConformance, NotificationConformance, OutboxConformance, SchedulerConformance, ConcurrentWriterCases
+):
     @pytest.fixture
     def db_url(self, pg_url: str) -> str:
         return pg_url

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from .suite import LifecycleConformance, OutboxConformance, SchedulerConformance, SerialWriterCases
+from .suite import (
+    LifecycleConformance, NotificationConformance, OutboxConformance, SchedulerConformance, SerialWriterCases,
+)
 
 
-class TestSQLite(LifecycleConformance, OutboxConformance, SchedulerConformance, SerialWriterCases):
+class TestSQLite(
+    LifecycleConformance, NotificationConformance, OutboxConformance, SchedulerConformance, SerialWriterCases
+):
     @pytest.fixture
     def db_url(self, tmp_path) -> str:
         return f"sqlite:///{tmp_path / 'conformance.db'}"

@@ -1,0 +1,25 @@
+"""statebook.outbox.notifications — notifications people are meant to receive (specs/notifications.md).
+
+An obligation to reach a recipient through channels (Slack, email, PagerDuty, WebSocket), with the
+delivery semantics of the seed "Delivery and response semantics": GUARANTEED and BEST_EFFORT modes,
+channel fallback in a fixed order, bounded delivery cycles with a visible dead letter, fenced provider
+attempts recorded as their own entities, and rate limits shared by every worker through the database.
+
+Intake and reads: :func:`send_notification`, :func:`get_notification`, :func:`list_notifications`,
+:func:`notification_attempts`. The channel protocol: :mod:`.channels`; test channels: :mod:`.scripted`.
+"""
+
+from .channels import (
+    CHANNEL_NAMES, PERSISTENT_ORDER, Channel, Delivery, Guard, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
+)
+from .errors import NotificationInvalid
+from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
+from .policy import CHANNEL_ATTEMPT, NOTIFICATION, RATE_BUCKET
+from .schema import channel_attempts, notifications, rate_buckets
+
+__all__ = [
+    "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
+    "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "Observation", "ProviderOutcome",
+    "channel_attempts", "get_notification", "list_notifications", "notification_attempts", "notifications",
+    "rate_buckets", "send_notification",
+]

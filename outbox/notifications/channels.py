@@ -1,0 +1,117 @@
+"""The channel protocol: what a notification channel adapter implements (specs/notifications.md N4-N6).
+
+A channel makes one *observation* per call: it may try its provider several times (provider-local
+retries, within the adapter deadline) and reports one :class:`Observation`. Around each call the
+runtime holds the lease; the channel tells it when the provider admits the send:
+
+- ``await guard.admit()`` right before the first provider effect: the runtime checks the claim and
+  the lease, draws the channel's rate-limit token and writes ``channel_attempt.started`` — in one
+  transaction — and only then may the effect happen. No token raises :class:`NoToken` (the channel
+  returns without sending; the runtime records ``RATE_LIMITED``).
+- ``await guard.guard_provider_attempt()`` before each further provider effect (a retry): a
+  lease-only check, which writes nothing and raises :class:`LeaseLost` when the claim is gone or
+  the lease would lapse.
+
+A channel that does not report its admission (``reports_admission = False``) is admitted at its
+entry: everything after the call starts counts as a possible effect (a timeout is then ``UNKNOWN``,
+never ``NOT_STARTED``). A channel with internal retries that does not declare
+``guards_provider_attempts = True`` is guarded at its entry only. Real adapters (Slack, email,
+PagerDuty, WebSocket) live in ``statebook.adapters``; :mod:`.scripted` has test channels.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+PERSISTENT_ORDER = ("slack", "email", "pagerduty")
+"""The persistent channels, in the order a GUARANTEED attempt runs the selected ones."""
+EPHEMERAL = ("websocket",)
+"""Channels whose success never satisfies a GUARANTEED obligation."""
+CHANNEL_NAMES = (*PERSISTENT_ORDER, *EPHEMERAL)
+
+
+class Mode(str, enum.Enum):
+    GUARANTEED = "guaranteed"
+    BEST_EFFORT = "best_effort"
+
+
+class ProviderOutcome(str, enum.Enum):
+    """What one channel observation found (the ``channel_attempt`` result statuses)."""
+
+    SUCCESS = "success"          # the provider accepted the send (never mere queueing on our side)
+    REJECTED = "rejected"        # the provider refused it
+    UNKNOWN = "unknown"          # admitted, then no answer in time: not evidence of rejection
+    NOT_STARTED = "not_started"  # a timeout or cancellation before admission: nothing was sent
+    RATE_LIMITED = "rate_limited"  # no token here, or the provider said 429
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A channel call's result. ``retries``: provider-local retries it summarises; ``retry_after``:
+    seconds the provider asked to wait (a 429's ``Retry-After``)."""
+
+    outcome: ProviderOutcome
+    detail: str | None = None
+    retries: int = 0
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a channel is asked to deliver: one attempt of one notification on this channel."""
+
+    notification_id: str
+    recipient: str
+    content: Mapping[str, Any]
+    cycle: int
+    attempt: int
+    channel: str
+
+
+class LeaseLost(Exception):
+    """Raised by a guard: the claim is no longer this worker's, or its lease would lapse first."""
+
+
+class NoToken(Exception):
+    """Raised by ``admit``: the channel's rate-limit bucket has no token now."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"no rate-limit token for {retry_after:.3f}s")
+        self.retry_after = retry_after
+
+
+class Guard(Protocol):
+    """The runtime's side of one channel call (see the module docstring)."""
+
+    async def admit(self) -> None: ...
+
+    async def guard_provider_attempt(self) -> None: ...
+
+    def remaining(self) -> float:
+        """Seconds left of this call's adapter deadline (socket budgets come from it)."""
+        ...
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """A channel adapter: ``name`` is one of :data:`CHANNEL_NAMES`."""
+
+    name: str
+    persistent: bool
+    reports_admission: bool
+    guards_provider_attempts: bool
+
+    async def send(self, delivery: Delivery, guard: Guard) -> Observation: ...
+
+
+def is_persistent(name: str) -> bool:
+    return name in PERSISTENT_ORDER
+
+
+def run_order(names: list[str]) -> list[str]:
+    """The selected channels in the order an attempt runs them: persistent ones in Slack, email,
+    PagerDuty order, then WebSocket."""
+    return [n for n in CHANNEL_NAMES if n in names]

@@ -1,0 +1,112 @@
+"""The notifications' lifecycles: ``notification``, ``channel_attempt`` and ``rate_bucket`` (specs/notifications.md).
+
+A ``notification`` is an obligation to reach a recipient through its selected channels. Its
+statuses are the seed's delivery states; ``rate_limited`` is not terminal (it is due again when a
+bucket refills) and never counts as delivered. Each claim is a ``pending -> pending`` transition that
+writes a fresh fencing token (``claim_id``) and the lease's end; every outcome is fenced by it.
+
+A ``channel_attempt`` is one channel observation: created ``started`` when the provider admits the
+send (``channel_attempt.started.admitted``, the seed's CHANNEL_ATTEMPT_STARTED), then moved to its one
+result (``channel_attempt.<outcome>.observed``, CHANNEL_ATTEMPT_RESULT); an observation with no admission (not started,
+or no rate-limit token) is created in its result directly. Results are terminal: a late completion
+never rewrites one.
+
+A ``rate_bucket`` is a token bucket per (channel, scope) in the database, so every worker on every
+host draws from the same one; each draw is a guarded transition in the transaction that records the
+attempt it pays for.
+"""
+
+from __future__ import annotations
+
+from statebook.lifecycle import Lifecycle, edges
+
+from .schema import channel_attempts, notifications, rate_buckets
+
+NOTIFY_CHANNEL = "statebook_notification"
+"""PostgreSQL channel NOTIFYed when a notification is accepted (worker wake-ups)."""
+
+OPERATOR = "operator"
+
+NOTIFICATION_STATUSES = ("pending", "delivered", "failed", "deduplicated", "rate_limited")
+NOTIFICATION_TERMINAL = frozenset({"delivered", "failed", "deduplicated"})
+
+NOTIFICATION_REASONS = frozenset({
+    "notification.pending.accepted",          # intake
+    "notification.pending.claimed",           # a worker's claim: a fresh fencing token and lease
+    "notification.pending.reclaimed",         # a claim of a lapsed lease
+    "notification.pending.retry",             # the attempt failed; backoff within the cycle
+    "notification.pending.released",          # a claim given back without using the cycle's budget
+    "notification.delivered.channel_success",  # a qualifying channel succeeded
+    "notification.failed.cycle_exhausted",    # GUARANTEED: the cycle's attempts are used up (dead letter)
+    "notification.failed.best_effort",        # BEST_EFFORT: no channel succeeded (no dead letter)
+    "notification.rate_limited.no_token",     # no selected channel had a token; due when one refills
+    "notification.deduplicated.owner_delivered",  # a follower satisfied by its owner's delivery (part 2)
+    "notification.pending.rate_limit_cleared",  # a claim of a rate-limited notification
+    "notification.purged.operator",
+    "notification.purged.retention",
+})
+
+NOTIFICATION_PATCH = frozenset({
+    "cycle", "attempts", "cycle_attempts", "dead_letter", "next_attempt_at", "claim_id", "lease_until",
+    "delivered_channel", "last_error",
+})
+
+NOTIFICATION = Lifecycle(
+    entity_type="notification",
+    table=notifications,
+    statuses=NOTIFICATION_STATUSES,
+    initial={"pending"},
+    terminal=NOTIFICATION_TERMINAL,
+    edges=(
+        *edges("pending", "pending", "delivered", "failed", "rate_limited", "deduplicated"),
+        *edges("rate_limited", "pending"),
+    ),
+    patch_fields=NOTIFICATION_PATCH,
+    reason_prefixes={"notification"},
+    reasons=NOTIFICATION_REASONS,
+    same_status="edge",
+    description="An obligation to reach a recipient through its channels: claimed under a lease, attempted "
+                "channel by channel, delivered, failed (dead-lettered) or rate-limited.",
+    notify_channel=NOTIFY_CHANNEL,
+    accepts=(),
+)
+
+ATTEMPT_STATUSES = ("started", "success", "rejected", "unknown", "not_started", "rate_limited")
+ATTEMPT_RESULTS = frozenset(ATTEMPT_STATUSES) - {"started"}
+STARTED_REASON = "channel_attempt.started.admitted"
+"""The seed's CHANNEL_ATTEMPT_STARTED: the provider admitted a send (the only way into ``started``)."""
+RESULT_REASONS = {outcome: f"channel_attempt.{outcome}.observed" for outcome in sorted(ATTEMPT_RESULTS)}
+"""The seed's CHANNEL_ATTEMPT_RESULT, one code per result status: ``channel_attempt.<outcome>.observed``."""
+
+CHANNEL_ATTEMPT = Lifecycle(
+    entity_type="channel_attempt",
+    table=channel_attempts,
+    statuses=ATTEMPT_STATUSES,
+    initial={"started", "not_started", "rate_limited"},
+    terminal=ATTEMPT_RESULTS,
+    edges=tuple(edges("started", "success", "rejected", "unknown", "rate_limited")),
+    patch_fields={"provider_retries", "duplicate_risk", "detail", "ended_at"},
+    reason_prefixes={"channel_attempt"},
+    reasons={STARTED_REASON, *RESULT_REASONS.values(), "channel_attempt.purged.retention"},
+    same_status="edge",
+    description="One channel observation of a notification attempt: started at the provider's send "
+                "admission, then its one result; made under the lease it names.",
+    accepts=(),
+)
+
+RATE_BUCKET = Lifecycle(
+    entity_type="rate_bucket",
+    table=rate_buckets,
+    statuses=("open", "retired"),
+    initial={"open"},
+    terminal={"retired"},
+    edges=(*edges("open", "open", guard=("tokens", "refilled_at")), *edges("open", "retired", actors=OPERATOR)),
+    patch_fields={"tokens", "refilled_at", "capacity", "refill_per_second"},
+    reason_prefixes={"rate_bucket"},
+    reasons={"rate_bucket.open.created", "rate_bucket.open.drawn", "rate_bucket.open.resized",
+             "rate_bucket.retired.operator"},
+    same_status="edge",
+    description="A token bucket per (channel, scope), shared by every worker: each draw is a guarded "
+                "transition in the transaction that records the attempt it pays for.",
+    accepts=(),
+)
