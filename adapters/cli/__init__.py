@@ -7,6 +7,7 @@ from .app import app
 # Each module registers its commands on ``app`` when imported.
 from . import lifecycle as _lifecycle  # noqa: F401,E402
 from . import dispatch as _dispatch  # noqa: F401,E402
+from . import notify as _notify  # noqa: F401,E402
 from . import schedule as _schedule  # noqa: F401,E402
 
 

@@ -6,12 +6,16 @@ channel fallback in a fixed order, bounded delivery cycles with a visible dead l
 attempts recorded as their own entities, and rate limits shared by every worker through the database.
 
 Intake and reads: :func:`send_notification`, :func:`get_notification`, :func:`list_notifications`,
-:func:`notification_attempts`. The channel protocol: :mod:`.channels`; test channels: :mod:`.scripted`.
+:func:`notification_attempts`. Delivery: :func:`deliver_due_notifications` and its separate steps in
+:mod:`.delivery`; rate limits shared by every worker: :func:`ensure_bucket`, :func:`draw`. The channel
+protocol: :mod:`.channels`; test channels: :mod:`.scripted`.
 """
 
 from .channels import (
     CHANNEL_NAMES, PERSISTENT_ORDER, Channel, Delivery, Guard, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
 )
+from .buckets import draw, ensure_bucket
+from .delivery import deliver_due_notifications
 from .errors import NotificationInvalid
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .policy import CHANNEL_ATTEMPT, NOTIFICATION, RATE_BUCKET
@@ -20,6 +24,6 @@ from .schema import channel_attempts, notifications, rate_buckets
 __all__ = [
     "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
     "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "Observation", "ProviderOutcome",
-    "channel_attempts", "get_notification", "list_notifications", "notification_attempts", "notifications",
+    "channel_attempts", "deliver_due_notifications", "draw", "ensure_bucket", "get_notification", "list_notifications", "notification_attempts", "notifications",
     "rate_buckets", "send_notification",
 ]

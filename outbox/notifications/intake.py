@@ -177,7 +177,7 @@ async def notification_attempts(book: Book, notification_id: str) -> list[dict[s
     _id("notification_id", notification_id)
     t = channel_attempts
     query = (sa.select(t).where(t.c.notification_id == notification_id)
-             .order_by(t.c.cycle, t.c.attempt, t.c.made_at, t.c.id))
+             .order_by(t.c.cycle, t.c.attempt, t.c.position, t.c.made_at, t.c.id))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
     return [dict(r._mapping) | {"duplicate_risk": bool(r.duplicate_risk)} for r in rows]

@@ -47,6 +47,7 @@ channel_attempts = managed_table(
     sa.Column("cycle", sa.Integer, nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),  # the notification's cumulative attempt number
     sa.Column("channel", sa.String(32), nullable=False),
+    sa.Column("position", sa.Integer, nullable=False),  # the channel's place in the attempt's run order, from 1
     # The lease the observation was made under: its claim token and end.
     sa.Column("claim_id", sa.String(32), nullable=False),
     sa.Column("lease_until", sa.Float, nullable=False),
@@ -57,7 +58,7 @@ channel_attempts = managed_table(
     sa.Column("started_at", sa.Float, nullable=True),  # the send admission (NULL: never admitted)
     sa.Column("ended_at", sa.Float, nullable=True),
     # A notification's attempts, cycle by cycle, in the order they were made.
-    sa.Index("ix_channel_attempts_notification", "notification_id", "cycle", "attempt", "made_at"),
+    sa.Index("ix_channel_attempts_notification", "notification_id", "cycle", "attempt", "position"),
 )
 
 rate_buckets = managed_table(

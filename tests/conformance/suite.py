@@ -50,6 +50,8 @@ from lease_timeout_cases import LeaseTimeoutCases  # noqa: E402
 from outbox_input_cases import OutboxInputCases  # noqa: E402
 from offer_cases import OfferCases  # noqa: E402
 from purge_race_cases import PurgeRaceCases  # noqa: E402
+from notification_bucket_cases import NotificationBucketCases  # noqa: E402
+from notification_delivery_cases import NotificationDeliveryCases  # noqa: E402
 from notification_intake_cases import NotificationIntakeCases  # noqa: E402
 
 from chains_and_notify_cases import ChainsAndNotifyCases  # noqa: E402  (tests/scheduler, on sys.path)
@@ -126,7 +128,7 @@ class OutboxConformance(
     inherits this class, next to ``LifecycleConformance``. Cases may ask for ``backend`` (the backend's name)."""
 
 
-class NotificationConformance(NotificationIntakeCases):
+class NotificationConformance(NotificationIntakeCases, NotificationDeliveryCases, NotificationBucketCases):
     """The notifications' cases (specs/notifications.md), from tests/outbox/notification_*_cases.py, on each
     backend that inherits this class."""
 

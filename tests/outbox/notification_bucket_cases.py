@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Book, history, replay, verify
 from statebook.lifecycle.facts import facts_table
 from statebook.outbox.notifications import NotificationInvalid, rate_buckets
-from statebook.outbox.notifications.buckets import bucket_id, draw, ensure_bucket
+from statebook.outbox.notifications.buckets import draw, ensure_bucket
 
 RACERS = 8
 CAPACITY = 20

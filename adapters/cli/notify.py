@@ -1,0 +1,99 @@
+"""``statebook notify``: inspect notifications and their channel attempts (specs/notifications.md).
+
+There is no send command: producers use the library API (``send_notification``), as for dispatches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from statebook.lifecycle import Book
+from statebook.lifecycle.inputs import INT32, integer
+from statebook.outbox.notifications import get_notification, list_notifications, notification_attempts
+from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
+
+from .app import app, console, emit_json, fail, format_time, run, with_book
+
+notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts.", no_args_is_help=True)
+app.add_typer(notify_app, name="notify")
+
+
+@notify_app.command("ls")
+def ls_cmd(
+    status: str = typer.Option(None, "--status", help=f"Only this status ({', '.join(NOTIFICATION_STATUSES)})."),
+    dead_letter: bool = typer.Option(False, "--dead-letter", help="Only dead letters (failed, visible to operators)."),
+    limit: int = typer.Option(50, "--limit", min=1, help="At most this many rows, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List notifications, newest first."""
+    integer("--limit", limit, low=1, high=INT32[1])
+
+    async def go(book: Book) -> list[dict[str, Any]]:
+        return await list_notifications(book, status=status, dead_letter=True if dead_letter else None, limit=limit)
+
+    rows = run(with_book(go)())
+    if as_json:
+        emit_json(rows)
+        return
+    from rich.table import Column, Table
+
+    table = Table(Column("id", no_wrap=True, min_width=32), "recipient", "mode", "channels",
+                  Column("status", no_wrap=True), "cycle", "attempts", "next attempt (UTC)", "last error")
+    for r in rows:
+        status_text = r["status"] + (" (dead letter)" if r["dead_letter"] else "")
+        due = format_time(r["next_attempt_at"]) if r["status"] in ("pending", "rate_limited") else "-"
+        table.add_row(r["id"], r["recipient"], r["mode"], ",".join(r["channels"]), status_text, str(r["cycle"]),
+                      f"{r['cycle_attempts']}/{r['max_cycle_attempts']} ({r['attempts']} in all)", due,
+                      (r["last_error"] or "")[:60])
+    console.print(table)
+
+
+async def _both(book: Book, notification_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    row = await get_notification(book, notification_id)
+    return row, ([] if row is None else await notification_attempts(book, notification_id))
+
+
+@notify_app.command("show")
+def show_cmd(notification_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Print one notification as JSON, with its channel attempts cycle by cycle."""
+
+    async def go(book: Book) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        return await _both(book, notification_id)
+
+    row, attempts = run(with_book(go)())
+    if row is None:
+        raise fail(f"notification {notification_id} does not exist")
+    cycles: dict[str, list[dict[str, Any]]] = {}
+    for a in attempts:
+        cycles.setdefault(str(a["cycle"]), []).append(a)
+    emit_json({**row, "attempts_by_cycle": cycles})
+
+
+@notify_app.command("attempts")
+def attempts_cmd(
+    notification_id: str = typer.Argument(..., metavar="ID"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """A notification's channel attempts, in the order they were made."""
+
+    async def go(book: Book) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        return await _both(book, notification_id)
+
+    row, attempts = run(with_book(go)())
+    if row is None:
+        raise fail(f"notification {notification_id} does not exist")
+    if as_json:
+        emit_json(attempts)
+        return
+    from rich.table import Table
+
+    table = Table("cycle", "attempt", "channel", "result", "admitted (UTC)", "ended (UTC)", "retries", "duplicate risk",
+                  "detail")
+    for a in attempts:
+        table.add_row(str(a["cycle"]), str(a["attempt"]), a["channel"], a["status"],
+                      format_time(a["started_at"]) if a["started_at"] is not None else "-",
+                      format_time(a["ended_at"]) if a["ended_at"] is not None else "-", str(a["provider_retries"]),
+                      "yes" if a["duplicate_risk"] else "", (a["detail"] or "")[:60])
+    console.print(table)

@@ -1,0 +1,489 @@
+"""Delivering notifications: scan, claim, attempt channel by channel, record evidence, finalize (N1-N9).
+
+Each step is its own function, so tests can interleave claimants and crash between any two:
+
+- :func:`scan_due` — due notifications in (due time, id) order, read without locks;
+- :func:`claim` — ONE fenced transition writing a fresh ``claim_id`` and the lease's end (or, for a
+  lapsed lease on the cycle's last attempt, the dead letter it now is);
+- :func:`run_attempt` — the channels of one attempt, outside any transaction: GUARANTEED runs the
+  selected persistent channels in order until one succeeds (WebSocket runs after them, for what it
+  is worth: it never satisfies the obligation); BEST_EFFORT runs them all at once. Every channel
+  call is guarded (:class:`LeaseGuard`) and leaves one ``channel_attempt`` observation;
+- :func:`finalize` — ONE transition fenced by the claim token: delivered, retried with backoff,
+  failed (dead-lettered when a GUARANTEED cycle is exhausted) or rate-limited.
+
+:func:`deliver_due_notifications` runs a pass of them with bounded concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create, transition
+from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.errors import StatebookError
+from statebook.lifecycle.schema import status_in
+
+from .buckets import draw
+from .channels import (
+    EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
+)
+from .policy import RESULT_REASONS, STARTED_REASON
+from .schema import channel_attempts, notifications
+
+log = logging.getLogger("statebook.outbox.notifications")
+
+DELIVERY_ACTOR = Actor("system", "notification_delivery")
+LEASE_SECONDS = 60.0
+"""How long a claim owns its notification (the seed's default lease)."""
+DEADLINE_SECONDS = 10.0
+"""How long one channel call may take, provider-local retries included (the seed's adapter deadline)."""
+BACKOFF_BASE_SECONDS = 1.0
+"""The wait after a cycle's first failed attempt; it doubles after each further one (1 s, 2 s, ...)."""
+DETAIL_CHARS = 2_000
+DEFAULT_SCOPE = "all"
+"""The rate-limit scope of a channel's attempts: one bucket per channel (``<channel>:all``) until
+settings name finer scopes."""
+
+ACTIVE = sa.text(status_in("notifications.status", ("pending", "rate_limited")))
+
+
+class EvidenceLost(StatebookError):
+    """Recording a channel observation failed: the attempt stops and leaves its claim to lapse (N7)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A due notification as the scan read it (the claim compares against these values)."""
+
+    id: str
+    status: str
+    claim_id: str | None
+    lease_until: float | None
+    cycle: int
+    attempts: int
+    cycle_attempts: int
+    max_cycle_attempts: int
+    mode: str
+    channels: tuple[str, ...]
+    recipient: str
+    content: Mapping[str, Any]
+    next_attempt_at: float
+
+    @property
+    def attempt_limit(self) -> int:
+        """Attempts this cycle may take: the configured bound (GUARANTEED) or one (BEST_EFFORT)."""
+        return self.max_cycle_attempts if self.mode == Mode.GUARANTEED.value else 1
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A won claim: the fencing token, the lease's end, and what the attempt delivers."""
+
+    notification_id: str
+    claim_id: str
+    lease_until: float
+    cycle: int
+    attempt: int  # cumulative, the number channel observations carry
+    cycle_attempt: int
+    attempt_limit: int
+    mode: str
+    channels: tuple[str, ...]
+    recipient: str
+    content: Mapping[str, Any]
+
+
+Outcome = Literal["delivered", "retry", "dead_letter", "failed", "rate_limited"]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One recorded channel observation: what was observed, and whether the send was admitted (a
+    ``started`` fact came first) or found no rate-limit token."""
+
+    channel: str
+    observation: Observation
+    admitted: bool
+    no_token: bool
+
+
+@dataclass
+class AttemptResult:
+    """What one attempt came to: the notification's next outcome (None: stop without finalizing — the
+    lease was lost or evidence could not be stored) and the observations made."""
+
+    outcome: Outcome | None
+    observations: list[Recorded] = field(default_factory=list)
+    delivered_channel: str | None = None
+    wait: float | None = None  # rate_limited: seconds until the first bucket refills
+    error: str | None = None
+
+
+# -- scan and claim -------------------------------------------------------------------------------
+_COLUMNS = ("id", "status", "claim_id", "lease_until", "cycle", "attempts", "cycle_attempts", "max_cycle_attempts",
+            "mode", "channels", "recipient", "content", "next_attempt_at")
+
+
+async def scan_due(book: Book, *, now: float, limit: int = 100) -> list[Candidate]:
+    """Due notifications (pending or rate-limited, ``next_attempt_at <= now``), by due time then id (N9)."""
+    t = notifications
+    query = (sa.select(*(t.c[c] for c in _COLUMNS)).where(ACTIVE, t.c.next_attempt_at <= now)
+             .order_by(t.c.next_attempt_at, t.c.id).limit(limit))
+    async with book.read() as conn:
+        rows = (await conn.execute(query)).fetchall()
+    return [Candidate(**{**r._mapping, "channels": tuple(r.channels)}) for r in rows]
+
+
+def _command(c: Candidate, target: str, code: str, summary: str, patch: dict[str, Any]) -> Command:
+    return Command("notification", c.id, target, Reason(code, summary), DELIVERY_ACTOR, (c.status,),
+                   {"claim_id": c.claim_id, "cycle_attempts": c.cycle_attempts}, patch)
+
+
+async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: float = LEASE_SECONDS
+                ) -> Lease | None:
+    """Claim one due notification: a fresh fencing token and lease, the attempt counted; None when
+    another claimant won (nothing written). A lapsed lease on the cycle's last attempt is not claimed
+    again: the notification is failed (dead-lettered when GUARANTEED) and None is returned."""
+    c = candidate
+    if c.cycle_attempts >= c.attempt_limit and c.claim_id is not None:
+        dead = c.mode == Mode.GUARANTEED.value
+        command = _command(c, "failed", "notification.failed.cycle_exhausted" if dead else "notification.failed.best_effort",
+                           f"the lease of attempt {c.cycle_attempts} (the cycle's last) lapsed without an outcome",
+                           {"dead_letter": 1 if dead else 0, "claim_id": None, "lease_until": None,
+                            "last_error": "the lease lapsed without an outcome"})
+        await apply_many(book, [command], lock="skip_locked")
+        return None
+    token, until = new_id(), now + lease_seconds
+    if c.status == "rate_limited":
+        code, summary = "notification.pending.rate_limit_cleared", f"attempt {c.cycle_attempts + 1} after the rate limit"
+    elif c.claim_id is not None:
+        code, summary = "notification.pending.reclaimed", f"lease lapsed; attempt {c.cycle_attempts + 1} of cycle {c.cycle}"
+    else:
+        code, summary = "notification.pending.claimed", f"attempt {c.cycle_attempts + 1} of cycle {c.cycle}"
+    patch = {"claim_id": token, "lease_until": until, "next_attempt_at": until, "attempts": c.attempts + 1,
+             "cycle_attempts": c.cycle_attempts + 1}
+    [outcome] = await apply_many(book, [_command(c, "pending", code, summary, patch)], lock="skip_locked")
+    if not outcome.applied:
+        return None
+    return Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
+                 c.channels, c.recipient, c.content)
+
+
+# -- one channel call -------------------------------------------------------------------------------
+class LeaseGuard:
+    """The runtime's side of one channel call (:class:`~.channels.Guard`): checks the claim and the
+    lease, admits the send (token and ``started`` fact in one transaction), remembers what happened."""
+
+    def __init__(self, book: Book, lease: Lease, channel: str, *, deadline_end: float, duplicate_risk: bool) -> None:
+        self.book = book
+        self.lease = lease
+        self.channel = channel
+        self.deadline_end = deadline_end
+        self.duplicate_risk = duplicate_risk
+        self.attempt_id: str | None = None
+        self.admitting: str | None = None  # the id of a started fact being written (cut by a deadline?)
+        self.no_token: float | None = None
+        self.storage_error: BaseException | None = None
+        self.lease_lost: str | None = None
+
+    def remaining(self) -> float:
+        return max(0.0, min(self.deadline_end, self.lease.lease_until) - self.book.clock.now())
+
+    async def _owned(self) -> None:
+        """The claim is still ours and the lease has not lapsed (a read; writes nothing)."""
+        now = self.book.clock.now()
+        if now >= self.lease.lease_until:
+            self.lease_lost = "the lease lapsed"
+            raise LeaseLost(self.lease_lost)
+        t = notifications
+        try:
+            async with self.book.read() as conn:
+                row = (await conn.execute(sa.select(t.c.claim_id, t.c.status).where(t.c.id == self.lease.notification_id))).first()
+        except Exception as exc:
+            self.storage_error = exc
+            raise
+        if row is None or row.claim_id != self.lease.claim_id or row.status != "pending":
+            self.lease_lost = "the claim is no longer this worker's"
+            raise LeaseLost(self.lease_lost)
+
+    async def guard_provider_attempt(self) -> None:
+        """Before a provider effect after the first (a provider-local retry): a lease-only check."""
+        await self._owned()
+
+    async def admit(self) -> None:
+        """Right before the first provider effect: the claim and lease checked, the channel's token
+        drawn and ``channel_attempt.started.admitted`` written, in ONE transaction (N4, N5, N8)."""
+        if self.attempt_id is not None:
+            return
+        await self._owned()
+        now = self.book.clock.now()
+        attempt_id = self.admitting = new_id()
+        try:
+            async with self.book.begin() as tx:
+                wait = await draw(tx, self.channel, DEFAULT_SCOPE, now=now)
+                if wait > 0:
+                    self.no_token = wait
+                else:
+                    await create(tx, "channel_attempt", values=self._values(attempt_id, now, started=True),
+                                 status="started", reason=Reason(STARTED_REASON, f"{self.channel} admitted the send"),
+                                 actor=DELIVERY_ACTOR, fresh_id=True)
+        except Exception as exc:
+            self.storage_error = exc
+            raise
+        self.admitting = None
+        if self.no_token is not None:
+            raise NoToken(self.no_token)
+        self.attempt_id = attempt_id
+
+    async def settle_admission(self) -> None:
+        """After a call cut while its admission was being written: whether the ``started`` fact committed."""
+        if self.admitting is None:
+            return
+        t = channel_attempts
+        async with self.book.read() as conn:
+            found = (await conn.execute(sa.select(t.c.id).where(t.c.id == self.admitting))).first()
+        if found is not None:
+            self.attempt_id = self.admitting
+        self.admitting = None
+
+    def _values(self, attempt_id: str, now: float, *, started: bool) -> dict[str, Any]:
+        lease = self.lease
+        return {
+            "id": attempt_id, "notification_id": lease.notification_id, "cycle": lease.cycle, "attempt": lease.attempt,
+            "channel": self.channel, "position": lease.channels.index(self.channel) + 1, "claim_id": lease.claim_id, "lease_until": lease.lease_until,
+            "provider_retries": 0, "duplicate_risk": 1 if self.duplicate_risk else 0, "detail": None,
+            "made_at": now, "started_at": now if started else None, "ended_at": None,
+        }
+
+
+async def attempt_channel(book: Book, lease: Lease, channel: Channel, *, deadline: float = DEADLINE_SECONDS,
+                          duplicate_risk: bool = False) -> Recorded:
+    """One guarded channel call and its recorded observation (N4-N7). Raises :class:`LeaseLost` when
+    the lease was lost before or during the call (the observation, if any, is recorded first) and
+    :class:`EvidenceLost` when the observation could not be stored."""
+    clock = book.clock
+    start = clock.now()
+    if lease.lease_until - start < deadline:
+        raise LeaseLost(f"less than the {deadline:g}s adapter deadline is left of the lease")
+    guard = LeaseGuard(book, lease, channel.name, deadline_end=start + deadline, duplicate_risk=duplicate_risk)
+    delivery = Delivery(lease.notification_id, lease.recipient, lease.content, lease.cycle, lease.attempt, channel.name)
+    observed: Observation | None = None
+    failure: str | None = None
+    try:
+        async with asyncio.timeout(deadline):
+            if not channel.reports_admission:
+                await guard.admit()  # admitted at its entry: everything after may be an effect
+            observed = await channel.send(delivery, guard)
+    except TimeoutError:
+        failure = f"no answer within the {deadline:g}s adapter deadline"
+    except NoToken:
+        pass
+    except LeaseLost as exc:
+        failure = f"stopped: {exc}"
+    except Exception as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+    if guard.storage_error is not None:
+        raise EvidenceLost(f"could not record the {channel.name} observation: {guard.storage_error}") from guard.storage_error
+    try:
+        await guard.settle_admission()
+    except Exception as exc:
+        raise EvidenceLost(f"could not tell whether the {channel.name} send was admitted: {exc}") from exc
+    observation = _judged(guard, observed, failure)
+    await _record(book, guard, observation)
+    if guard.lease_lost is not None:
+        raise LeaseLost(guard.lease_lost)
+    return Recorded(channel.name, observation, guard.attempt_id is not None, guard.no_token is not None)
+
+
+def _judged(guard: LeaseGuard, observed: Observation | None, failure: str | None) -> Observation:
+    """The observation to record: what the channel said, or what its failure means (N6)."""
+    if guard.no_token is not None:
+        return Observation(ProviderOutcome.RATE_LIMITED, "no rate-limit token", retry_after=guard.no_token)
+    admitted = guard.attempt_id is not None
+    if observed is None:
+        return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED, failure)
+    if not isinstance(observed, Observation):
+        return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED,
+                           f"the channel returned {observed!r:.60}, not an Observation")
+    if not admitted and observed.outcome not in (ProviderOutcome.NOT_STARTED, ProviderOutcome.RATE_LIMITED):
+        # A channel that reports its admission returned a result without admitting: an adapter bug.
+        # Its effect had no STARTED before it; record it as UNKNOWN, never as a success.
+        return Observation(ProviderOutcome.UNKNOWN, f"the channel reported {observed.outcome.value} without admitting its send")
+    return observed
+
+
+async def _record(book: Book, guard: LeaseGuard, observation: Observation) -> None:
+    """The observation's fact: the result of the admitted attempt, or an observation without admission."""
+    now = book.clock.now()
+    detail = None if observation.detail is None else str(observation.detail)[:DETAIL_CHARS]
+    status = observation.outcome.value
+    reason = Reason(RESULT_REASONS[status], f"{guard.channel}: {status}")
+    try:
+        if guard.attempt_id is not None:
+            await transition(book, "channel_attempt", guard.attempt_id, status, expected="started", reason=reason,
+                             actor=DELIVERY_ACTOR, patch={"provider_retries": observation.retries, "detail": detail,
+                                                          "ended_at": now})
+        else:
+            values = guard._values(new_id(), now, started=False) | {"detail": detail, "ended_at": now}
+            await create(book, "channel_attempt", values=values, status=status, reason=reason, actor=DELIVERY_ACTOR,
+                         fresh_id=True)
+    except Exception as exc:
+        raise EvidenceLost(f"could not record the {guard.channel} observation: {exc}") from exc
+
+
+# -- one attempt ------------------------------------------------------------------------------------
+async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel], *,
+                      deadline: float = DEADLINE_SECONDS) -> AttemptResult:
+    """The channels of one attempt, outside any transaction; what the notification comes to (N1, N6-N8)."""
+    selected = [n for n in lease.channels if n in channels]
+    missing = [n for n in lease.channels if n not in channels]
+    result = AttemptResult(None)
+    if missing:
+        result.error = f"no adapter configured for {', '.join(missing)}"
+    try:
+        if lease.mode == Mode.GUARANTEED.value:
+            await _guaranteed(book, lease, channels, selected, deadline, result)
+        else:
+            await _best_effort(book, lease, channels, selected, deadline, result)
+    except (LeaseLost, EvidenceLost) as exc:
+        result.outcome, result.error = None, str(exc)
+        return result
+    seen = result.observations
+    if result.delivered_channel is not None:
+        result.outcome = "delivered"
+    elif seen and all(r.no_token for r in seen):  # no selected channel had a token: the budget is not used (N8)
+        result.outcome = "rate_limited"
+        result.wait = min(r.observation.retry_after or 0.0 for r in seen)
+    elif lease.mode == Mode.BEST_EFFORT.value:
+        result.outcome = "failed"
+    else:
+        result.outcome = "retry" if lease.cycle_attempt < lease.attempt_limit else "dead_letter"
+    if result.error is None and seen:
+        last = seen[-1]
+        detail = last.observation.detail
+        result.error = f"{last.channel}: {last.observation.outcome.value}" + (f" ({detail})" if detail else "")
+    return result
+
+
+async def _guaranteed(book: Book, lease: Lease, channels: Mapping[str, Channel], selected: list[str],
+                      deadline: float, result: AttemptResult) -> None:
+    """Persistent channels in Slack, email, PagerDuty order until the first SUCCESS; WebSocket after."""
+    risk = False
+    for name in (n for n in PERSISTENT_ORDER if n in selected):
+        recorded = await attempt_channel(book, lease, channels[name], deadline=deadline, duplicate_risk=risk)
+        result.observations.append(recorded)
+        if recorded.observation.outcome is ProviderOutcome.SUCCESS:
+            result.delivered_channel = name
+            break
+        risk = risk or recorded.observation.outcome is ProviderOutcome.UNKNOWN
+    for name in (n for n in EPHEMERAL if n in selected):
+        with contextlib.suppress(LeaseLost):  # never satisfies a GUARANTEED obligation, so never decides it
+            result.observations.append(await attempt_channel(book, lease, channels[name], deadline=deadline))
+
+
+async def _best_effort(book: Book, lease: Lease, channels: Mapping[str, Channel], selected: list[str],
+                       deadline: float, result: AttemptResult) -> None:
+    """Every selected channel at once (WebSocket in its own task beside the persistent ones)."""
+    calls = [attempt_channel(book, lease, channels[n], deadline=deadline) for n in selected]
+    found = await asyncio.gather(*calls, return_exceptions=True)
+    lost: BaseException | None = None
+    for name, item in zip(selected, found, strict=True):
+        if isinstance(item, LeaseLost):
+            lost = item
+            continue
+        if isinstance(item, BaseException):
+            raise item  # EvidenceLost, or a cancellation
+        result.observations.append(item)
+        if item.observation.outcome is ProviderOutcome.SUCCESS and result.delivered_channel is None:
+            result.delivered_channel = name
+    if lost is not None and result.delivered_channel is None:
+        raise lost
+
+
+# -- finalize ---------------------------------------------------------------------------------------
+def backoff_seconds(cycle_attempt: int) -> float:
+    """1 s after a cycle's first failed attempt, doubling after each further one."""
+    return BACKOFF_BASE_SECONDS * 2 ** (max(cycle_attempt, 1) - 1)
+
+
+async def finalize(book: Book, lease: Lease, result: AttemptResult, *, now: float) -> str:
+    """Record what the attempt came to as ONE transition fenced by the claim token: the outcome, or
+    ``conflict`` (the claim is no longer this lease's: nothing written)."""
+    if result.outcome is None:
+        raise ValueError("this attempt has no outcome to finalize (its lease was lost or evidence failed)")
+    error = None if result.error is None else result.error[:DETAIL_CHARS]
+    cleared = {"claim_id": None, "lease_until": None}
+    if result.outcome == "delivered":
+        target, code, patch = "delivered", "notification.delivered.channel_success", {
+            **cleared, "delivered_channel": result.delivered_channel, "last_error": None}
+        summary = f"{result.delivered_channel} accepted attempt {lease.cycle_attempt} of cycle {lease.cycle}"
+    elif result.outcome == "retry":
+        wait = backoff_seconds(lease.cycle_attempt)
+        target, code, patch = "pending", "notification.pending.retry", {
+            **cleared, "next_attempt_at": now + wait, "last_error": error}
+        summary = f"attempt {lease.cycle_attempt} of cycle {lease.cycle} failed; next in {wait:g}s"
+    elif result.outcome == "dead_letter":
+        target, code, patch = "failed", "notification.failed.cycle_exhausted", {**cleared, "dead_letter": 1,
+                                                                                "last_error": error}
+        summary = f"cycle {lease.cycle} exhausted after {lease.cycle_attempt} attempts"
+    elif result.outcome == "failed":
+        target, code, patch = "failed", "notification.failed.best_effort", {**cleared, "last_error": error}
+        summary = "no channel succeeded (best effort)"
+    else:
+        wait = result.wait or 0.0
+        target, code, patch = "rate_limited", "notification.rate_limited.no_token", {
+            **cleared, "next_attempt_at": now + wait, "cycle_attempts": lease.cycle_attempt - 1, "last_error": error}
+        summary = f"no selected channel had a rate-limit token; due again in {wait:.3f}s"
+    outcome = await transition(
+        book, "notification", lease.notification_id, target, expected="pending",
+        guards={"claim_id": lease.claim_id, "cycle_attempts": lease.cycle_attempt}, patch=patch,
+        reason=Reason(code, summary), actor=DELIVERY_ACTOR,
+    )
+    return result.outcome if outcome.applied else "conflict"
+
+
+# -- a pass -----------------------------------------------------------------------------------------
+COUNTERS = ("claimed", "delivered", "retried", "dead_letter", "failed", "rate_limited", "stopped", "conflict")
+
+
+async def deliver_due_notifications(
+    book: Book, channels: Mapping[str, Channel], *, limit: int = 100, concurrency: int = 8,
+    lease_seconds: float = LEASE_SECONDS, deadline: float = DEADLINE_SECONDS,
+) -> dict[str, int]:
+    """One pass: scan, claim, attempt and finalize at most ``limit`` due notifications, at most
+    ``concurrency`` at once; its counters (``stopped``: attempts that ended without an outcome)."""
+    if book.conn is not None:
+        raise ValueError("deliver_due_notifications runs channels outside any transaction; pass an unbound book")
+    if not 0 < deadline < lease_seconds:
+        raise ValueError(f"the adapter deadline ({deadline:g}s) must be shorter than the lease ({lease_seconds:g}s)")
+    counts = dict.fromkeys(COUNTERS, 0)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(candidate: Candidate) -> None:
+        async with gate:
+            lease = await claim(book, candidate, now=book.clock.now(), lease_seconds=lease_seconds)
+            if lease is None:
+                return
+            counts["claimed"] += 1
+            result = await run_attempt(book, lease, channels, deadline=deadline)
+            if result.outcome is None:
+                counts["stopped"] += 1
+                return
+            done = await finalize(book, lease, result, now=book.clock.now())
+            counts[{"retry": "retried"}.get(done, done)] += 1
+
+    found = await asyncio.gather(*(one(c) for c in await scan_due(book, now=book.clock.now(), limit=limit)),
+                                 return_exceptions=True)
+    for item in found:
+        if isinstance(item, BaseException):
+            log.error("a notification's delivery failed; its claim lapses and a later pass retries it",
+                      exc_info=item)
+            counts["stopped"] += 1
+    return counts

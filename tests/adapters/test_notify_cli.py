@@ -1,0 +1,82 @@
+"""``statebook notify``: ls (status, dead letter, JSON), show with its attempts by cycle, attempts, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from statebook.adapters.cli import app
+from statebook.adapters.db import open_book
+from statebook.lifecycle import FakeClock
+from statebook.outbox.notifications import send_notification
+from statebook.outbox.notifications.delivery import deliver_due_notifications
+from statebook.outbox.notifications.scripted import ScriptedChannel
+
+
+@pytest.fixture
+def db(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def seed(url: str) -> dict[str, str]:
+    """One delivered notification (Slack rejected, email accepted) and one dead letter (three attempts)."""
+
+    async def go() -> dict[str, str]:
+        clock = FakeClock()
+        book = await open_book(url, clock=clock)
+        try:
+            ok = await send_notification(book, recipient="ops", content={"text": "a"}, mode="guaranteed",
+                                         channels=["email", "slack"])
+            dead = await send_notification(book, recipient="dba", content={"text": "b"}, mode="guaranteed",
+                                           channels=["pagerduty"])
+            chans = {"slack": ScriptedChannel("slack", ["reject"]), "email": ScriptedChannel("email", ["success"]),
+                     "pagerduty": ScriptedChannel("pagerduty", ["reject"])}
+            for _ in range(3):
+                await deliver_due_notifications(book, chans, deadline=0.05)
+                clock.advance(10)
+            return {"ok": ok.id, "dead": dead.id}
+        finally:
+            await book.engine.dispose()
+
+    return asyncio.run(go())
+
+
+def invoke(url: str, *args: str):
+    return CliRunner().invoke(app, ["--db", url, "notify", *args])
+
+
+def test_ls_filters_by_status_and_dead_letter(db):
+    ids = seed(db)
+    everything = json.loads(invoke(db, "ls", "--json").output)
+    assert sorted(r["id"] for r in everything) == sorted(ids.values())
+    dead = json.loads(invoke(db, "ls", "--dead-letter", "--json").output)
+    assert [(r["id"], r["status"], r["dead_letter"]) for r in dead] == [(ids["dead"], "failed", True)]
+    delivered = json.loads(invoke(db, "ls", "--status", "delivered", "--json").output)
+    assert [r["id"] for r in delivered] == [ids["ok"]]
+    table = invoke(db, "ls")
+    assert table.exit_code == 0 and "dead letter" in table.output
+
+
+def test_show_and_attempts_list_each_cycle_s_observations(db):
+    ids = seed(db)
+    shown = invoke(db, "show", ids["ok"])
+    assert shown.exit_code == 0, shown.output
+    body = json.loads(shown.output)
+    assert body["delivered_channel"] == "email"
+    assert [(a["channel"], a["status"]) for a in body["attempts_by_cycle"]["1"]] == [("slack", "rejected"),
+                                                                                    ("email", "success")]
+    attempts = json.loads(invoke(db, "attempts", ids["dead"], "--json").output)
+    assert [(a["attempt"], a["status"]) for a in attempts] == [(1, "rejected"), (2, "rejected"), (3, "rejected")]
+    assert invoke(db, "attempts", ids["dead"]).exit_code == 0
+
+
+def test_unknown_ids_and_statuses_fail_in_one_line(db):
+    seed(db)
+    missing = invoke(db, "show", "0" * 32)
+    assert missing.exit_code == 2 and "does not exist" in missing.output  # as `dispatch show` (specs/cli.md)
+    assert invoke(db, "attempts", "0" * 32).exit_code == 2
+    bad = invoke(db, "ls", "--status", "lost")
+    assert bad.exit_code != 0 and "unknown status" in bad.output and "Traceback" not in bad.output
