@@ -120,6 +120,25 @@ class SchedulerSettings(_Section):
         return self
 
 
+class NotificationSettings(_Section):
+    """How notifications are delivered (specs/notifications.md N3)."""
+
+    lease_seconds: float = Field(60.0, gt=0, le=CENTURY_SECONDS)
+    """how long a claim owns its notification"""
+    deadline_seconds: float = Field(10.0, gt=0, le=CENTURY_SECONDS)
+    """how long one channel call may take, provider-local retries included; shorter than the lease"""
+    batch_size: int = Field(100, ge=1, le=10_000)
+    concurrency: int = Field(8, ge=1, le=1_000)
+
+    @model_validator(mode="after")
+    def _deadline_fits_the_lease(self) -> NotificationSettings:
+        if self.deadline_seconds >= self.lease_seconds:
+            raise ValueError(f"notifications.deadline_seconds ({self.deadline_seconds:g}) must be shorter than "
+                             f"notifications.lease_seconds ({self.lease_seconds:g}): a channel call must end "
+                             "inside the lease that authorised it")
+        return self
+
+
 class LimitsSettings(_Section):
     """Bounds on the JSON a command may store; the book enforces them (lifecycle/inputs.py)."""
 
@@ -144,6 +163,7 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = SchedulerSettings()
     launcher: LauncherSettings = LauncherSettings()
     limits: LimitsSettings = LimitsSettings()
+    notifications: NotificationSettings = NotificationSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, *_: Any, **__: Any):  # type: ignore[override]

@@ -98,6 +98,8 @@ class Lease:
     channels: tuple[str, ...]
     recipient: str
     content: Mapping[str, Any]
+    duplicate_risk: bool = False
+    """The claim before this one stopped after a send was admitted: this attempt may repeat an effect."""
 
 
 Outcome = Literal["delivered", "retry", "dead_letter", "failed", "rate_limited"]
@@ -152,6 +154,7 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
     another claimant won (nothing written). A lapsed lease on the cycle's last attempt is not claimed
     again: the notification is failed (dead-lettered when GUARANTEED) and None is returned."""
     c = candidate
+    stale = 0 if c.claim_id is None else await settle_stale(book, c.id, c.claim_id, now=now)
     if c.cycle_attempts >= c.attempt_limit and c.claim_id is not None:
         dead = c.mode == Mode.GUARANTEED.value
         command = _command(c, "failed", "notification.failed.cycle_exhausted" if dead else "notification.failed.best_effort",
@@ -173,7 +176,27 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
     if not outcome.applied:
         return None
     return Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
-                 c.channels, c.recipient, c.content)
+                 c.channels, c.recipient, c.content, duplicate_risk=stale > 0)
+
+
+async def settle_stale(book: Book, notification_id: str, claim_id: str, *, now: float) -> int:
+    """Close the observations a lapsed claim left ``started`` (its worker stopped between the admission
+    and the result): each becomes ``unknown`` — the send was admitted, its effect may have happened —
+    with what is known. Returns how many were closed (N5, N10)."""
+    t = channel_attempts
+    query = sa.select(t.c.id).where(t.c.notification_id == notification_id, t.c.claim_id == claim_id,
+                                    t.c.status == "started")
+    async with book.read() as conn:
+        ids = [r.id for r in await conn.execute(query)]
+    closed = 0
+    for attempt_id in ids:
+        outcome = await transition(
+            book, "channel_attempt", attempt_id, "unknown", expected="started", actor=DELIVERY_ACTOR,
+            reason=Reason(RESULT_REASONS["unknown"], "the worker holding the lease stopped before recording a result"),
+            patch={"detail": "the lease lapsed after the send was admitted; no result was recorded", "ended_at": now},
+        )
+        closed += outcome.applied
+    return closed
 
 
 # -- one channel call -------------------------------------------------------------------------------
@@ -375,7 +398,7 @@ async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel],
 async def _guaranteed(book: Book, lease: Lease, channels: Mapping[str, Channel], selected: list[str],
                       deadline: float, result: AttemptResult) -> None:
     """Persistent channels in Slack, email, PagerDuty order until the first SUCCESS; WebSocket after."""
-    risk = False
+    risk = lease.duplicate_risk
     for name in (n for n in PERSISTENT_ORDER if n in selected):
         recorded = await attempt_channel(book, lease, channels[name], deadline=deadline, duplicate_risk=risk)
         result.observations.append(recorded)
@@ -391,7 +414,8 @@ async def _guaranteed(book: Book, lease: Lease, channels: Mapping[str, Channel],
 async def _best_effort(book: Book, lease: Lease, channels: Mapping[str, Channel], selected: list[str],
                        deadline: float, result: AttemptResult) -> None:
     """Every selected channel at once (WebSocket in its own task beside the persistent ones)."""
-    calls = [attempt_channel(book, lease, channels[n], deadline=deadline) for n in selected]
+    calls = [attempt_channel(book, lease, channels[n], deadline=deadline, duplicate_risk=lease.duplicate_risk)
+             for n in selected]
     found = await asyncio.gather(*calls, return_exceptions=True)
     lost: BaseException | None = None
     for name, item in zip(selected, found, strict=True):

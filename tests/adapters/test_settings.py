@@ -62,6 +62,8 @@ def test_other_statebook_variables_are_left_alone():
     ("[limits]\njson_depth = 0\n", "limits.json_depth"),
     ("[dispatch]\nnotify_template = [\"a\\u0000\"]\n", "NUL"),
     ("[scheduler\n", "is not valid TOML"),
+    ("[notifications]\ndeadline_seconds = 60\n", "must be shorter than notifications.lease_seconds"),
+    ("[notifications]\nlease_seconds = 5\n", "must be shorter than notifications.lease_seconds"),
 ])
 def test_the_file_is_checked(tmp_path, body, fragment):
     """C2: unknown keys and sections, bad values and invalid TOML are one-line ConfigErrors."""
@@ -91,3 +93,11 @@ def test_limits_reach_the_book(tmp_path):
             await book.engine.dispose()
 
     assert asyncio.run(go()) == Limits(json_depth=4, json_bytes=4096)
+
+
+def test_notification_budgets_default_to_the_seed_s_and_are_read():
+    """N3: the lease is 60 s and the adapter deadline 10 s unless the settings say otherwise."""
+    n = load_settings(environ={}).notifications
+    assert (n.lease_seconds, n.deadline_seconds) == (60.0, 10.0)
+    other = load_settings(environ={"STATEBOOK_NOTIFICATIONS__DEADLINE_SECONDS": "30"}).notifications
+    assert other.deadline_seconds == 30.0

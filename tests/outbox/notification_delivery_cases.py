@@ -293,6 +293,26 @@ class NotificationDeliveryCases:
         assert "notification.rate_limited.no_token" in codes and "notification.pending.rate_limit_cleared" in codes
         await assert_consistent(book, row["id"])
 
+    async def test_a_crash_after_admission_can_repeat_the_effect_and_the_record_says_so(self, book: Book, clock):
+        """N10 / N5: a worker that stops after the provider accepted a send and before recording its result
+        leaves the observation started; once its lease lapsed, the next claim closes it as UNKNOWN (its
+        effect may have happened) and the new attempt — which sends again — carries duplicate_risk."""
+        nid = await accept(book, ["email"])
+        chans = adapters(email=["success"])
+        [candidate] = await scan_due(book, now=clock.now())
+        crashed = await claim(book, candidate, now=clock.now())
+        guard = delivery.LeaseGuard(book, crashed, "email", deadline_end=clock.now() + 10, duplicate_risk=False)
+        await guard.admit()
+        chans["email"].effects.append("the provider accepted it")  # ... and then the worker died
+        assert [a[1] for a in await attempts(book, nid)] == ["started"]
+        clock.advance(61)
+        assert (await one_pass(book, chans))["delivered"] == 1
+        assert len(chans["email"].effects) == 2  # the effect was repeated: the window N10 names
+        assert await attempts(book, nid) == [("email", "unknown", 1, False), ("email", "success", 2, True)]
+        first = (await notification_attempts(book, nid))[0]
+        assert [f.status for f in await history(book, "channel_attempt", first["id"])] == ["started", "unknown"]
+        await assert_consistent(book, nid)
+
     async def test_runtime_timestamps_come_from_the_injected_clock_and_scans_order_by_due_then_id(self, book: Book,
                                                                                                   clock):
         """N9: observation and outcome times are the book's clock; the scan orders by due time then id."""
