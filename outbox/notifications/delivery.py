@@ -100,6 +100,9 @@ class Lease:
     content: Mapping[str, Any]
     duplicate_risk: bool = False
     """The claim before this one stopped after a send was admitted: this attempt may repeat an effect."""
+    head: Mapping[str, Any] | None = None
+    """The row as the claim left it (status, version, chain head, guarded columns): finalize compares
+    against it instead of reading the row again (``apply_many(seen=)``; the compare-and-set decides)."""
 
 
 Outcome = Literal["delivered", "retry", "dead_letter", "failed", "rate_limited"]
@@ -175,8 +178,10 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
     [outcome] = await apply_many(book, [_command(c, "pending", code, summary, patch)], lock="skip_locked")
     if not outcome.applied:
         return None
+    head = {"status": "pending", "version": outcome.version, "last_fact_id": outcome.fact_id,
+            "chain_hash": outcome.chain_hash, "claim_id": token, "cycle_attempts": c.cycle_attempts + 1}
     return Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
-                 c.channels, c.recipient, c.content, duplicate_risk=stale > 0)
+                 c.channels, c.recipient, c.content, duplicate_risk=stale > 0, head=head)
 
 
 async def settle_stale(book: Book, notification_id: str, claim_id: str, *, now: float) -> int:
@@ -212,6 +217,7 @@ class LeaseGuard:
         self.duplicate_risk = duplicate_risk
         self.attempt_id: str | None = None
         self.admitting: str | None = None  # the id of a started fact being written (cut by a deadline?)
+        self.started: Mapping[str, Any] | None = None  # the started row's head, for the result's compare-and-set
         self.no_token: float | None = None
         self.storage_error: BaseException | None = None
         self.lease_lost: str | None = None
@@ -254,9 +260,11 @@ class LeaseGuard:
                 if wait > 0:
                     self.no_token = wait
                 else:
-                    await create(tx, "channel_attempt", values=self._values(attempt_id, now, started=True),
-                                 status="started", reason=Reason(STARTED_REASON, f"{self.channel} admitted the send"),
-                                 actor=DELIVERY_ACTOR, fresh_id=True)
+                    made = await create(tx, "channel_attempt", values=self._values(attempt_id, now, started=True),
+                                        status="started", reason=Reason(STARTED_REASON, f"{self.channel} admitted the send"),
+                                        actor=DELIVERY_ACTOR, fresh_id=True)
+                    self.started = {"status": "started", "version": made.version, "last_fact_id": made.fact_id,
+                                    "chain_hash": made.chain_hash}
         except Exception as exc:
             self.storage_error = exc
             raise
@@ -350,9 +358,10 @@ async def _record(book: Book, guard: LeaseGuard, observation: Observation) -> No
     reason = Reason(RESULT_REASONS[status], f"{guard.channel}: {status}")
     try:
         if guard.attempt_id is not None:
-            await transition(book, "channel_attempt", guard.attempt_id, status, expected="started", reason=reason,
-                             actor=DELIVERY_ACTOR, patch={"provider_retries": observation.retries, "detail": detail,
-                                                          "ended_at": now})
+            command = Command("channel_attempt", guard.attempt_id, status, reason, DELIVERY_ACTOR, ("started",), {},
+                              {"provider_retries": observation.retries, "detail": detail, "ended_at": now})
+            seen = {guard.attempt_id: guard.started} if guard.started is not None else None
+            await apply_many(book, [command], seen=seen)  # a result another claim closed meanwhile: a conflict
         else:
             values = guard._values(new_id(), now, started=False) | {"detail": detail, "ended_at": now}
             await create(book, "channel_attempt", values=values, status=status, reason=reason, actor=DELIVERY_ACTOR,
@@ -465,11 +474,10 @@ async def finalize(book: Book, lease: Lease, result: AttemptResult, *, now: floa
         target, code, patch = "rate_limited", "notification.rate_limited.no_token", {
             **cleared, "next_attempt_at": now + wait, "cycle_attempts": lease.cycle_attempt - 1, "last_error": error}
         summary = f"no selected channel had a rate-limit token; due again in {wait:.3f}s"
-    outcome = await transition(
-        book, "notification", lease.notification_id, target, expected="pending",
-        guards={"claim_id": lease.claim_id, "cycle_attempts": lease.cycle_attempt}, patch=patch,
-        reason=Reason(code, summary), actor=DELIVERY_ACTOR,
-    )
+    command = Command("notification", lease.notification_id, target, Reason(code, summary), DELIVERY_ACTOR,
+                      ("pending",), {"claim_id": lease.claim_id, "cycle_attempts": lease.cycle_attempt}, patch)
+    seen = {lease.notification_id: lease.head} if lease.head is not None else None
+    [outcome] = await apply_many(book, [command], seen=seen)
     return result.outcome if outcome.applied else "conflict"
 
 
