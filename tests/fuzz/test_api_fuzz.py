@@ -27,6 +27,10 @@ from statebook.scheduler import (
     find_schedule, get_run, get_schedule, list_runs, list_schedules,
 )
 
+from statebook.outbox.notifications import (
+    draw, ensure_bucket, get_notification, list_notifications, notification_attempts, send_notification,
+)
+
 from .strategies import Deep, Seed, bodies, ids, integers, json_values, numbers, texts, times, wrong_types
 from .support import examples, open_pair
 
@@ -38,6 +42,7 @@ EXAMPLES = {
     "list_dispatches": 15, "purge_dispatches": 25, "apply_retention": 20, "deliver_due_dispatches": 20,
     "argv_transport": 40, "revival_heartbeat": 15, "worker_settings": 15,
     "create_schedule": 40, "schedule_by_ref": 20, "runs": 20,
+    "send_notification": 40, "notification_reads": 20, "rate_buckets": 20,
 }
 """Examples per surface (HYPOTHESIS_PROFILE=deep runs ten times as many)."""
 
@@ -412,5 +417,55 @@ def test_runs(pair, which, ref, limit, status, include_deleted, who):
             await cancel_run(book, r(ref), actor=actor(who))
         else:
             await list_schedules(book, include_deleted=include_deleted)
+
+    pair.check(call)
+
+
+
+# -- statebook.outbox.notifications ---------------------------------------------------------------
+notification_kwargs = st.fixed_dictionaries(
+    {"recipient": texts("ops"), "content": st.one_of(bodies(), wrong_types()),
+     "mode": st.one_of(texts("guaranteed", "best_effort", "GUARANTEED", "sometimes"), wrong_types()),
+     "channels": st.one_of(st.lists(st.one_of(texts("slack", "email", "pagerduty", "websocket", "fax"),
+                                              wrong_types()), max_size=5), wrong_types())},
+)
+
+
+@examples(EXAMPLES["send_notification"])
+@example({"recipient": "ops", "content": {}, "mode": "guaranteed", "channels": ["websocket"]})
+@example({"recipient": "ops", "content": {"t": "\ud800"}, "mode": "best_effort", "channels": ["websocket"]})
+@example({"recipient": "\x00", "content": {}, "mode": "guaranteed", "channels": ["email"]})
+@example({"recipient": "ops", "content": {"deep": Deep(3000)}, "mode": "guaranteed", "channels": ["email"]})
+@given(notification_kwargs)
+def test_send_notification(pair, kwargs):
+    async def call(book, r):
+        await send_notification(book, **r(kwargs))
+
+    pair.check(call)
+
+
+@examples(EXAMPLES["notification_reads"])
+@given(st.sampled_from(["get", "attempts", "list"]), st.one_of(texts("0" * 32), wrong_types()),
+       maybe(st.one_of(texts("pending", "failed", "lost"), wrong_types())), maybe(BOOLS), integers(50, 1))
+def test_notification_reads(pair, which, notification_id, status, dead_letter, limit):
+    async def call(book, r):
+        if which == "get":
+            await get_notification(book, r(notification_id))
+        elif which == "attempts":
+            await notification_attempts(book, r(notification_id))
+        else:
+            await list_notifications(book, status=status, dead_letter=dead_letter, limit=limit)
+
+    pair.check(call)
+
+
+@examples(EXAMPLES["rate_buckets"])
+@given(st.one_of(texts("email", "slack", "fax"), wrong_types()), st.one_of(texts("all"), wrong_types()),
+       numbers(), numbers(), times())
+def test_rate_buckets(pair, channel, scope, capacity, refill, now):
+    async def call(book, r):
+        await ensure_bucket(book, channel, scope, capacity=capacity, refill_per_second=refill)
+        async with book.begin() as tx:
+            await draw(tx, channel, scope, now=now)
 
     pair.check(call)
