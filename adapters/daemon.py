@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import signal
 import sys
@@ -23,6 +24,9 @@ import sqlalchemy as sa
 from statebook.lifecycle import Book, Registry, history, verify
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
+from statebook.outbox.notifications import Channel, NotificationInvalid, NotificationWorker, notifications
+from statebook.outbox.notifications.policy import NOTIFY_CHANNEL as NOTIFICATION_CHANNEL
+from statebook.outbox.notifications.worker import check_channels
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.recovery import new_daemon_id
 from statebook.scheduler.schema import schedule_runs, schedules
@@ -105,6 +109,49 @@ class Delivery:
             await self.worker.run_once()  # notifications of runs that ended during shutdown
 
 
+def load_channels(specs: dict[str, str]) -> dict[str, Channel]:
+    """The adapters ``[notifications] channels`` names (``module:attr``: a Channel or a callable
+    returning one); ConfigError, in one line, when one cannot be loaded."""
+    found: dict[str, Channel] = {}
+    for name, spec in specs.items():
+        module_name, _, attr = spec.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                target = getattr(target, part)
+            if callable(target) and not isinstance(target, Channel):
+                target = target()
+        except Exception as exc:
+            raise ConfigError(f"notifications.channels.{name}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+        found[name] = target
+    try:
+        return check_channels(found)
+    except NotificationInvalid as exc:
+        raise ConfigError(f"notifications.channels: {exc}") from None
+
+
+class NotificationDelivery:
+    """The notifications' worker in a task of its own (PostgreSQL: LISTEN wake-ups), when channels are named."""
+
+    def __init__(self, book: Book, settings: Settings) -> None:
+        n = settings.notifications
+        wakeups = listen(book, NOTIFICATION_CHANNEL) if book.dialect == "postgresql" else None
+        self.worker = NotificationWorker(
+            book, load_channels(n.channels), batch_size=n.batch_size, concurrency=n.concurrency,
+            lease_seconds=n.lease_seconds, deadline=n.deadline_seconds, tick_seconds=settings.scheduler.tick_seconds,
+            extra_wakeups=wakeups,
+        )
+        self._task: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.worker.run_until_stopped(), name="statebook-notifications")
+
+    async def stop(self) -> None:
+        self.worker.stop()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
 def status_line(engine: SchedulerEngine) -> str:
     nxt = engine.next_due
     wait = f"{max(0.0, nxt - engine.book.clock.now()):.1f}s" if nxt is not None else "-"
@@ -116,7 +163,10 @@ def status_line(engine: SchedulerEngine) -> str:
 async def summary(book: Book) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with book.read() as conn:
-        for name, table in (("schedules", schedules), ("runs", schedule_runs), ("dispatches", dispatch_outbox)):
+        parts = [("schedules", schedules), ("runs", schedule_runs), ("dispatches", dispatch_outbox)]
+        if "notification" in book.registry:  # an application's registry may leave notifications out
+            parts.append(("notifications", notifications))
+        for name, table in parts:
             rows = await conn.execute(sa.select(table.c.status, sa.func.count()).group_by(table.c.status))
             out[name] = {status: count for status, count in rows}
         latest = (
@@ -150,6 +200,13 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
         leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
         await seed_schedules(book, settings)
         delivery = Delivery(book, settings)
+        notifying = None
+        if settings.notifications.channels:
+            missing = [t for t in ("notification", "channel_attempt", "rate_bucket") if t not in registry]
+            if missing:
+                raise ConfigError(f"notifications.channels are set, but the registry lacks {', '.join(missing)}; "
+                                  "start it from builtin_registry(seal=False)")
+            notifying = NotificationDelivery(book, settings)
         engine = SchedulerEngine(book, settings, leader=leader, daemon_id=daemon_id,
                                  poller=GitHubPoller.from_settings(settings.scheduler))
         if tty:
@@ -162,6 +219,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                  settings.scheduler.tick_seconds, settings.scheduler.max_concurrent)
         await engine.start()
         delivery.start()
+        if notifying is not None:
+            notifying.start()
         try:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), run_for)
@@ -169,6 +228,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             log.info("stopping: cancelling in-flight runs and delivery")
             await engine.stop()
             await delivery.stop()
+            if notifying is not None:
+                await notifying.stop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             if tty:

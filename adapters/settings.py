@@ -129,6 +129,21 @@ class NotificationSettings(_Section):
     """how long one channel call may take, provider-local retries included; shorter than the lease"""
     batch_size: int = Field(100, ge=1, le=10_000)
     concurrency: int = Field(8, ge=1, le=1_000)
+    channels: dict[str, str] = {}
+    """channel name (slack, email, pagerduty, websocket) -> ``module:attr`` naming its adapter (a Channel, or
+    a callable returning one); ``statebook run`` delivers notifications only when at least one is named"""
+
+    @field_validator("channels")
+    @classmethod
+    def _channels_are_named_adapters(cls, value: dict[str, str]) -> dict[str, str]:
+        from statebook.outbox.notifications.channels import CHANNEL_NAMES
+
+        for name, spec in value.items():
+            if name not in CHANNEL_NAMES:
+                raise ValueError(f"unknown channel {name!r}; channels are {', '.join(CHANNEL_NAMES)}")
+            if ":" not in spec or not all(p.strip() for p in spec.split(":", 1)):
+                raise ValueError(f"channel {name!r}: expected module:attr naming its adapter, not {spec!r}")
+        return value
 
     @model_validator(mode="after")
     def _deadline_fits_the_lease(self) -> NotificationSettings:

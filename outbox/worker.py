@@ -11,9 +11,6 @@ at once when a transaction that wrote a dispatch commits through the same :class
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
 import logging
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
@@ -28,13 +25,12 @@ from .attempts import DELIVERY_ACTOR, next_due
 from .delivery import COUNTERS, deliver_due_dispatches, deliver_offered
 from .errors import DispatchInvalid
 from .offers import offered_id, subscribe, unsubscribe
+from .passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
 from .transport import Transport
 
 log = logging.getLogger("statebook.outbox.worker")
 
-MIN_PAUSE_SECONDS = 0.05
-"""Pause after a pass that changed nothing while rows look due (e.g. held by another worker)."""
-ERROR_PAUSE_SECONDS = 5.0
+__all__ = ["ERROR_PAUSE_SECONDS", "MIN_PAUSE_SECONDS", "DeliveryWorker", "Retention"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +48,10 @@ class Retention:
         checks.seconds("every_seconds", self.every_seconds)
 
 
-class DeliveryWorker:
-    """Delivers due dispatches until :meth:`stop` is called."""
+class DeliveryWorker(PassWorker):
+    """Delivers due dispatches until :meth:`stop` is called (the loop: :class:`~.passes.PassWorker`)."""
+
+    entity_types = frozenset({"dispatch"})
 
     def __init__(
         self,
@@ -79,42 +77,32 @@ class DeliveryWorker:
             raise DispatchInvalid(f"extra_wakeups: expected an async iterable or None, got "
                                   f"{type(extra_wakeups).__name__}", argument="extra_wakeups", rule="type")
         checks.actor(actor)
-        self.book = book
-        # Our own claims and finalizations must not wake us: write through a book without hooks.
-        self._own = dataclasses.replace(book, on_commit=[])
+        super().__init__(book, tick_seconds=tick_seconds, extra_wakeups=extra_wakeups)
         self.transport = transport
         self.batch_size = batch_size
         self.concurrency = concurrency
-        self.tick_seconds = tick_seconds
         self.retention = retention
-        self.extra_wakeups = extra_wakeups
         self.actor = actor
-        self.passes = 0
-        self.wakeups = 0
         self.totals = dict.fromkeys(COUNTERS, 0)
-        self.idle = asyncio.Event()
-        """Set while the worker sleeps between passes (tests wait on it)."""
-        self._wake = asyncio.Event()
         self._offered: dict[str, tuple[Candidate, dict[str, Any]] | None] = {}
-        self._stopping = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._next_retention: float | None = None
 
-    # -- control ---------------------------------------------------------------------------------
-    def wake(self) -> None:
-        """Run a pass now. Safe to call from any thread and from commit hooks."""
-        loop = self._loop
-        if loop is None:
-            self._wake.set()
-            return
-        # Called from commit hooks: must never raise into the committing caller.
-        with contextlib.suppress(RuntimeError):  # the worker's loop is already closed
-            loop.call_soon_threadsafe(self._wake.set)
+    # -- the pass loop's hooks (.passes.PassWorker) -------------------------------------------------
+    def started(self) -> None:
+        subscribe(self.book, self._take)
 
-    def stop(self) -> None:
-        """Finish the current pass, then return from :meth:`run_until_stopped`."""
-        self._stopping = True
-        self.wake()
+    def stopped(self) -> None:
+        unsubscribe(self.book, self._take)
+
+    def on_wakeup(self, payload: Any) -> None:
+        """A NOTIFY names a dispatch: offer it (read by key) while idle; anything else wakes a scan."""
+        dispatch_id = offered_id(payload)
+        if dispatch_id is None or not self._take(dispatch_id, None):
+            self.wake()
+
+    async def run_pass(self) -> dict[str, int]:
+        offered, self._offered = self._offered, {}
+        return await (self.run_offered(offered) if offered else self.run_once())
 
     def _take(self, dispatch_id: str, hint: tuple[Candidate, dict[str, Any]] | None) -> bool:
         """Accept an offer (see :mod:`.offers`) while idle: the next pass claims it without a scan."""
@@ -124,11 +112,6 @@ class DeliveryWorker:
             self._offered[dispatch_id] = hint
         self.wake()
         return True
-
-    def _on_commit(self, entity_type: str) -> None:
-        if entity_type == "dispatch":
-            self.wakeups += 1
-            self.wake()
 
     # -- running ---------------------------------------------------------------------------------
     async def run_once(self) -> dict[str, int]:
@@ -186,54 +169,3 @@ class DeliveryWorker:
             progressed = any(counts[k] for k in ("attempted", "expired", "dead_letter"))
             return 0.0 if progressed else MIN_PAUSE_SECONDS
         return min(delay, self.tick_seconds)
-
-    async def _listen(self, source: AsyncIterable[Any]) -> None:
-        try:
-            async for payload in source:
-                self.wakeups += 1
-                dispatch_id = offered_id(payload)
-                if dispatch_id is None or not self._take(dispatch_id, None):
-                    self.wake()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.warning("extra wake-up source failed; falling back to the tick", exc_info=True)
-
-    async def run_until_stopped(self) -> None:
-        """Deliver until :meth:`stop`; a failing pass is logged and retried after a pause."""
-        self._loop = asyncio.get_running_loop()
-        self.book.on_commit.append(self._on_commit)
-        subscribe(self.book, self._take)
-        listener = asyncio.ensure_future(self._listen(self.extra_wakeups)) if self.extra_wakeups else None
-        try:
-            while not self._stopping:
-                self._wake.clear()
-                self.idle.clear()
-                counts: dict[str, int] | None
-                offered, self._offered = self._offered, {}
-                try:
-                    counts = await (self.run_offered(offered) if offered else self.run_once())
-                except Exception:
-                    log.exception("delivery pass failed")
-                    counts = None
-                if self._stopping:
-                    break
-                try:
-                    delay = await self.next_delay(counts)
-                except Exception:
-                    log.exception("could not read the next due time")
-                    delay = min(self.tick_seconds, ERROR_PAUSE_SECONDS)
-                if delay <= 0:
-                    continue
-                self.idle.set()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
-        finally:
-            self.idle.clear()
-            unsubscribe(self.book, self._take)
-            with contextlib.suppress(ValueError):
-                self.book.on_commit.remove(self._on_commit)
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await listener

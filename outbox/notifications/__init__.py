@@ -20,10 +20,11 @@ from .errors import NotificationInvalid
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .policy import CHANNEL_ATTEMPT, NOTIFICATION, RATE_BUCKET
 from .schema import channel_attempts, notifications, rate_buckets
+from .worker import NotificationWorker
 
 __all__ = [
     "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
-    "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "Observation", "ProviderOutcome",
+    "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome",
     "channel_attempts", "deliver_due_notifications", "draw", "ensure_bucket", "get_notification", "list_notifications", "notification_attempts", "notifications",
     "rate_buckets", "send_notification",
 ]

@@ -53,6 +53,7 @@ from purge_race_cases import PurgeRaceCases  # noqa: E402
 from notification_bucket_cases import NotificationBucketCases  # noqa: E402
 from notification_delivery_cases import NotificationDeliveryCases  # noqa: E402
 from notification_intake_cases import NotificationIntakeCases  # noqa: E402
+from notification_worker_cases import NotificationWorkerCases  # noqa: E402
 
 from chains_and_notify_cases import ChainsAndNotifyCases  # noqa: E402  (tests/scheduler, on sys.path)
 from gate_cases import GateCases  # noqa: E402
@@ -128,7 +129,9 @@ class OutboxConformance(
     inherits this class, next to ``LifecycleConformance``. Cases may ask for ``backend`` (the backend's name)."""
 
 
-class NotificationConformance(NotificationIntakeCases, NotificationDeliveryCases, NotificationBucketCases):
+class NotificationConformance(
+    NotificationIntakeCases, NotificationDeliveryCases, NotificationBucketCases, NotificationWorkerCases
+):
     """The notifications' cases (specs/notifications.md), from tests/outbox/notification_*_cases.py, on each
     backend that inherits this class."""
 

@@ -1,0 +1,104 @@
+"""``NotificationWorker``: delivery passes over due notifications, on the loop every deliverable shares.
+
+The loop — sleep until the next due row or a wake-up, a pause after a failed pass — is
+:class:`statebook.outbox.passes.PassWorker`, the dispatch worker's too. A notification accepted
+through the same book wakes it at commit; other processes' intakes wake it through ``extra_wakeups``
+(PostgreSQL LISTEN on ``statebook_notification``) or at the tick.
+
+>>> worker = NotificationWorker(book, {"email": my_email_channel}, tick_seconds=30)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from statebook.lifecycle import Book
+from statebook.outbox.passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
+
+from .channels import CHANNEL_NAMES, Channel
+from .delivery import ACTIVE, COUNTERS, DEADLINE_SECONDS, LEASE_SECONDS, deliver_due_notifications
+from .errors import NotificationInvalid
+from .schema import notifications
+
+
+async def next_due(book: Book) -> float | None:
+    """The earliest ``next_attempt_at`` of a pending or rate-limited notification (None when idle)."""
+    t = notifications
+    async with book.read() as conn:
+        return (await conn.execute(sa.select(sa.func.min(t.c.next_attempt_at)).where(ACTIVE))).scalar()
+
+
+def check_channels(channels: Any) -> dict[str, Channel]:
+    """A mapping of channel name (:data:`~.channels.CHANNEL_NAMES`) to an adapter whose ``name`` is that name."""
+    if not isinstance(channels, Mapping):
+        raise NotificationInvalid(f"channels: expected a mapping of channel name to adapter, got "
+                                  f"{type(channels).__name__}", argument="channels", rule="type")
+    for name, adapter in channels.items():
+        if name not in CHANNEL_NAMES:
+            raise NotificationInvalid(f"channels: unknown channel {name!r:.60}; channels are {', '.join(CHANNEL_NAMES)}",
+                                      argument="channels", rule="channel")
+        if not isinstance(adapter, Channel) or getattr(adapter, "name", None) != name:
+            raise NotificationInvalid(f"channels: {name!r} needs a Channel adapter named {name!r} (name, persistent, "
+                                      "reports_admission, guards_provider_attempts, async send)",
+                                      argument="channels", rule="type")
+    return dict(channels)
+
+
+class NotificationWorker(PassWorker):
+    """Delivers due notifications through ``channels`` until :meth:`stop` is called."""
+
+    entity_types = frozenset({"notification"})
+    name = "notification delivery"
+
+    def __init__(
+        self,
+        book: Book,
+        channels: Mapping[str, Channel],
+        *,
+        batch_size: int = 100,
+        concurrency: int = 8,
+        lease_seconds: float = LEASE_SECONDS,
+        deadline: float = DEADLINE_SECONDS,
+        tick_seconds: float = 30.0,
+        extra_wakeups: AsyncIterable[Any] | None = None,
+    ) -> None:
+        if not isinstance(book, Book) or book.conn is not None:
+            raise NotificationInvalid("book: a NotificationWorker needs an unbound statebook Book (channels run "
+                                      "outside any transaction)", argument="book", rule="bound")
+        if not 0 < deadline < lease_seconds:
+            raise NotificationInvalid(f"deadline: the adapter deadline ({deadline!r:.30}) must be positive and shorter "
+                                      f"than the lease ({lease_seconds!r:.30})", argument="deadline", rule="range")
+        super().__init__(book, tick_seconds=tick_seconds, extra_wakeups=extra_wakeups)
+        self.channels = check_channels(channels)
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.deadline = deadline
+        self.totals = dict.fromkeys(COUNTERS, 0)
+
+    async def run_pass(self) -> dict[str, int]:
+        counts = await deliver_due_notifications(
+            self._own, self.channels, limit=self.batch_size, concurrency=self.concurrency,
+            lease_seconds=self.lease_seconds, deadline=self.deadline,
+        )
+        for key, value in counts.items():
+            self.totals[key] += value
+        self.passes += 1
+        return counts
+
+    async def next_delay(self, counts: dict[str, int] | None) -> float:
+        """0 after a full batch; otherwise until the earliest due notification, at most the tick."""
+        if counts is None:
+            return min(self.tick_seconds, ERROR_PAUSE_SECONDS)
+        if counts["claimed"] >= self.batch_size:
+            return 0.0
+        earliest = await next_due(self._own)
+        if earliest is None:
+            return self.tick_seconds
+        delay = earliest - self.book.clock.now()
+        if delay <= 0:
+            return 0.0 if counts["claimed"] else MIN_PAUSE_SECONDS
+        return min(delay, self.tick_seconds)

@@ -1,0 +1,73 @@
+"""``statebook run`` delivers notifications through the adapters ``[notifications] channels`` names (N11)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from statebook.adapters.daemon import load_channels, run_daemon
+from statebook.adapters.db import open_book
+from statebook.adapters.errors import ConfigError
+from statebook.adapters.settings import load_settings
+from statebook.outbox.notifications import get_notification, notification_attempts, send_notification
+
+
+@pytest.fixture
+def channel_module(tmp_path, monkeypatch):
+    (tmp_path / "fake_channels.py").write_text(
+        "from statebook.outbox.notifications.scripted import ScriptedChannel\n"
+        "slack = ScriptedChannel('slack', ['reject'])\n"
+        "def email():\n    return ScriptedChannel('email', ['success'])\n"
+        "not_a_channel = 42\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "fake_channels"
+    sys.modules.pop("fake_channels", None)
+
+
+def test_the_daemon_delivers_notifications_through_the_named_channels(tmp_path, channel_module):
+    """N11: with channels named in the settings, one `statebook run` delivers notifications beside dispatches:
+    Slack rejects, email (built by a factory) accepts; the summary counts them."""
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'db = "{db}"\n[scheduler]\ntick_seconds = 0.5\n[notifications]\ndeadline_seconds = 2\n'
+                    f'channels = {{ slack = "{channel_module}:slack", email = "{channel_module}:email" }}\n')
+
+    async def go():
+        book = await open_book(db)
+        try:
+            accepted = await send_notification(book, recipient="ops", content={"text": "x"}, mode="guaranteed",
+                                               channels=["slack", "email"])
+        finally:
+            await book.engine.dispose()
+        summary = await run_daemon(load_settings(toml, environ={}), run_for=2.0)
+        book = await open_book(db)
+        try:
+            return summary, await get_notification(book, accepted.id), await notification_attempts(book, accepted.id)
+        finally:
+            await book.engine.dispose()
+
+    summary, row, attempts = asyncio.run(go())
+    assert row["status"] == "delivered" and row["delivered_channel"] == "email"
+    assert [(a["channel"], a["status"]) for a in attempts] == [("slack", "rejected"), ("email", "success")]
+    assert summary["notifications"] == {"delivered": 1}
+    assert summary["verify"]["ok"]
+
+
+def test_channels_that_cannot_be_loaded_are_one_line_config_errors(tmp_path, channel_module):
+    """N11: an unknown channel name, a missing module or attribute, or an object that is not a Channel
+    named after its key is refused before anything runs."""
+    with pytest.raises(ConfigError, match="cannot load"):
+        load_channels({"email": "no_such_module_here:email"})
+    with pytest.raises(ConfigError, match="cannot load"):
+        load_channels({"email": f"{channel_module}:missing"})
+    with pytest.raises(ConfigError, match="needs a Channel"):
+        load_channels({"email": f"{channel_module}:not_a_channel"})
+    with pytest.raises(ConfigError, match="named 'email'"):
+        load_channels({"email": f"{channel_module}:slack"})
+    toml = tmp_path / "bad.toml"
+    toml.write_text('[notifications]\nchannels = { fax = "x:y" }\n')
+    with pytest.raises(ConfigError, match="unknown channel 'fax'"):
+        load_settings(toml, environ={})
