@@ -470,7 +470,9 @@ def test_notification_state_machine_postgres(pg_url):
                    "before it is due (claim's guards do not cover next_attempt_at; rate_limited restores "
                    "claim_id and cycle_attempts, so the stale candidate matches: ABA)")
 async def test_a_stale_scan_of_a_rate_limited_notification_does_not_claim_it_before_it_is_due(book, clock):
-    """N8 / N9: found by the machine's "claimed before due" invariant, shown here in four steps."""
+    """N8 / N9: the machine's "claimed before due" invariant (notification_model) states the rule; its
+    random runs rarely reach this interleaving, so it is shown here step by step. The stale claim also
+    repeats the cumulative attempt number of the claim before it (attempts 2 twice)."""
     await ensure_bucket(book, "email", "all", capacity=1, refill_per_second=0.05)
     spent = await send_notification(book, recipient="ops", content={}, mode="guaranteed", channels=["email"])
     nid = (await send_notification(book, recipient="ops", content={}, mode="guaranteed", channels=["email"])).id
