@@ -76,6 +76,16 @@ class Candidate:
     recipient: str
     content: Mapping[str, Any]
     next_attempt_at: float
+    version: int
+    last_fact_id: str
+    chain_hash: str
+
+    @property
+    def head(self) -> dict[str, Any]:
+        """The row as scanned, for the claim's compare-and-set (``apply_many(seen=)``): the version
+        makes a candidate stale as soon as anything moved the row, even back to equal values."""
+        return {"status": self.status, "version": self.version, "last_fact_id": self.last_fact_id,
+                "chain_hash": self.chain_hash, "claim_id": self.claim_id, "cycle_attempts": self.cycle_attempts}
 
     @property
     def attempt_limit(self) -> int:
@@ -133,7 +143,7 @@ class AttemptResult:
 
 # -- scan and claim -------------------------------------------------------------------------------
 _COLUMNS = ("id", "status", "claim_id", "lease_until", "cycle", "attempts", "cycle_attempts", "max_cycle_attempts",
-            "mode", "channels", "recipient", "content", "next_attempt_at")
+            "mode", "channels", "recipient", "content", "next_attempt_at", "version", "last_fact_id", "chain_hash")
 
 
 async def scan_due(book: Book, *, now: float, limit: int = 100) -> list[Candidate]:
@@ -164,7 +174,7 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
                            f"the lease of attempt {c.cycle_attempts} (the cycle's last) lapsed without an outcome",
                            {"dead_letter": 1 if dead else 0, "claim_id": None, "lease_until": None,
                             "last_error": "the lease lapsed without an outcome"})
-        await apply_many(book, [command], lock="skip_locked")
+        await apply_many(book, [command], seen={c.id: c.head})
         return None
     token, until = new_id(), now + lease_seconds
     if c.status == "rate_limited":
@@ -175,7 +185,9 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
         code, summary = "notification.pending.claimed", f"attempt {c.cycle_attempts + 1} of cycle {c.cycle}"
     patch = {"claim_id": token, "lease_until": until, "next_attempt_at": until, "attempts": c.attempts + 1,
              "cycle_attempts": c.cycle_attempts + 1}
-    [outcome] = await apply_many(book, [_command(c, "pending", code, summary, patch)], lock="skip_locked")
+    # Compared against the row as scanned: a candidate whose row moved since (another claim, even one that
+    # put claim_id and cycle_attempts back as they were) is a lost race, nothing more.
+    [outcome] = await apply_many(book, [_command(c, "pending", code, summary, patch)], seen={c.id: c.head})
     if not outcome.applied:
         return None
     head = {"status": "pending", "version": outcome.version, "last_fact_id": outcome.fact_id,
@@ -254,17 +266,16 @@ class LeaseGuard:
         await self._owned()
         now = self.book.clock.now()
         attempt_id = self.admitting = new_id()
+        # The admission's transaction runs to its end even when the call's deadline (or a stop) cuts the
+        # call meanwhile: a transaction is never cancelled mid-statement, and afterwards it is known
+        # whether the started fact committed. The call is then cut as soon as the transaction ended.
+        writing = asyncio.ensure_future(self._admission(attempt_id, now))
         try:
-            async with self.book.begin() as tx:
-                wait = await draw(tx, self.channel, DEFAULT_SCOPE, now=now)
-                if wait > 0:
-                    self.no_token = wait
-                else:
-                    made = await create(tx, "channel_attempt", values=self._values(attempt_id, now, started=True),
-                                        status="started", reason=Reason(STARTED_REASON, f"{self.channel} admitted the send"),
-                                        actor=DELIVERY_ACTOR, fresh_id=True)
-                    self.started = {"status": "started", "version": made.version, "last_fact_id": made.fact_id,
-                                    "chain_hash": made.chain_hash}
+            await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await writing
+            raise
         except Exception as exc:
             self.storage_error = exc
             raise
@@ -272,6 +283,23 @@ class LeaseGuard:
         if self.no_token is not None:
             raise NoToken(self.no_token)
         self.attempt_id = attempt_id
+
+    async def _admission(self, attempt_id: str, now: float) -> None:
+        """Draw the token and write the started fact in ONE transaction (or find no token: nothing written)."""
+        try:
+            async with self.book.begin() as tx:
+                wait = await draw(tx, self.channel, DEFAULT_SCOPE, now=now)
+                if wait > 0:
+                    self.no_token = wait
+                    return
+                made = await create(tx, "channel_attempt", values=self._values(attempt_id, now, started=True),
+                                    status="started", reason=Reason(STARTED_REASON, f"{self.channel} admitted the send"),
+                                    actor=DELIVERY_ACTOR, fresh_id=True)
+                self.started = {"status": "started", "version": made.version, "last_fact_id": made.fact_id,
+                                "chain_hash": made.chain_hash}
+        except Exception as exc:
+            self.storage_error = exc
+            raise
 
     async def settle_admission(self) -> None:
         """After a call cut while its admission was being written: whether the ``started`` fact committed."""

@@ -466,12 +466,7 @@ def test_notification_state_machine_postgres(pg_url):
     print("\npostgres paths:", dict(sorted(SEEN.items())))
 
 
-# SQLite only: STATEBOOK_REQUIRE_PG=1 counts an xfailed PostgreSQL test as skipped, which fails the run.
-# It fails the same way on PostgreSQL (``--runxfail`` without this parametrize shows it).
-@pytest.mark.parametrize("backend", ["sqlite"])
-@pytest.mark.xfail(strict=True, reason="runtime bug: a stale scan of a rate_limited notification claims it again "
-                   "before it is due (claim's guards do not cover next_attempt_at; rate_limited restores "
-                   "claim_id and cycle_attempts, so the stale candidate matches: ABA)")
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 async def test_a_stale_scan_of_a_rate_limited_notification_does_not_claim_it_before_it_is_due(book, clock):
     """N8 / N9: the machine's "claimed before due" invariant (notification_model) states the rule; its
     random runs rarely reach this interleaving, so it is shown here step by step. The stale claim also
