@@ -55,13 +55,15 @@ def run_cmd(
     settings = _settings(config)
     registry = cli_registry(settings.app)
     result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(), registry=registry))
-    runs, dispatches = result["runs"], result["dispatches"]
-    console.print(
-        f"summary: runs {sum(runs.values())} ({', '.join(f'{k} {v}' for k, v in sorted(runs.items())) or 'none'}); "
-        f"dispatches {sum(dispatches.values())} "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(dispatches.items())) or 'none'}); "
-        f"verify {'ok' if result['verify']['ok'] else 'FAILED: ' + str(result['verify']['findings']) + ' finding(s)'}",
-        highlight=False,
+    def counted(name: str, by_status: dict[str, int]) -> str:
+        return f"{name} {sum(by_status.values())} ({', '.join(f'{k} {v}' for k, v in sorted(by_status.items())) or 'none'}); "
+
+    notified = result.get("notifications") or {}
+    console.print(  # one line, however narrow the terminal: scripts look for "verify ok"
+        "summary: " + counted("runs", result["runs"]) + counted("dispatches", result["dispatches"])
+        + (counted("notifications", notified) if notified else "")
+        + f"verify {'ok' if result['verify']['ok'] else 'FAILED: ' + str(result['verify']['findings']) + ' finding(s)'}",
+        highlight=False, soft_wrap=True,
     )
     if result.get("latest_dispatch"):
         console.print(f"history of dispatch {result['latest_dispatch']}:", highlight=False)
