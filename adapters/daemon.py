@@ -26,7 +26,7 @@ from statebook.lifecycle.errors import InvalidArgument
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
 from statebook.outbox.notifications import Channel, NotificationInvalid, NotificationWorker, notifications
 from statebook.outbox.notifications.policy import NOTIFY_CHANNEL as NOTIFICATION_CHANNEL
-from statebook.outbox.notifications.worker import check_channels
+from statebook.outbox.notifications.worker import check_adapters
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.recovery import new_daemon_id
 from statebook.scheduler.schema import schedule_runs, schedules
@@ -84,8 +84,26 @@ async def seed_schedules(book: Book, settings: Settings) -> list[str]:
     return created
 
 
-class Delivery:
+class _InTask:
+    """A worker (a :class:`~statebook.outbox.passes.PassWorker`) in a task of its own."""
+
+    worker: Any
+    task_name = "statebook-worker"
+    _task: asyncio.Task[Any] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.worker.run_until_stopped(), name=self.task_name)
+
+    async def stop(self) -> None:
+        self.worker.stop()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+class Delivery(_InTask):
     """The outbox's :class:`DeliveryWorker` in a task of its own, with PostgreSQL NOTIFY wake-ups."""
+
+    task_name = "statebook-delivery"
 
     def __init__(self, book: Book, settings: Settings) -> None:
         d, r = settings.dispatch, settings.retention
@@ -96,15 +114,9 @@ class Delivery:
             concurrency=d.concurrency, tick_seconds=settings.scheduler.tick_seconds, retention=retention,
             extra_wakeups=wakeups,
         )
-        self._task: asyncio.Task[Any] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self.worker.run_until_stopped(), name="statebook-delivery")
 
     async def stop(self) -> None:
-        self.worker.stop()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        await super().stop()
         with contextlib.suppress(Exception):
             await self.worker.run_once()  # notifications of runs that ended during shutdown
 
@@ -125,13 +137,15 @@ def load_channels(specs: dict[str, str]) -> dict[str, Channel]:
             raise ConfigError(f"notifications.channels.{name}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
         found[name] = target
     try:
-        return check_channels(found)
+        return check_adapters(found)
     except NotificationInvalid as exc:
         raise ConfigError(f"notifications.channels: {exc}") from None
 
 
-class NotificationDelivery:
+class NotificationDelivery(_InTask):
     """The notifications' worker in a task of its own (PostgreSQL: LISTEN wake-ups), when channels are named."""
+
+    task_name = "statebook-notifications"
 
     def __init__(self, book: Book, settings: Settings) -> None:
         n = settings.notifications
@@ -141,15 +155,6 @@ class NotificationDelivery:
             lease_seconds=n.lease_seconds, deadline=n.deadline_seconds, tick_seconds=settings.scheduler.tick_seconds,
             extra_wakeups=wakeups,
         )
-        self._task: asyncio.Task[Any] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self.worker.run_until_stopped(), name="statebook-notifications")
-
-    async def stop(self) -> None:
-        self.worker.stop()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
 
 
 def status_line(engine: SchedulerEngine) -> str:

@@ -28,11 +28,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create
-from statebook.lifecycle.errors import InvalidArgument, StorageError
+from statebook.lifecycle.errors import StorageError
 from statebook.lifecycle.inputs import KEY_CHARS, number, text, timestamp
 
 from .channels import CHANNEL_NAMES
-from .errors import NotificationInvalid
+from .errors import checked, refused
 from .schema import rate_buckets
 
 __all__ = ["BUCKET_ACTOR", "bucket_id", "draw", "ensure_bucket"]
@@ -53,23 +53,14 @@ _ROW = sa.select(
 ).where(rate_buckets.c.id == sa.bindparam("b_id"))
 
 
-def _refuse(argument: str, rule: str, message: str) -> NotificationInvalid:
-    return NotificationInvalid(f"{argument}: {message}", argument=argument, rule=rule)
-
-
-def _checked(check: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return check(*args, **kwargs)
-    except InvalidArgument as exc:
-        raise NotificationInvalid(str(exc), argument=exc.argument, rule=exc.rule) from None
 
 
 def bucket_id(channel: str, scope: str) -> str:
     """The bucket's id, ``"<channel>:<scope>"``, after checking both (:class:`NotificationInvalid`)."""
-    _checked(text, "channel", channel, max_chars=KEY_CHARS)
+    checked(text, "channel", channel, max_chars=KEY_CHARS)
     if channel not in CHANNEL_NAMES:
-        raise _refuse("channel", "channel", f"unknown channel {channel!r:.60}; channels are {', '.join(CHANNEL_NAMES)}")
-    _checked(text, "scope", scope, max_chars=KEY_CHARS - len(channel) - 1, empty=False)
+        raise refused("channel", "channel", f"unknown channel {channel!r:.60}; channels are {', '.join(CHANNEL_NAMES)}")
+    checked(text, "scope", scope, max_chars=KEY_CHARS - len(channel) - 1, empty=False)
     return f"{channel}:{scope}"
 
 
@@ -108,12 +99,12 @@ async def ensure_bucket(book: Book, channel: str, scope: str, *, capacity: float
     is left as it is. Runs in the book's transaction when bound, else in its own.
     """
     if not isinstance(book, Book):
-        raise _refuse("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
     entity_id = bucket_id(channel, scope)
-    _checked(number, "capacity", capacity, low=1, high=MAX_CAPACITY)
-    _checked(number, "refill_per_second", refill_per_second, low=0, high=MAX_REFILL)
+    checked(number, "capacity", capacity, low=1, high=MAX_CAPACITY)
+    checked(number, "refill_per_second", refill_per_second, low=0, high=MAX_REFILL)
     if refill_per_second <= 0:
-        raise _refuse("refill_per_second", "range", f"{refill_per_second!r} must be more than 0 tokens per second")
+        raise refused("refill_per_second", "range", f"{refill_per_second!r} must be more than 0 tokens per second")
     capacity, refill = float(capacity), float(refill_per_second)
     async with book.begin() as tx:
         now = tx.clock.now()
@@ -148,13 +139,13 @@ async def draw(tx: Book, channel: str, scope: str, *, now: float) -> float:
     nothing is written. ``now`` is the caller's injected clock reading.
     """
     if not isinstance(tx, Book):
-        raise _refuse("tx", "type", f"expected a statebook Book, got {type(tx).__name__}")
+        raise refused("tx", "type", f"expected a statebook Book, got {type(tx).__name__}")
     if tx.conn is None or not tx.conn.in_transaction():
-        raise _refuse("tx", "bound", "draw runs in the caller's transaction: pass the book of "
+        raise refused("tx", "bound", "draw runs in the caller's transaction: pass the book of "
                                      "`async with book.begin() as tx`, so the token and the attempt it pays for "
                                      "commit (or roll back) together")
     entity_id = bucket_id(channel, scope)
-    _checked(timestamp, "now", now)
+    checked(timestamp, "now", now)
     now = float(now)
     for _ in range(RETRIES):
         row = await _locked(tx, entity_id)

@@ -35,6 +35,7 @@ from .buckets import draw
 from .channels import (
     EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
 )
+from .errors import NotificationInvalid
 from .policy import RESULT_REASONS, STARTED_REASON
 from .schema import channel_attempts, notifications
 
@@ -120,12 +121,10 @@ Outcome = Literal["delivered", "retry", "dead_letter", "failed", "rate_limited"]
 
 @dataclass(frozen=True)
 class Recorded:
-    """One recorded channel observation: what was observed, and whether the send was admitted (a
-    ``started`` fact came first) or found no rate-limit token."""
+    """One recorded channel observation: what was observed, and whether it found no rate-limit token."""
 
     channel: str
     observation: Observation
-    admitted: bool
     no_token: bool
 
 
@@ -228,7 +227,6 @@ class LeaseGuard:
         self.deadline_end = deadline_end
         self.duplicate_risk = duplicate_risk
         self.attempt_id: str | None = None
-        self.admitting: str | None = None  # the id of a started fact being written (cut by a deadline?)
         self.started: Mapping[str, Any] | None = None  # the started row's head, for the result's compare-and-set
         self.no_token: float | None = None
         self.storage_error: BaseException | None = None
@@ -265,7 +263,7 @@ class LeaseGuard:
             return
         await self._owned()
         now = self.book.clock.now()
-        attempt_id = self.admitting = new_id()
+        attempt_id = new_id()
         # The admission's transaction runs to its end even when the call's deadline (or a stop) cuts the
         # call meanwhile: a transaction is never cancelled mid-statement, and afterwards it is known
         # whether the started fact committed. The call is then cut as soon as the transaction ended.
@@ -279,10 +277,8 @@ class LeaseGuard:
         except Exception as exc:
             self.storage_error = exc
             raise
-        self.admitting = None
         if self.no_token is not None:
             raise NoToken(self.no_token)
-        self.attempt_id = attempt_id
 
     async def _admission(self, attempt_id: str, now: float) -> None:
         """Draw the token and write the started fact in ONE transaction (or find no token: nothing written)."""
@@ -300,17 +296,7 @@ class LeaseGuard:
         except Exception as exc:
             self.storage_error = exc
             raise
-
-    async def settle_admission(self) -> None:
-        """After a call cut while its admission was being written: whether the ``started`` fact committed."""
-        if self.admitting is None:
-            return
-        t = channel_attempts
-        async with self.book.read() as conn:
-            found = (await conn.execute(sa.select(t.c.id).where(t.c.id == self.admitting))).first()
-        if found is not None:
-            self.attempt_id = self.admitting
-        self.admitting = None
+        self.attempt_id = attempt_id  # committed: also known when the call was cut meanwhile (admit)
 
     def _values(self, attempt_id: str, now: float, *, started: bool) -> dict[str, Any]:
         lease = self.lease
@@ -350,15 +336,11 @@ async def attempt_channel(book: Book, lease: Lease, channel: Channel, *, deadlin
         failure = f"{type(exc).__name__}: {exc}"
     if guard.storage_error is not None:
         raise EvidenceLost(f"could not record the {channel.name} observation: {guard.storage_error}") from guard.storage_error
-    try:
-        await guard.settle_admission()
-    except Exception as exc:
-        raise EvidenceLost(f"could not tell whether the {channel.name} send was admitted: {exc}") from exc
     observation = _judged(guard, observed, failure)
     await _record(book, guard, observation)
     if guard.lease_lost is not None:
         raise LeaseLost(guard.lease_lost)
-    return Recorded(channel.name, observation, guard.attempt_id is not None, guard.no_token is not None)
+    return Recorded(channel.name, observation, guard.no_token is not None)
 
 
 def _judged(guard: LeaseGuard, observed: Observation | None, failure: str | None) -> Observation:
@@ -520,9 +502,11 @@ async def deliver_due_notifications(
     """One pass: scan, claim, attempt and finalize at most ``limit`` due notifications, at most
     ``concurrency`` at once; its counters (``stopped``: attempts that ended without an outcome)."""
     if book.conn is not None:
-        raise ValueError("deliver_due_notifications runs channels outside any transaction; pass an unbound book")
+        raise NotificationInvalid("book: deliver_due_notifications runs channels outside any transaction; pass an "
+                                  "unbound book", argument="book", rule="bound")
     if not 0 < deadline < lease_seconds:
-        raise ValueError(f"the adapter deadline ({deadline:g}s) must be shorter than the lease ({lease_seconds:g}s)")
+        raise NotificationInvalid(f"deadline: the adapter deadline ({deadline:g}s) must be shorter than the lease "
+                                  f"({lease_seconds:g}s)", argument="deadline", rule="range")
     counts = dict.fromkeys(COUNTERS, 0)
     gate = asyncio.Semaphore(concurrency)
 

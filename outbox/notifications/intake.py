@@ -8,19 +8,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Reason, create
 from statebook.lifecycle.codec import new_id
-from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, text
 
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
-from .errors import NotificationInvalid
+from .errors import checked, refused
 from .schema import channel_attempts, notifications
 
 INTAKE_ACTOR = Actor("system", "send_notification")
@@ -28,7 +27,6 @@ CYCLE_ATTEMPTS = 3
 """Attempts per GUARANTEED delivery cycle before it is dead-lettered (the seed's default)."""
 MAX_LIST = 100_000
 
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,22 +41,11 @@ class Accepted:
     channels: tuple[str, ...]
 
 
-def _refuse(argument: str, rule: str, message: str) -> NotificationInvalid:
-    return NotificationInvalid(f"{argument}: {message}", argument=argument, rule=rule)
-
-
-def _as_notification(check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    try:
-        return check(*args, **kwargs)
-    except NotificationInvalid:
-        raise
-    except InvalidArgument as exc:
-        raise NotificationInvalid(str(exc), argument=exc.argument, rule=exc.rule) from None
 
 
 def _book(value: Any) -> Book:
     if not isinstance(value, Book):
-        raise _refuse("book", "type", f"expected a statebook Book, got {type(value).__name__}")
+        raise refused("book", "type", f"expected a statebook Book, got {type(value).__name__}")
     return value
 
 
@@ -70,26 +57,26 @@ def check_mode(value: Any) -> Mode:
         for mode in Mode:
             if value.lower() == mode.value:
                 return mode
-    raise _refuse("mode", "type", f"expected 'guaranteed' or 'best_effort', got {value!r:.60}")
+    raise refused("mode", "type", f"expected 'guaranteed' or 'best_effort', got {value!r:.60}")
 
 
 def check_channels(value: Any, mode: Mode) -> tuple[str, ...]:
     """The selected channels in run order; refuses an unknown or repeated name, and a GUARANTEED
     selection without a persistent channel (N1)."""
     if isinstance(value, str) or not isinstance(value, Sequence):
-        raise _refuse("channels", "type", f"expected a list of channel names, got {type(value).__name__}")
+        raise refused("channels", "type", f"expected a list of channel names, got {type(value).__name__}")
     if not value:
-        raise _refuse("channels", "empty", "select at least one channel")
+        raise refused("channels", "empty", "select at least one channel")
     names: list[str] = []
     for item in value:
-        _as_notification(text, "channels", item, max_chars=KEY_CHARS)
+        checked(text, "channels", item, max_chars=KEY_CHARS)
         if item not in CHANNEL_NAMES:
-            raise _refuse("channels", "channel", f"unknown channel {item!r:.60}; channels are {', '.join(CHANNEL_NAMES)}")
+            raise refused("channels", "channel", f"unknown channel {item!r:.60}; channels are {', '.join(CHANNEL_NAMES)}")
         if item in names:
-            raise _refuse("channels", "channel", f"{item!r} is selected twice")
+            raise refused("channels", "channel", f"{item!r} is selected twice")
         names.append(item)
     if mode is Mode.GUARANTEED and not any(n in PERSISTENT_ORDER for n in names):
-        raise _refuse(
+        raise refused(
             "mode", "mode",
             f"a GUARANTEED notification needs a persistent channel ({', '.join(PERSISTENT_ORDER)}); "
             f"{' and '.join(n for n in names if n in EPHEMERAL)} alone never satisfies it: pass "
@@ -112,12 +99,12 @@ async def send_notification(
     Every argument is checked before anything is written (:class:`NotificationInvalid`).
     """
     book = _book(book)
-    _as_notification(text, "recipient", recipient, max_chars=KEY_CHARS, empty=False)
+    checked(text, "recipient", recipient, max_chars=KEY_CHARS, empty=False)
     if not recipient.strip():
-        raise _refuse("recipient", "empty", "must not be blank")
+        raise refused("recipient", "empty", "must not be blank")
     if not isinstance(content, Mapping):
-        raise _refuse("content", "type", f"must be a JSON object (a dict), got {type(content).__name__}")
-    _as_notification(json_value, "content", dict(content), book.limits)
+        raise refused("content", "type", f"must be a JSON object (a dict), got {type(content).__name__}")
+    checked(json_value, "content", dict(content), book.limits)
     chosen = check_mode(mode)
     order = check_channels(channels, chosen)
     now = book.clock.now()
@@ -134,7 +121,7 @@ async def send_notification(
 
 
 def _id(argument: str, value: Any) -> str:
-    return _as_notification(text, argument, value, max_chars=KEY_CHARS, empty=False)
+    return checked(text, argument, value, max_chars=KEY_CHARS, empty=False)
 
 
 async def get_notification(book: Book, notification_id: str) -> dict[str, Any] | None:
@@ -153,13 +140,13 @@ async def list_notifications(
     """Newest first (created_at, then id), optionally one status and/or only dead letters."""
     book = _book(book)
     if status is not None:
-        _as_notification(text, "status", status, max_chars=KEY_CHARS)
+        checked(text, "status", status, max_chars=KEY_CHARS)
         declared = book.policy("notification").statuses
         if status not in declared:
-            raise _refuse("status", "status", f"unknown status {status!r:.60}; statuses are {', '.join(declared)}")
+            raise refused("status", "status", f"unknown status {status!r:.60}; statuses are {', '.join(declared)}")
     if dead_letter is not None and not isinstance(dead_letter, bool):
-        raise _refuse("dead_letter", "type", f"expected true, false or None, got {type(dead_letter).__name__}")
-    _as_notification(integer, "limit", limit, low=1, high=MAX_LIST)
+        raise refused("dead_letter", "type", f"expected true, false or None, got {type(dead_letter).__name__}")
+    checked(integer, "limit", limit, low=1, high=MAX_LIST)
     t = notifications
     query = sa.select(t).order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
     if status is not None:

@@ -31,7 +31,7 @@ async def next_due(book: Book) -> float | None:
         return (await conn.execute(sa.select(sa.func.min(t.c.next_attempt_at)).where(ACTIVE))).scalar()
 
 
-def check_channels(channels: Any) -> dict[str, Channel]:
+def check_adapters(channels: Any) -> dict[str, Channel]:
     """A mapping of channel name (:data:`~.channels.CHANNEL_NAMES`) to an adapter whose ``name`` is that name."""
     if not isinstance(channels, Mapping):
         raise NotificationInvalid(f"channels: expected a mapping of channel name to adapter, got "
@@ -72,7 +72,7 @@ class NotificationWorker(PassWorker):
             raise NotificationInvalid(f"deadline: the adapter deadline ({deadline!r:.30}) must be positive and shorter "
                                       f"than the lease ({lease_seconds!r:.30})", argument="deadline", rule="range")
         super().__init__(book, tick_seconds=tick_seconds, extra_wakeups=extra_wakeups)
-        self.channels = check_channels(channels)
+        self.channels = check_adapters(channels)
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
