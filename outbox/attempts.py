@@ -165,7 +165,7 @@ def _columns() -> list[Any]:
 _HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
 
 
-_SCAN = (
+SCAN = (
     sa.select(*_columns(), *(dispatch_outbox.c[c] for c in _HEAD))
     .where(ACTIVE, dispatch_outbox.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
     .order_by(dispatch_outbox.c.next_attempt_at, dispatch_outbox.c.id)
@@ -187,7 +187,7 @@ async def scan_heads(
         raise DispatchInvalid(f"limit must be >= 1, got {limit}")
     store = book.store
     async with store.reader(book.conn) as unit:
-        rows = await store.select(unit, _SCAN, {"b_now": now, "b_limit": limit},
+        rows = await store.select(unit, SCAN, {"b_now": now, "b_limit": limit},
                                   lock="skip_locked" if skip_locked else None)
     return [with_head(r) for r in rows]
 

@@ -15,7 +15,6 @@ are in :mod:`.steps`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import weakref
@@ -34,13 +33,17 @@ from .attempts import (
     claimable,
     finalize_command,
     release_command,
-    scan_heads,
+    SCAN,
     settle_command,
+    with_head,
 )
 from . import checks
 from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
 
-from .steps import _applied, execute
+from .claims import Planned, claim_set, record_set
+from .errors import DispatchInvalid
+from .slots import Claimed, run_in_slots
+from .steps import execute
 
 __all__ = [
     "COUNTERS", "claim_due", "claim_offered", "deliver_due_dispatches", "deliver_offered", "finalize_all",
@@ -53,14 +56,14 @@ COUNTERS = ("attempted", "delivered", "dead_letter", "expired", "retried")
 _COUNTED = {"delivered": "delivered", "awaiting_ack": "delivered", "retried": "retried", "dead_letter": "dead_letter"}
 
 
-Planned = list[tuple[Command, "str | Lease"]]
+Plan = list[tuple[Command, "str | Lease"]]
 
 
 def _plan(
     rows: Iterable[tuple[Candidate, dict[str, Any]]], now: float, actor: Actor, timeout: float
-) -> tuple[Planned, dict[str, dict[str, Any]]]:
+) -> tuple[Plan, dict[str, dict[str, Any]]]:
     """The settle or claim command for each row read (once per dispatch), and the rows as read."""
-    planned: Planned = []
+    planned: Plan = []
     seen: dict[str, dict[str, Any]] = {}
     for candidate, row in rows:
         if candidate.dispatch_id in seen:
@@ -73,11 +76,11 @@ def _plan(
     return planned, seen
 
 
-def _won(planned: Planned, outcomes: list[Any]) -> tuple[list[Lease], dict[str, int]]:
+def _won(planned: Iterable[tuple["str | Lease", Any]]) -> tuple[list[Lease], dict[str, int]]:
     """The leases won (with the chain head their claim wrote) and the pass's counters."""
     counts = dict.fromkeys(COUNTERS, 0)
     leases: list[Lease] = []
-    for (_, what), outcome in zip(planned, outcomes, strict=True):
+    for what, outcome in planned:
         if not outcome.applied:
             continue
         if isinstance(what, Lease):
@@ -98,11 +101,14 @@ async def claim_due(
     disjoint rows instead of colliding. Counts ``attempted`` (claims won only), ``expired`` and
     ``dead_letter`` (lapsed last attempts). Each lease is sized for sends of ``timeout`` seconds.
     """
-    async with book.begin() as tx:
-        planned, seen = _plan(await scan_heads(tx, now=now, limit=limit, skip_locked=True), now, actor, timeout)
-        # The scan locked and read these rows in this transaction: no second read.
-        outcomes = await apply_many(tx, [command for command, _ in planned], lock="skip_locked", seen=seen)
-    return _won(planned, outcomes)
+    if limit < 1:
+        raise DispatchInvalid(f"limit must be >= 1, got {limit}")
+
+    async def plan(_tx: Book, rows: list[dict[str, Any]]) -> list[Planned[str | Lease]]:
+        planned, seen = _plan((with_head(r) for r in rows), now, actor, timeout)
+        return [Planned(command, seen[command.entity_id], what) for command, what in planned]
+
+    return _won(await claim_set(book, SCAN, {"b_now": now, "b_limit": limit}, plan))
 
 
 async def claim_offered(
@@ -119,7 +125,7 @@ async def claim_offered(
     if not planned:
         return [], dict.fromkeys(COUNTERS, 0)
     outcomes = await apply_many(book, [command for command, _ in planned], seen=seen)
-    return _won(planned, outcomes)
+    return _won((what, outcome) for (_, what), outcome in zip(planned, outcomes, strict=True))
 
 
 async def finalize_all(
@@ -157,23 +163,10 @@ async def _record_group(
     book: Book, done: list[tuple[Lease, TransportResult | None]], now: Callable[[], float], actor: Actor
 ) -> list[str | None]:
     """Record what a pass's sends came to — outcomes and releases — together, one transition each."""
-    if len({lease.dispatch_id for lease, _ in done}) == len(done):
-        try:
-            at = now()
-            return list(await _record_all(book, [(lease, *_record_command(lease, result, at, actor))
-                                                 for lease, result in done]))
-        except Exception:
-            log.warning("group finalization failed; finalizing one by one", exc_info=True)
-    outcomes: list[str | None] = []
-    for lease, result in done:
-        command, ret = _record_command(lease, result, now(), actor)
-        try:
-            outcomes.append(ret if await _applied(book, command) else "conflict")
-        except Exception:
-            # The row stays delivering; its lease lapses and a later scan reclaims it.
-            log.exception("could not record dispatch %s attempt %s", lease.dispatch_id, lease.attempt)
-            outcomes.append(None)
-    return outcomes
+    at = now()
+    planned = [(lease, *_record_command(lease, result, at, actor)) for lease, result in done]
+    applied = await record_set(book, [(command, lease.head()) for lease, command, _ in planned])
+    return [None if ok is None else ret if ok else "conflict" for (_, _, ret), ok in zip(planned, applied, strict=True)]
 
 
 Refill = Callable[[int], Awaitable[tuple[list[Lease], dict[str, int]]]]
@@ -208,80 +201,46 @@ async def run_leases(
     transport timeout is left (O21): the lease is released — its row ``pending`` again, due at once,
     the attempt not used up — in the same transaction as the outcomes that finish with it. With
     ``refill``, slots that fall idle are filled by claiming more leases, ``budget`` rows at most.
+    The slots are :func:`.slots.run_in_slots`, the notification pass's too.
     """
     checks.book_arg(book, unbound="run_leases")
     clock = now or book.clock.now
     counts = dict.fromkeys(COUNTERS, 0)
-    gate = asyncio.Semaphore(concurrency)
-    queue: asyncio.Queue[tuple[Lease, TransportResult | None]] = asyncio.Queue()
-    tasks: list[asyncio.Future[None]] = []
-    waiting = running = 0
     slowest: float | None = None  # of this pass's sends; until one is timed, the transport's last pass
     earlier = _pace(transport)
 
-    async def send(lease: Lease) -> None:
-        nonlocal waiting, running, slowest
-        async with gate:
-            waiting, running = waiting - 1, running + 1
-            try:
-                started = clock()
-                result = await execute(lease, transport, now=started)
-                # A skipped lease means sends got slower than timed: claim only free slots from now on.
-                slowest = max(slowest or 0.0, clock() - started if result is not None else lease.timeout)
-            finally:
-                running -= 1
-        queue.put_nowait((lease, result))
+    async def send(lease: Lease) -> TransportResult | None:
+        nonlocal slowest
+        started = clock()
+        result = await execute(lease, transport, now=started)
+        # A skipped lease means sends got slower than timed: claim only free slots from now on.
+        slowest = max(slowest or 0.0, clock() - started if result is not None else lease.timeout)
+        return result
 
-    def start(more: Iterable[Lease]) -> int:
-        nonlocal waiting
-        fresh = [asyncio.ensure_future(send(lease)) for lease in more]
-        waiting += len(fresh)
-        tasks.extend(fresh)
-        return len(fresh)
+    async def record(done: list[tuple[Lease, TransportResult | None]]) -> None:
+        for lease, result in done:
+            if result is None:
+                log.warning("dispatch %s attempt %s not sent: less than its %gs transport timeout was left "
+                            "of the lease; releasing it for a later claim", lease.dispatch_id, lease.attempt,
+                            lease.timeout)
+        for outcome in await _record_group(book, done, clock, actor):
+            key = _COUNTED.get(outcome or "")
+            if key:
+                counts[key] += 1
 
-    async def claim_more() -> int:
-        """Fill the idle slots (see :func:`.attempts.claimable`); the number of new leases."""
-        nonlocal budget
-        free = concurrency - running - waiting
-        if refill is None or budget <= 0 or free <= 0:
-            return 0
-        want = min(budget, claimable(free, earlier if slowest is None else slowest))
-        try:
-            more, claimed = await refill(want)
-        except Exception:
-            if not tasks:
-                raise  # nothing claimed or sent yet: the pass failed
-            log.exception("claiming more dispatches failed; this pass ends with the sends it holds")
-            budget = 0
-            return 0
-        for key, value in claimed.items():
-            counts[key] += value
-        rows = claimed["attempted"] + claimed["expired"] + claimed["dead_letter"]
-        budget = budget - want if rows >= want else 0  # fewer rows than asked: none left due
-        return start(more)
+    async def more(n: int) -> Claimed[Lease]:
+        assert refill is not None
+        won, claimed = await refill(n)
+        return Claimed(won, claimed, claimed["attempted"] + claimed["expired"] + claimed["dead_letter"])
 
-    remaining = start(leases)
+    def want(free: int) -> int:
+        """How many to claim with ``free`` idle slots (see :func:`.attempts.claimable`)."""
+        return claimable(free, earlier if slowest is None else slowest)
+
     try:
-        remaining += await claim_more()
-        while remaining:
-            done = [await queue.get()]
-            await asyncio.sleep(0)  # let sends that are already finishing join this group
-            while not queue.empty():
-                done.append(queue.get_nowait())
-            remaining -= len(done)
-            for lease, result in done:
-                if result is None:
-                    log.warning("dispatch %s attempt %s not sent: less than its %gs transport timeout was left "
-                                "of the lease; releasing it for a later claim", lease.dispatch_id, lease.attempt,
-                                lease.timeout)
-            for outcome in await _record_group(book, done, clock, actor):
-                key = _COUNTED.get(outcome or "")
-                if key:
-                    counts[key] += 1
-            remaining += await claim_more()
+        await run_in_slots(leases, send, record, concurrency=concurrency, counts=counts,
+                           refill=more if refill is not None else None, budget=budget, want=want, what="dispatch send")
     finally:
-        for task in tasks:
-            task.cancel()
         if slowest is not None:
             with contextlib.suppress(TypeError):
                 _paces[transport] = slowest

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,9 +28,12 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create, transition
-from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.codec import loads, new_id
 from statebook.lifecycle.errors import StatebookError
 from statebook.lifecycle.schema import status_in
+
+from statebook.outbox.claims import Planned, claim_set, read_rows, record_set
+from statebook.outbox.slots import Claimed, run_in_slots
 
 from .buckets import draw
 from .channels import (
@@ -117,6 +121,7 @@ class Lease:
 
 
 Outcome = Literal["delivered", "retry", "dead_letter", "failed", "rate_limited"]
+"""What an attempt (or the settlement of a lapsed last attempt) comes to."""
 
 
 @dataclass(frozen=True)
@@ -143,16 +148,27 @@ class AttemptResult:
 # -- scan and claim -------------------------------------------------------------------------------
 _COLUMNS = ("id", "status", "claim_id", "lease_until", "cycle", "attempts", "cycle_attempts", "max_cycle_attempts",
             "mode", "channels", "recipient", "content", "next_attempt_at", "version", "last_fact_id", "chain_hash")
+SCAN = (
+    sa.select(*(notifications.c[c] for c in _COLUMNS))
+    .where(ACTIVE, notifications.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
+    .order_by(notifications.c.next_attempt_at, notifications.c.id)
+    .limit(sa.bindparam("b_limit", type_=sa.Integer))
+)
+"""The due scan with bound ``b_now``/``b_limit`` (one compiled shape), served by the partial due index
+in (next_attempt_at, id) order (N9)."""
+
+
+def _candidate(row: Mapping[str, Any]) -> Candidate:
+    """A scanned row (the driver's values: JSON columns as text) as its Candidate."""
+    channels, content = row["channels"], row["content"]
+    return Candidate(**{**row, "channels": tuple(loads(channels) if isinstance(channels, str) else channels),
+                        "content": loads(content) if isinstance(content, str) else content})
 
 
 async def scan_due(book: Book, *, now: float, limit: int = 100) -> list[Candidate]:
-    """Due notifications (pending or rate-limited, ``next_attempt_at <= now``), by due time then id (N9)."""
-    t = notifications
-    query = (sa.select(*(t.c[c] for c in _COLUMNS)).where(ACTIVE, t.c.next_attempt_at <= now)
-             .order_by(t.c.next_attempt_at, t.c.id).limit(limit))
-    async with book.read() as conn:
-        rows = (await conn.execute(query)).fetchall()
-    return [Candidate(**{**r._mapping, "channels": tuple(r.channels)}) for r in rows]
+    """Due notifications (pending or rate-limited, ``next_attempt_at <= now``), by due time then id (N9);
+    read without locks (:func:`claim_due` scans, locks and claims in one transaction)."""
+    return [_candidate(r) for r in await read_rows(book, SCAN, {"b_now": now, "b_limit": limit}, lock=False)]
 
 
 def _command(c: Candidate, target: str, code: str, summary: str, patch: dict[str, Any]) -> Command:
@@ -160,21 +176,17 @@ def _command(c: Candidate, target: str, code: str, summary: str, patch: dict[str
                    {"claim_id": c.claim_id, "cycle_attempts": c.cycle_attempts}, patch)
 
 
-async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: float = LEASE_SECONDS
-                ) -> Lease | None:
-    """Claim one due notification: a fresh fencing token and lease, the attempt counted; None when
-    another claimant won (nothing written). A lapsed lease on the cycle's last attempt is not claimed
-    again: the notification is failed (dead-lettered when GUARANTEED) and None is returned."""
-    c = candidate
-    stale = 0 if c.claim_id is None else await settle_stale(book, c.id, c.claim_id, now=now)
+def claim_command(c: Candidate, *, now: float, lease_seconds: float, duplicate_risk: bool
+                  ) -> tuple[Command, Lease | Outcome]:
+    """The candidate's claim and the lease it grants — or, for a lapsed lease on the cycle's last
+    attempt, the settlement it gets instead (``failed``; dead-lettered when GUARANTEED) and its name."""
     if c.cycle_attempts >= c.attempt_limit and c.claim_id is not None:
         dead = c.mode == Mode.GUARANTEED.value
         command = _command(c, "failed", "notification.failed.cycle_exhausted" if dead else "notification.failed.best_effort",
                            f"the lease of attempt {c.cycle_attempts} (the cycle's last) lapsed without an outcome",
                            {"dead_letter": 1 if dead else 0, "claim_id": None, "lease_until": None,
                             "last_error": "the lease lapsed without an outcome"})
-        await apply_many(book, [command], seen={c.id: c.head})
-        return None
+        return command, "dead_letter" if dead else "failed"
     token, until = new_id(), now + lease_seconds
     if c.status == "rate_limited":
         code, summary = "notification.pending.rate_limit_cleared", f"attempt {c.cycle_attempts + 1} after the rate limit"
@@ -184,15 +196,63 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
         code, summary = "notification.pending.claimed", f"attempt {c.cycle_attempts + 1} of cycle {c.cycle}"
     patch = {"claim_id": token, "lease_until": until, "next_attempt_at": until, "attempts": c.attempts + 1,
              "cycle_attempts": c.cycle_attempts + 1}
+    lease = Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
+                  c.channels, c.recipient, c.content, duplicate_risk=duplicate_risk)
+    return _command(c, "pending", code, summary, patch), lease
+
+
+def _won(lease: Lease, outcome: Any) -> Lease:
+    """The lease with the row its claim wrote, which finalize compares against."""
+    head = {"status": "pending", "version": outcome.version, "last_fact_id": outcome.fact_id,
+            "chain_hash": outcome.chain_hash, "claim_id": lease.claim_id, "cycle_attempts": lease.cycle_attempt}
+    return dataclasses.replace(lease, head=head)
+
+
+async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: float = LEASE_SECONDS
+                ) -> Lease | None:
+    """Claim one due notification: a fresh fencing token and lease, the attempt counted; None when
+    another claimant won (nothing written). A lapsed lease on the cycle's last attempt is not claimed
+    again: the notification is failed (dead-lettered when GUARANTEED) and None is returned. The
+    single step of :func:`claim_due`, for tests and tools that interleave claimants."""
+    c = candidate
+    stale = 0 if c.claim_id is None else await settle_stale(book, c.id, c.claim_id, now=now)
+    command, what = claim_command(c, now=now, lease_seconds=lease_seconds, duplicate_risk=stale > 0)
     # Compared against the row as scanned: a candidate whose row moved since (another claim, even one that
     # put claim_id and cycle_attempts back as they were) is a lost race, nothing more.
-    [outcome] = await apply_many(book, [_command(c, "pending", code, summary, patch)], seen={c.id: c.head})
-    if not outcome.applied:
+    [outcome] = await apply_many(book, [command], seen={c.id: c.head})
+    if not isinstance(what, Lease) or not outcome.applied:
         return None
-    head = {"status": "pending", "version": outcome.version, "last_fact_id": outcome.fact_id,
-            "chain_hash": outcome.chain_hash, "claim_id": token, "cycle_attempts": c.cycle_attempts + 1}
-    return Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
-                 c.channels, c.recipient, c.content, duplicate_risk=stale > 0, head=head)
+    return _won(what, outcome)
+
+
+async def claim_due(book: Book, *, now: float, limit: int, lease_seconds: float = LEASE_SECONDS
+                    ) -> tuple[list[Lease], dict[str, int]]:
+    """Scan, settle and claim up to ``limit`` due notifications in ONE transaction
+    (:func:`statebook.outbox.claims.claim_set`, the dispatch claim's too): rows locked ``FOR UPDATE
+    SKIP LOCKED`` on PostgreSQL, what lapsed claims left ``started`` closed as ``unknown``, one
+    claim (or settlement) per row compared against the row as read. The leases won, and counters
+    ``claimed``, ``dead_letter`` and ``failed``."""
+
+    async def plan(tx: Book, rows: list[dict[str, Any]]) -> list[Planned[Lease | Outcome]]:
+        found = [_candidate(r) for r in rows]
+        risky = await settle_stale_many(tx, [(c.id, c.claim_id) for c in found if c.claim_id is not None], now=now)
+        planned = []
+        for c in found:
+            command, what = claim_command(c, now=now, lease_seconds=lease_seconds, duplicate_risk=c.id in risky)
+            planned.append(Planned(command, c.head, what))
+        return planned
+
+    counts = dict.fromkeys(("claimed", "dead_letter", "failed"), 0)
+    leases: list[Lease] = []
+    for what, outcome in await claim_set(book, SCAN, {"b_now": now, "b_limit": limit}, plan):
+        if not outcome.applied:
+            continue
+        if isinstance(what, Lease):
+            leases.append(_won(what, outcome))
+            counts["claimed"] += 1
+        else:
+            counts[what] += 1
+    return leases, counts
 
 
 async def settle_stale(book: Book, notification_id: str, claim_id: str, *, now: float) -> int:
@@ -213,6 +273,28 @@ async def settle_stale(book: Book, notification_id: str, claim_id: str, *, now: 
         )
         closed += outcome.applied
     return closed
+
+
+async def settle_stale_many(book: Book, claims: list[tuple[str, str]], *, now: float) -> set[str]:
+    """:func:`settle_stale` for several lapsed claims (``(notification_id, claim_id)`` pairs) in one
+    read and one engine call, joining ``book``'s transaction; the notifications whose claim left an
+    admitted send without a result (their next attempt may repeat an effect)."""
+    if not claims:
+        return set()
+    t = channel_attempts
+    lapsed = set(claims)
+    query = sa.select(t.c.id, t.c.notification_id, t.c.claim_id).where(
+        t.c.notification_id.in_(sorted({n for n, _ in claims})), t.c.status == "started")
+    async with book.read() as conn:
+        open_ = [r for r in await conn.execute(query) if (r.notification_id, r.claim_id) in lapsed]
+    if not open_:
+        return set()
+    reason = Reason(RESULT_REASONS["unknown"], "the worker holding the lease stopped before recording a result")
+    patch = {"detail": "the lease lapsed after the send was admitted; no result was recorded", "ended_at": now}
+    commands = [Command("channel_attempt", r.id, "unknown", reason, DELIVERY_ACTOR, ("started",), {}, patch)
+                for r in open_]
+    outcomes = await apply_many(book, commands)
+    return {r.notification_id for r, o in zip(open_, outcomes, strict=True) if o.applied}
 
 
 # -- one channel call -------------------------------------------------------------------------------
@@ -456,9 +538,8 @@ def backoff_seconds(cycle_attempt: int) -> float:
     return BACKOFF_BASE_SECONDS * 2 ** (max(cycle_attempt, 1) - 1)
 
 
-async def finalize(book: Book, lease: Lease, result: AttemptResult, *, now: float) -> str:
-    """Record what the attempt came to as ONE transition fenced by the claim token: the outcome, or
-    ``conflict`` (the claim is no longer this lease's: nothing written)."""
+def finalize_command(lease: Lease, result: AttemptResult, *, now: float) -> Command:
+    """The transition recording what the attempt came to, fenced by the claim token."""
     if result.outcome is None:
         raise ValueError("this attempt has no outcome to finalize (its lease was lost or evidence failed)")
     error = None if result.error is None else result.error[:DETAIL_CHARS]
@@ -484,11 +565,27 @@ async def finalize(book: Book, lease: Lease, result: AttemptResult, *, now: floa
         target, code, patch = "rate_limited", "notification.rate_limited.no_token", {
             **cleared, "next_attempt_at": now + wait, "cycle_attempts": lease.cycle_attempt - 1, "last_error": error}
         summary = f"no selected channel had a rate-limit token; due again in {wait:.3f}s"
-    command = Command("notification", lease.notification_id, target, Reason(code, summary), DELIVERY_ACTOR,
-                      ("pending",), {"claim_id": lease.claim_id, "cycle_attempts": lease.cycle_attempt}, patch)
+    return Command("notification", lease.notification_id, target, Reason(code, summary), DELIVERY_ACTOR,
+                   ("pending",), {"claim_id": lease.claim_id, "cycle_attempts": lease.cycle_attempt}, patch)
+
+
+async def finalize(book: Book, lease: Lease, result: AttemptResult, *, now: float) -> str:
+    """Record what the attempt came to as ONE transition fenced by the claim token: the outcome, or
+    ``conflict`` (the claim is no longer this lease's: nothing written)."""
+    command = finalize_command(lease, result, now=now)
     seen = {lease.notification_id: lease.head} if lease.head is not None else None
     [outcome] = await apply_many(book, [command], seen=seen)
-    return result.outcome if outcome.applied else "conflict"
+    return result.outcome if outcome.applied else "conflict"  # type: ignore[return-value]
+
+
+async def finalize_all(book: Book, done: list[tuple[Lease, AttemptResult]], *, now: float) -> list[str | None]:
+    """:func:`finalize` for several attempts (distinct notifications) in one transaction, one
+    transition each; None where the outcome could not be written (the claim lapses and a later pass
+    takes the notification again)."""
+    planned = [(finalize_command(lease, result, now=now), lease.head) for lease, result in done]
+    applied = await record_set(book, planned)
+    return [None if ok is None else result.outcome if ok else "conflict"
+            for (_, result), ok in zip(done, applied, strict=True)]
 
 
 # -- a pass -----------------------------------------------------------------------------------------
@@ -499,8 +596,10 @@ async def deliver_due_notifications(
     book: Book, channels: Mapping[str, Channel], *, limit: int = 100, concurrency: int = 8,
     lease_seconds: float = LEASE_SECONDS, deadline: float = DEADLINE_SECONDS,
 ) -> dict[str, int]:
-    """One pass: scan, claim, attempt and finalize at most ``limit`` due notifications, at most
-    ``concurrency`` at once; its counters (``stopped``: attempts that ended without an outcome)."""
+    """One pass over at most ``limit`` due notifications, at most ``concurrency`` attempts at once
+    (:func:`statebook.outbox.slots.run_in_slots`, the dispatch pass's slots): claims in sets as slots
+    free (:func:`claim_due`), attempts outside any transaction, finalizations of attempts that end
+    together in one transaction. Its counters (``stopped``: attempts that ended without an outcome)."""
     if book.conn is not None:
         raise NotificationInvalid("book: deliver_due_notifications runs channels outside any transaction; pass an "
                                   "unbound book", argument="book", rule="bound")
@@ -508,26 +607,27 @@ async def deliver_due_notifications(
         raise NotificationInvalid(f"deadline: the adapter deadline ({deadline:g}s) must be shorter than the lease "
                                   f"({lease_seconds:g}s)", argument="deadline", rule="range")
     counts = dict.fromkeys(COUNTERS, 0)
-    gate = asyncio.Semaphore(concurrency)
+    clock = book.clock
 
-    async def one(candidate: Candidate) -> None:
-        async with gate:
-            lease = await claim(book, candidate, now=book.clock.now(), lease_seconds=lease_seconds)
-            if lease is None:
-                return
-            counts["claimed"] += 1
-            result = await run_attempt(book, lease, channels, deadline=deadline)
-            if result.outcome is None:
-                counts["stopped"] += 1
-                return
-            done = await finalize(book, lease, result, now=book.clock.now())
-            counts[{"retry": "retried"}.get(done, done)] += 1
+    async def more(n: int) -> Claimed[Lease]:
+        won, claimed = await claim_due(book, now=clock.now(), limit=n, lease_seconds=lease_seconds)
+        return Claimed(won, claimed, sum(claimed.values()))
 
-    found = await asyncio.gather(*(one(c) for c in await scan_due(book, now=book.clock.now(), limit=limit)),
-                                 return_exceptions=True)
-    for item in found:
-        if isinstance(item, BaseException):
-            log.error("a notification's delivery failed; its claim lapses and a later pass retries it",
-                      exc_info=item)
-            counts["stopped"] += 1
+    async def attempt(lease: Lease) -> AttemptResult:
+        try:
+            return await run_attempt(book, lease, channels, deadline=deadline)
+        except Exception as exc:
+            log.error("notification %s: the attempt failed; its claim lapses and a later pass retries it",
+                      lease.notification_id, exc_info=exc)
+            return AttemptResult(None, error=f"{type(exc).__name__}: {exc}")
+
+    async def record(done: list[tuple[Lease, AttemptResult]]) -> None:
+        decided = [(lease, result) for lease, result in done if result.outcome is not None]
+        counts["stopped"] += len(done) - len(decided)
+        if decided:
+            for outcome in await finalize_all(book, decided, now=clock.now()):
+                counts[{"retry": "retried", None: "stopped"}.get(outcome, outcome)] += 1  # type: ignore[index]
+
+    await run_in_slots([], attempt, record, concurrency=concurrency, counts=counts, refill=more, budget=limit,
+                       what="notification attempt", overlap=True)
     return counts

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from statebook.adapters.db import open_book, reset_schema  # noqa: E402
 from statebook.outbox import dispatch_outbox, enqueue_dispatches  # noqa: E402
-from statebook.outbox.attempts import _SCAN, ACTIVE  # noqa: E402
+from statebook.outbox.attempts import SCAN, ACTIVE  # noqa: E402
 
 import seed  # noqa: E402  (tests/bench, the script's directory)
 import statebook_side as sb  # noqa: E402
@@ -57,7 +57,7 @@ def _queries(now: float) -> list[tuple[str, str, Any]]:
         ("idx_dispatch_outbox_dedup", "enqueue with dedup_key: the rows holding the keys (enqueue._existing_ids)",
          sa.select(t.c.dedup_key, t.c.id).where(t.c.dedup_key.in_(["k1", "k2"]))),
         ("idx_dispatch_outbox_due", "the due scan (attempts.scan_heads, every claim), FOR UPDATE SKIP LOCKED on PG",
-         _SCAN.params(b_now=now, b_limit=100)),
+         SCAN.params(b_now=now, b_limit=100)),
         ("idx_dispatch_outbox_due", "next_due: the worker's sleep (min next_attempt_at of active rows)",
          sa.select(sa.func.min(t.c.next_attempt_at)).where(ACTIVE)),
         ("idx_dispatch_outbox_created", "list_dispatches(limit=50), newest first (admin, CLI `dispatch list`)",

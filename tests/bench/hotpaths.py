@@ -64,11 +64,10 @@ async def profile_one(workload: str, url: str) -> str:
             await seed.seed_history(n // 3, [target])
         profiler = Profiler(interval=0.001, async_mode="disabled")
         profiler.start()
-        elapsed = None
         if workload == "W1":
-            elapsed = await sb.enqueue_single(book, n)
+            await sb.enqueue_single(book, n)
         elif workload == "W1-batch":
-            elapsed = await sb.enqueue_batches(book, n, 500)
+            await sb.enqueue_batches(book, n, 500)
         elif workload == "W2":
             await sb.drain_due(book, sb.Sink(), n)
         elif workload == "W5":

@@ -51,7 +51,7 @@ async def test_the_scan_reads_the_due_index_in_order(tmp_path):
 
     book = await open_book(f"sqlite:///{tmp_path / 'plan.db'}")
     try:
-        query = attempts._SCAN.params(b_now=0.0, b_limit=10)  # the statement every scan runs
+        query = attempts.SCAN.params(b_now=0.0, b_limit=10)  # the statement every scan runs
         sql = str(query.compile(book.engine, compile_kwargs={"literal_binds": True}))
         async with book.read() as conn:
             plan = " | ".join(str(r[-1]) for r in await conn.execute(sa.text(f"EXPLAIN QUERY PLAN {sql}")))

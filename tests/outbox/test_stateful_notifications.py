@@ -39,7 +39,7 @@ from statebook.outbox.notifications import delivery
 from statebook.outbox.notifications.buckets import ensure_bucket
 from statebook.outbox.notifications.channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER
 from statebook.outbox.notifications.delivery import (
-    LEASE_SECONDS, AttemptResult, EvidenceLost, Lease, Recorded, attempt_channel, claim, deliver_due_notifications,
+    AttemptResult, EvidenceLost, Lease, Recorded, attempt_channel, claim, deliver_due_notifications,
     finalize, run_attempt, scan_due,
 )
 from statebook.outbox.notifications.scripted import ScriptedChannel
