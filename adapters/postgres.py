@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.util import greenlet_spawn
 
 from statebook.lifecycle.facts import Cursor, facts_table, stored_columns
 from statebook.lifecycle.store import Lock, RowWrite, Unit, register_backend
@@ -53,6 +54,15 @@ class PostgresStore(SQLStore):
     def closed(self, raw: Any) -> bool:
         return bool(raw.is_closed())
 
+    async def release(self, fairy: Any) -> None:
+        pool = self.engine.pool
+        if pool.checkedin() < pool.size():  # type: ignore[attr-defined]
+            fairy.close()  # back into the pool's queue: no I/O, no greenlet needed (the hot path)
+        else:
+            # The pool is full, so this (overflow) connection is closed on its way back: asyncpg's close
+            # is I/O, which SQLAlchemy runs only inside its greenlet.
+            await greenlet_spawn(fairy.close)
+
     async def driver_begin(self, db: Driver, begin: str) -> None:
         db.transaction = db.raw.transaction()  # type: ignore[attr-defined]
         try:
@@ -83,7 +93,7 @@ class PostgresStore(SQLStore):
                 fairy.invalidate()  # a cancelled statement leaves the connection unusable
             raise
         finally:
-            fairy.close()
+            await self.release(fairy)
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncConnection]:
@@ -110,7 +120,8 @@ class PostgresStore(SQLStore):
                     raise
                 await self.driver_end(db, commit=True)
             finally:
-                conn.info.pop(OWN_TRANSACTION, None)
+                if not conn.invalidated:  # see Book.begin: an invalidated connection's info is out of reach
+                    conn.info.pop(OWN_TRANSACTION, None)
 
     async def joined(self, conn: AsyncConnection) -> Any:
         raw = (await conn.get_raw_connection()).driver_connection

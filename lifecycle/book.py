@@ -77,7 +77,8 @@ class Book:
             try:
                 yield replace(self, conn=conn)
             finally:
-                conn.info.pop(TOUCHED, None)
+                if not conn.invalidated:  # a statement cancelled mid-flight invalidates the connection,
+                    conn.info.pop(TOUCHED, None)  # and touching its info would reconnect (outside any greenlet)
         for entity_type in touched:
             self.committed(entity_type)
 

@@ -10,6 +10,7 @@ connection that a cancelled or broken statement leaves out of the pool rather th
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -366,6 +367,57 @@ async def test_book_transaction_cancelled_writes_nothing_and_drops_its_connectio
     assert pg_book.engine.pool.checkedout() == 0
     assert await peek(pg_book.engine) == {}
     assert await backend_pid(pg_book) != before
+    await works(pg_book, 2)
+
+
+@pytest.mark.postgres
+async def test_connections_beyond_the_pool_close_cleanly_when_they_come_back(pg_book: Book, watcher: AsyncEngine,
+                                                                            caplog):
+    """L5: more units at once than the pool keeps (its one connection and two overflow ones): the overflow
+    connections are closed as they come back — I/O, run in SQLAlchemy's greenlet — with no error logged
+    and no connection left open on the server."""
+    pids: list[int] = []
+
+    async def hold(unit) -> None:
+        async with unit(pg_book) as db:
+            ((pid,),) = await db.fetch(sa.select(sa.func.pg_backend_pid()), {})
+            pids.append(pid)
+            for _ in range(500):
+                if len(pids) == 3:
+                    break
+                await asyncio.sleep(0.01)
+
+    await asyncio.gather(hold(autocommit), hold(transaction), hold(autocommit))
+    assert len(set(pids)) == 3
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert pg_book.engine.pool.checkedout() == 0
+    query = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(:pids)")
+    async with watcher.connect() as conn:
+        assert (await conn.execute(query, {"pids": pids})).scalar_one() == 1  # the one the pool keeps
+    await works(pg_book, 1)
+
+
+@pytest.mark.postgres
+async def test_a_book_transaction_cancelled_in_a_sqlalchemy_statement_raises_cancelled(pg_book: Book,
+                                                                                       watcher: AsyncEngine):
+    """L5: ``Book.begin()`` cancelled while one of the caller's own SQLAlchemy statements runs: the caller
+    gets CancelledError (not a PendingRollbackError or MissingGreenlet from the connection SQLAlchemy
+    invalidated), nothing it wrote before commits, and the book keeps working."""
+    before = await backend_pid(pg_book)
+
+    async def unit() -> None:
+        async with pg_book.begin() as tx:
+            assert tx.conn is not None
+            await tx.conn.execute(insert_note(), note(1))
+            await tx.conn.execute(sa.select(sa.func.pg_sleep(10)))
+
+    task = asyncio.create_task(unit())
+    await wait_until_running(watcher, before, "pg_sleep")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pg_book.engine.pool.checkedout() == 0
+    assert await peek(pg_book.engine) == {}
     await works(pg_book, 2)
 
 
