@@ -12,7 +12,7 @@ from typing import Any
 
 from statebook.lifecycle import Registry, StatebookError
 from statebook.outbox import DISPATCH
-from statebook.outbox.notifications import CHANNEL_ATTEMPT, NOTIFICATION, RATE_BUCKET
+from statebook.outbox.notifications import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, RATE_BUCKET
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 from .errors import ConfigError
@@ -27,7 +27,7 @@ def builtin_registry(*, seal: bool = True) -> Registry:
 
     Pass ``seal=False`` to register or extend lifecycles before sealing it yourself.
     """
-    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, RATE_BUCKET])
+    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, DEDUP_CLAIM, RATE_BUCKET])
     return registry.seal() if seal else registry
 
 

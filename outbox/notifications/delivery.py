@@ -39,6 +39,7 @@ from .buckets import draw
 from .channels import (
     EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
 )
+from . import ownership
 from .errors import NotificationInvalid
 from .policy import RESULT_REASONS, STARTED_REASON
 from .schema import channel_attempts, notifications
@@ -84,6 +85,7 @@ class Candidate:
     version: int
     last_fact_id: str
     chain_hash: str
+    dedup_claim_id: str | None = None
 
     @property
     def head(self) -> dict[str, Any]:
@@ -118,6 +120,8 @@ class Lease:
     head: Mapping[str, Any] | None = None
     """The row as the claim left it (status, version, chain head, guarded columns): finalize compares
     against it instead of reading the row again (``apply_many(seen=)``; the compare-and-set decides)."""
+    dedup_claim_id: str | None = None
+    """The semantic obligation this notification owns (:mod:`.ownership`), or None."""
 
 
 Outcome = Literal["delivered", "retry", "dead_letter", "failed", "rate_limited"]
@@ -147,7 +151,8 @@ class AttemptResult:
 
 # -- scan and claim -------------------------------------------------------------------------------
 _COLUMNS = ("id", "status", "claim_id", "lease_until", "cycle", "attempts", "cycle_attempts", "max_cycle_attempts",
-            "mode", "channels", "recipient", "content", "next_attempt_at", "version", "last_fact_id", "chain_hash")
+            "mode", "channels", "recipient", "content", "next_attempt_at", "version", "last_fact_id", "chain_hash",
+            "dedup_claim_id")
 SCAN = (
     sa.select(*(notifications.c[c] for c in _COLUMNS))
     .where(ACTIVE, notifications.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
@@ -197,7 +202,7 @@ def claim_command(c: Candidate, *, now: float, lease_seconds: float, duplicate_r
     patch = {"claim_id": token, "lease_until": until, "next_attempt_at": until, "attempts": c.attempts + 1,
              "cycle_attempts": c.cycle_attempts + 1}
     lease = Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
-                  c.channels, c.recipient, c.content, duplicate_risk=duplicate_risk)
+                  c.channels, c.recipient, c.content, duplicate_risk=duplicate_risk, dedup_claim_id=c.dedup_claim_id)
     return _command(c, "pending", code, summary, patch), lease
 
 
@@ -217,12 +222,30 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
     c = candidate
     stale = 0 if c.claim_id is None else await settle_stale(book, c.id, c.claim_id, now=now)
     command, what = claim_command(c, now=now, lease_seconds=lease_seconds, duplicate_risk=stale > 0)
+    if not isinstance(what, Lease) and c.dedup_claim_id is not None:
+        # A failing owner: its obligation's successor is elected in the same transaction.
+        async with book.begin() as tx:
+            await _fail_owner(tx, command, c.head, c.dedup_claim_id, now=now)
+        return None
     # Compared against the row as scanned: a candidate whose row moved since (another claim, even one that
     # put claim_id and cycle_attempts back as they were) is a lost race, nothing more.
     [outcome] = await apply_many(book, [command], seen={c.id: c.head})
     if not isinstance(what, Lease) or not outcome.applied:
         return None
     return _won(what, outcome)
+
+
+async def _fail_owner(tx: Book, command: Command, head: Mapping[str, Any] | None, cid: str, *, now: float) -> bool:
+    """An owner's failing transition and what it does to its obligation (:mod:`.ownership`), in ``tx``:
+    the successor is chosen under lock first and recorded as ``dedup_successor_id``; the obligation's
+    writes follow only when the owner's own fenced transition applied. True when it applied."""
+    plan = await ownership.plan_failure(tx, owner_id=command.entity_id, cid=cid, now=now)
+    if plan.successor is not None:
+        command = dataclasses.replace(command, patch={**command.patch, "dedup_successor_id": plan.successor})
+    [outcome] = await apply_many(tx, [command], seen={command.entity_id: head} if head is not None else None)
+    if outcome.applied:
+        await ownership.apply_failure(tx, plan, now=now)
+    return outcome.applied
 
 
 async def claim_due(book: Book, *, now: float, limit: int, lease_seconds: float = LEASE_SECONDS
@@ -239,12 +262,21 @@ async def claim_due(book: Book, *, now: float, limit: int, lease_seconds: float 
         planned = []
         for c in found:
             command, what = claim_command(c, now=now, lease_seconds=lease_seconds, duplicate_risk=c.id in risky)
+            if not isinstance(what, Lease) and c.dedup_claim_id is not None:
+                # A failing owner: settled here with its obligation (the row is locked by this scan).
+                if await _fail_owner(tx, command, c.head, c.dedup_claim_id, now=now):
+                    settled[what] += 1
+                continue
             planned.append(Planned(command, c.head, what))
         return planned
 
+    settled = dict.fromkeys(("dead_letter", "failed"), 0)
     counts = dict.fromkeys(("claimed", "dead_letter", "failed"), 0)
     leases: list[Lease] = []
-    for what, outcome in await claim_set(book, SCAN, {"b_now": now, "b_limit": limit}, plan):
+    done = await claim_set(book, SCAN, {"b_now": now, "b_limit": limit}, plan)
+    for key, value in settled.items():
+        counts[key] += value
+    for what, outcome in done:
         if not outcome.applied:
             continue
         if isinstance(what, Lease):
@@ -573,19 +605,50 @@ async def finalize(book: Book, lease: Lease, result: AttemptResult, *, now: floa
     """Record what the attempt came to as ONE transition fenced by the claim token: the outcome, or
     ``conflict`` (the claim is no longer this lease's: nothing written)."""
     command = finalize_command(lease, result, now=now)
+    if lease.dedup_claim_id is not None and result.outcome in ("delivered", "dead_letter", "failed"):
+        return await _finalize_owner(book, lease, result, command, now=now)
     seen = {lease.notification_id: lease.head} if lease.head is not None else None
     [outcome] = await apply_many(book, [command], seen=seen)
     return result.outcome if outcome.applied else "conflict"  # type: ignore[return-value]
+
+
+async def _finalize_owner(book: Book, lease: Lease, result: AttemptResult, command: Command, *, now: float) -> str:
+    """An owner's terminal outcome with its obligation's, in ONE transaction: delivered satisfies its
+    followers; failed elects a successor (:mod:`.ownership`)."""
+    assert lease.dedup_claim_id is not None and result.outcome is not None
+    async with book.begin() as tx:
+        if result.outcome != "delivered":
+            applied = await _fail_owner(tx, command, lease.head, lease.dedup_claim_id, now=now)
+        else:
+            seen = {lease.notification_id: lease.head} if lease.head is not None else None
+            [outcome] = await apply_many(tx, [command], seen=seen)
+            applied = outcome.applied
+            if applied:
+                await ownership.owner_delivered(tx, owner_id=lease.notification_id, cid=lease.dedup_claim_id, now=now)
+    return result.outcome if applied else "conflict"
 
 
 async def finalize_all(book: Book, done: list[tuple[Lease, AttemptResult]], *, now: float) -> list[str | None]:
     """:func:`finalize` for several attempts (distinct notifications) in one transaction, one
     transition each; None where the outcome could not be written (the claim lapses and a later pass
     takes the notification again)."""
-    planned = [(finalize_command(lease, result, now=now), lease.head) for lease, result in done]
-    applied = await record_set(book, planned)
-    return [None if ok is None else result.outcome if ok else "conflict"
-            for (_, result), ok in zip(done, applied, strict=True)]
+    owners = [i for i, (lease, result) in enumerate(done)
+              if lease.dedup_claim_id is not None and result.outcome in ("delivered", "dead_letter", "failed")]
+    plain = [item for i, item in enumerate(done) if i not in set(owners)]
+    planned = [(finalize_command(lease, result, now=now), lease.head) for lease, result in plain]
+    applied = iter(await record_set(book, planned) if planned else [])
+    found: list[str | None] = []
+    for i, (lease, result) in enumerate(done):
+        if i in owners:  # with its obligation's writes: its own transaction
+            try:
+                found.append(await finalize(book, lease, result, now=now))
+            except Exception:
+                log.exception("could not record the outcome of notification %s", lease.notification_id)
+                found.append(None)
+            continue
+        ok = next(applied)
+        found.append(None if ok is None else result.outcome if ok else "conflict")
+    return found
 
 
 # -- a pass -----------------------------------------------------------------------------------------

@@ -15,11 +15,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Reason, create
-from statebook.lifecycle.codec import new_id
-from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, text
+from statebook.lifecycle.codec import digest, dumps, new_id
+from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, text
 
+from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
-from .errors import checked, refused
+from .errors import IdempotencyConflict, checked, refused
 from .schema import channel_attempts, notifications
 
 INTAKE_ACTOR = Actor("system", "send_notification")
@@ -29,16 +30,23 @@ MAX_LIST = 100_000
 
 
 
+MAX_WINDOW_SECONDS = 366 * 86_400.0
+
+
 @dataclass(frozen=True)
 class Accepted:
-    """What an intake returns: the notification's id, its status, whether this call created it, and
-    the mode and channels (in run order) it was accepted with."""
+    """What an intake returns: the notification's id, its status, whether this call created it, the
+    mode and channels (in run order) it was accepted with, and its obligation: the canonical owner
+    (itself when it owns it or has no dedup key) and the response fields part 3 fills."""
 
     id: str
     status: str
     created: bool
     mode: str
     channels: tuple[str, ...]
+    obligation_owner_id: str | None = None
+    effective_ack_status: str | None = None
+    ack_inherited: bool = False
 
 
 
@@ -92,11 +100,23 @@ async def send_notification(
     content: Mapping[str, Any],
     mode: Mode | str,
     channels: Sequence[str],
+    principal: str = "",
+    source: str = "",
+    idempotency_key: str | None = None,
+    dedup_key: str | None = None,
+    dedup_window: float | None = None,
 ) -> Accepted:
     """Accept a notification: ONE creation through the engine (row and fact), ``pending`` and due now.
 
     Runs in the book's transaction when the book is bound (a transactional outbox), else in its own.
     Every argument is checked before anything is written (:class:`NotificationInvalid`).
+
+    ``idempotency_key`` scopes the intake to (``principal``, ``source``, key), bound to a hash of the
+    request's content: the same key with the same content returns the original acceptance (nothing
+    written); with other content it raises :class:`IdempotencyConflict` (nothing written).
+    ``dedup_key`` counts the notification under the semantic obligation (recipient, key, mode) for
+    ``dedup_window`` seconds (default 300): it becomes the obligation's owner, a follower of a live
+    owner, or ``deduplicated`` at once inside a delivered owner's window (:mod:`.ownership`).
     """
     book = _book(book)
     checked(text, "recipient", recipient, max_chars=KEY_CHARS, empty=False)
@@ -107,17 +127,116 @@ async def send_notification(
     checked(json_value, "content", dict(content), book.limits)
     chosen = check_mode(mode)
     order = check_channels(channels, chosen)
+    checked(text, "principal", principal, max_chars=KEY_CHARS)
+    checked(text, "source", source, max_chars=KEY_CHARS)
+    if idempotency_key is not None:
+        checked(text, "idempotency_key", idempotency_key, max_chars=KEY_CHARS, empty=False)
+    window: float | None = None
+    if dedup_key is not None:
+        checked(text, "dedup_key", dedup_key, max_chars=KEY_CHARS, empty=False)
+        window = ownership.DEFAULT_WINDOW_SECONDS if dedup_window is None else checked(
+            number, "dedup_window", dedup_window, low=0.0, high=MAX_WINDOW_SECONDS)
+    elif dedup_window is not None:
+        raise refused("dedup_window", "needs", "a dedup window needs a dedup_key")
     now = book.clock.now()
+    request = {"recipient": recipient, "content": dict(content), "mode": chosen.value, "channels": list(order),
+               "dedup_key": dedup_key, "dedup_window": window}
     values = {
-        "id": new_id(), "recipient": recipient, "content": dict(content), "mode": chosen.value,
-        "channels": list(order), "cycle": 1, "attempts": 0, "cycle_attempts": 0,
+        "id": new_id(), **request, "cycle": 1, "attempts": 0, "cycle_attempts": 0,
         "max_cycle_attempts": CYCLE_ATTEMPTS, "dead_letter": 0, "next_attempt_at": now, "claim_id": None,
         "lease_until": None, "delivered_channel": None, "last_error": None, "created_at": now,
+        "principal": principal, "source": source, "idempotency_key": idempotency_key,
+        "content_hash": digest("notification", dumps(request)), "dedup_claim_id": None, "obligation_owner_id": None,
+        "generation": 0, "dedup_successor_id": None,
     }
-    reason = Reason("notification.pending.accepted", f"accepted {chosen.value} via {', '.join(order)}")
-    outcome = await create(book, "notification", values=values, status="pending", reason=reason,
-                           actor=INTAKE_ACTOR, fresh_id=True)
-    return Accepted(values["id"], "pending", outcome.applied, chosen.value, order)
+    if idempotency_key is None and dedup_key is None:
+        reason = Reason("notification.pending.accepted", f"accepted {chosen.value} via {', '.join(order)}")
+        outcome = await create(book, "notification", values=values, status="pending", reason=reason,
+                               actor=INTAKE_ACTOR, fresh_id=True)
+        return Accepted(values["id"], "pending", outcome.applied, chosen.value, order, values["id"])
+    try:
+        async with book.begin() as tx:
+            return await _keyed_intake(tx, values, now)
+    except _LostRace:
+        pass
+    # Another intake of this key committed first: its acceptance is the one (or a conflict).
+    found = await _by_key(book, principal, source, idempotency_key)
+    if found is None:
+        raise IdempotencyConflict(f"idempotency_key: the intake of {idempotency_key!r:.60} raced another that "
+                                  "did not commit; retry")
+    return _replayed(found, values["content_hash"], idempotency_key)
+
+
+class _LostRace(Exception):
+    """The creation hit the idempotency index: roll back what this intake wrote, then read the winner."""
+
+
+async def _keyed_intake(tx: Book, values: dict[str, Any], now: float) -> Accepted:
+    claim: tuple[dict[str, Any] | None, str] | None = None
+    key = values["idempotency_key"]
+    if values["dedup_key"] is not None:
+        # The claim's row lock comes first: intakes of one obligation queue here, so the idempotency
+        # read below sees an earlier intake of the same content once it has committed.
+        claim = await ownership.locked_claim(tx, recipient=values["recipient"], dedup_key=values["dedup_key"],
+                                             mode=values["mode"])
+    if key is not None:
+        found = await _by_key(tx, values["principal"], values["source"], key)
+        if found is not None:
+            return _replayed(found, values["content_hash"], key)
+    if claim is not None and claim[0] is None:
+        row = await ownership.create_claim(tx, claim[1], recipient=values["recipient"], dedup_key=values["dedup_key"],
+                                           mode=values["mode"], owner_id=values["id"], window=values["dedup_window"],
+                                           now=now)
+        if row is not None and key is not None:  # a racing intake created the claim: perhaps with this key
+            found = await _by_key(tx, values["principal"], values["source"], key)
+            if found is not None:
+                return _replayed(found, values["content_hash"], key)
+        claim = (row, claim[1])
+    status, code = "pending", "notification.pending.accepted"
+    summary = f"accepted {values['mode']} via {', '.join(values['channels'])}"
+    if claim is not None:
+        arrival = await ownership.arrival(tx, *claim, notification_id=values["id"], window=values["dedup_window"],
+                                          now=now)
+        values["dedup_claim_id"], values["generation"] = arrival.claim_id, arrival.generation
+        if arrival.role == "follower":
+            values["obligation_owner_id"], values["next_attempt_at"] = arrival.owner_id, None
+            code, summary = "notification.pending.following", f"follows owner {arrival.owner_id} (generation {arrival.generation})"
+        elif arrival.role == "satisfied":
+            values["obligation_owner_id"], values["next_attempt_at"] = arrival.owner_id, None
+            status, code = "deduplicated", "notification.deduplicated.window"
+            summary = f"owner {arrival.owner_id} delivered inside the suppression window"
+        else:
+            summary += f"; owns the obligation (generation {arrival.generation})"
+    outcome = await create(tx, "notification", values=values, status=status, reason=Reason(code, summary),
+                           actor=INTAKE_ACTOR, fresh_id=True, if_absent=values["idempotency_key"] is not None)
+    if not outcome.applied:
+        raise _LostRace()
+    owner = values["obligation_owner_id"] or values["id"]
+    return Accepted(values["id"], status, True, values["mode"], tuple(values["channels"]), owner)
+
+
+_BY_KEY = sa.select(notifications).where(
+    notifications.c.principal == sa.bindparam("b_principal", type_=sa.Text),
+    notifications.c.source == sa.bindparam("b_source", type_=sa.Text),
+    notifications.c.idempotency_key == sa.bindparam("b_key", type_=sa.Text),
+)
+
+
+async def _by_key(book: Book, principal: str, source: str, key: str | None) -> dict[str, Any] | None:
+    async with book.read() as conn:
+        row = (await conn.execute(_BY_KEY, {"b_principal": principal, "b_source": source, "b_key": key})).first()
+    return None if row is None else dict(row._mapping)
+
+
+def _replayed(found: dict[str, Any], content_hash: str, key: str | None) -> Accepted:
+    """The original acceptance of an idempotency key, or the conflict of other content (N13)."""
+    if found["content_hash"] != content_hash:
+        raise IdempotencyConflict(
+            f"idempotency_key: {key!r:.60} was accepted as notification {found['id']} with other content; "
+            "use a new key for a new notification")
+    channels = found["channels"]
+    return Accepted(found["id"], found["status"], False, found["mode"], tuple(channels),
+                    found["obligation_owner_id"] or found["id"])
 
 
 def _id(argument: str, value: Any) -> str:
@@ -171,6 +290,11 @@ async def notification_attempts(book: Book, notification_id: str) -> list[dict[s
 
 
 def _decoded(row: Any) -> dict[str, Any]:
+    """A row as reads return it, with the canonical obligation's fields (N24): the owner (itself when
+    it owns its obligation or has none) and the response fields part 3 fills."""
     out = dict(row._mapping)
     out["dead_letter"] = bool(out["dead_letter"])
+    out["obligation_owner_id"] = out["obligation_owner_id"] or out["id"]
+    out.setdefault("effective_ack_status", None)
+    out.setdefault("ack_inherited", False)
     return out

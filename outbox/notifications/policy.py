@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from statebook.lifecycle import Lifecycle, edges
 
-from .schema import channel_attempts, notifications, rate_buckets
+from .schema import channel_attempts, dedup_claims, notifications, rate_buckets
 
 NOTIFY_CHANNEL = "statebook_notification"
 """PostgreSQL channel NOTIFYed when a notification is accepted (worker wake-ups)."""
@@ -41,6 +41,11 @@ NOTIFICATION_REASONS = frozenset({
     "notification.failed.best_effort",        # BEST_EFFORT: no channel succeeded (no dead letter)
     "notification.rate_limited.no_token",     # no selected channel had a token; due when one refills
     "notification.deduplicated.owner_delivered",  # a follower satisfied by its owner's delivery (part 2)
+    "notification.pending.following",         # intake: a live owner holds the obligation (part 2)
+    "notification.deduplicated.window",       # intake: a delivered owner's window covers it (part 2)
+    "notification.pending.promoted",          # elected successor of a failed owner (part 2)
+    "notification.pending.relinked",          # a follower handed to its owner's successor (part 2)
+    "notification.failed.owner_failed",       # settlement note on a failed owner (part 2)
     "notification.pending.rate_limit_cleared",  # a claim of a rate-limited notification
     "notification.purged.operator",
     "notification.purged.retention",
@@ -48,14 +53,14 @@ NOTIFICATION_REASONS = frozenset({
 
 NOTIFICATION_PATCH = frozenset({
     "cycle", "attempts", "cycle_attempts", "dead_letter", "next_attempt_at", "claim_id", "lease_until",
-    "delivered_channel", "last_error",
+    "delivered_channel", "last_error", "obligation_owner_id", "generation", "dedup_successor_id",
 })
 
 NOTIFICATION = Lifecycle(
     entity_type="notification",
     table=notifications,
     statuses=NOTIFICATION_STATUSES,
-    initial={"pending"},
+    initial={"pending", "deduplicated"},
     terminal=NOTIFICATION_TERMINAL,
     edges=(
         *edges("pending", "pending", "delivered", "failed", "rate_limited", "deduplicated"),
@@ -91,6 +96,29 @@ CHANNEL_ATTEMPT = Lifecycle(
     same_status="edge",
     description="One channel observation of a notification attempt: started at the provider's send "
                 "admission, then its one result; made under the lease it names.",
+    accepts=(),
+)
+
+DEDUP_CLAIM = Lifecycle(
+    entity_type="dedup_claim",
+    table=dedup_claims,
+    statuses=("owned", "satisfied", "released"),
+    initial={"owned"},
+    terminal=set(),
+    edges=(
+        *edges("owned", "owned", "satisfied", "released", guard=("owner_id", "generation")),
+        *edges("satisfied", "owned", guard=("owner_id", "generation")),
+        *edges("released", "owned", guard=("owner_id", "generation")),
+    ),
+    patch_fields={"owner_id", "generation", "window_until"},
+    reason_prefixes={"dedup_claim"},
+    reasons={"dedup_claim.owned.acquired", "dedup_claim.owned.succeeded", "dedup_claim.owned.replayed",
+             "dedup_claim.satisfied.owner_delivered", "dedup_claim.released.owner_failed",
+             "dedup_claim.purged.retention"},
+    same_status="edge",
+    description="Who owns one semantic obligation (recipient, dedup key, mode) now, in which generation, "
+                "and until when a delivery suppresses duplicates; every change of owner is compared on "
+                "owner and generation.",
     accepts=(),
 )
 

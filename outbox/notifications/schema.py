@@ -1,4 +1,4 @@
-"""The notifications' tables: ``notifications``, ``channel_attempts`` and ``rate_buckets`` (specs/notifications.md).
+"""The notifications' tables: ``notifications``, ``channel_attempts``, ``dedup_claims`` and ``rate_buckets`` (specs/notifications.md).
 
 Every table is managed: its status and data columns change only through the lifecycle engine.
 The statuses are the lifecycles' (:mod:`.policy`); the CHECKs and partial-index predicates are
@@ -26,18 +26,37 @@ notifications = managed_table(
     sa.Column("cycle_attempts", sa.Integer, nullable=False, server_default="0"),  # this cycle's
     sa.Column("max_cycle_attempts", sa.Integer, nullable=False, server_default="3"),
     sa.Column("dead_letter", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("next_attempt_at", sa.Float, nullable=False),
+    # The due time; NULL while the notification is a follower (not work of its own until promoted).
+    sa.Column("next_attempt_at", sa.Float, nullable=True),
     # The fencing token of the current claim and the end of its lease (NULL between claims).
     sa.Column("claim_id", sa.String(32), nullable=True),
     sa.Column("lease_until", sa.Float, nullable=True),
     sa.Column("delivered_channel", sa.String(32), nullable=True),
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("created_at", sa.Float, nullable=False),
+    # Idempotency (part 2): the scope (principal, source, key), bound to a hash of the request's content.
+    sa.Column("principal", sa.Text, nullable=False, server_default=""),
+    sa.Column("source", sa.Text, nullable=False, server_default=""),
+    sa.Column("idempotency_key", sa.Text, nullable=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    # Semantic deduplication (part 2): the key, its window, the claim it is counted under, the owner it
+    # follows (NULL: it owns its obligation, or has no key), the owner's generation, and the successor
+    # this notification handed its followers to when it failed.
+    sa.Column("dedup_key", sa.Text, nullable=True),
+    sa.Column("dedup_window", sa.Float, nullable=True),
+    sa.Column("dedup_claim_id", sa.String(64), nullable=True),
+    sa.Column("obligation_owner_id", sa.String(32), nullable=True),
+    sa.Column("generation", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("dedup_successor_id", sa.String(32), nullable=True),
     # The due scan: (due time, id) order over the statuses a worker claims from.
     status_index("ix_notifications_due", "next_attempt_at", "id", where="active"),
     # Newest first for listing; the dead-letter view and retention read settled rows by age.
     sa.Index("ix_notifications_created", "created_at", "id"),
     status_index("ix_notifications_settled", "status", "updated_at", where="terminal"),
+    # One acceptance per idempotency scope (rows without a key are NULL there: distinct).
+    sa.Index("ux_notifications_idempotency", "principal", "source", "idempotency_key", unique=True),
+    # An owner's followers, oldest first (successor election).
+    sa.Index("ix_notifications_followers", "obligation_owner_id", "created_at", "id"),
 )
 
 channel_attempts = managed_table(
@@ -59,6 +78,18 @@ channel_attempts = managed_table(
     sa.Column("ended_at", sa.Float, nullable=True),
     # A notification's attempts, cycle by cycle, in the order they were made.
     sa.Index("ix_channel_attempts_notification", "notification_id", "cycle", "attempt", "position"),
+)
+
+dedup_claims = managed_table(
+    "dedup_claims",
+    # digest(recipient, dedup_key, mode): one claim per semantic obligation.
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("recipient", sa.Text, nullable=False),
+    sa.Column("dedup_key", sa.Text, nullable=False),
+    sa.Column("obligation", sa.String(16), nullable=False),  # the mode: a best-effort delivery satisfies no guaranteed one
+    sa.Column("owner_id", sa.String(32), nullable=True),  # the notification that owns the obligation now
+    sa.Column("generation", sa.Integer, nullable=False),  # raised at every change of owner
+    sa.Column("window_until", sa.Float, nullable=False),  # the suppression window's end
 )
 
 rate_buckets = managed_table(
