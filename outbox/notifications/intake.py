@@ -147,7 +147,8 @@ async def send_notification(
         "lease_until": None, "delivered_channel": None, "last_error": None, "created_at": now,
         "principal": principal, "source": source, "idempotency_key": idempotency_key,
         "content_hash": digest("notification", dumps(request)), "dedup_claim_id": None, "obligation_owner_id": None,
-        "generation": 0, "dedup_successor_id": None,
+        "generation": 0, "dedup_successor_id": None, "resolved_at": None, "resolved_by": None, "resolution": None,
+        "replayed_in": None,
     }
     if idempotency_key is None and dedup_key is None:
         reason = Reason("notification.pending.accepted", f"accepted {chosen.value} via {', '.join(order)}")

@@ -45,7 +45,9 @@ NOTIFICATION_REASONS = frozenset({
     "notification.deduplicated.window",       # intake: a delivered owner's window covers it (part 2)
     "notification.pending.promoted",          # elected successor of a failed owner (part 2)
     "notification.pending.relinked",          # a follower handed to its owner's successor (part 2)
-    "notification.failed.owner_failed",       # settlement note on a failed owner (part 2)
+    "notification.pending.replayed",          # an operator replayed a failure: a new cycle (part 2)
+    "notification.failed.resolved",           # an operator resolved a dead letter (part 2)
+    "notification.failed.replay_covered",     # a failed descendant taken over by a replayed cycle (part 2)
     "notification.pending.rate_limit_cleared",  # a claim of a rate-limited notification
     "notification.purged.operator",
     "notification.purged.retention",
@@ -54,6 +56,7 @@ NOTIFICATION_REASONS = frozenset({
 NOTIFICATION_PATCH = frozenset({
     "cycle", "attempts", "cycle_attempts", "dead_letter", "next_attempt_at", "claim_id", "lease_until",
     "delivered_channel", "last_error", "obligation_owner_id", "generation", "dedup_successor_id",
+    "resolved_at", "resolved_by", "resolution", "replayed_in",
 })
 
 NOTIFICATION = Lifecycle(
@@ -65,6 +68,8 @@ NOTIFICATION = Lifecycle(
     edges=(
         *edges("pending", "pending", "delivered", "failed", "rate_limited", "deduplicated"),
         *edges("rate_limited", "pending"),
+        # Recovery of a failure is an operator's: replay (a new cycle), resolve, or a replay covering it.
+        *edges("failed", "pending", "failed", actors=OPERATOR),
     ),
     patch_fields=NOTIFICATION_PATCH,
     reason_prefixes={"notification"},
@@ -111,6 +116,7 @@ DEDUP_CLAIM = Lifecycle(
         *edges("released", "owned", guard=("owner_id", "generation")),
     ),
     patch_fields={"owner_id", "generation", "window_until"},
+    purgeable={"satisfied", "released"},
     reason_prefixes={"dedup_claim"},
     reasons={"dedup_claim.owned.acquired", "dedup_claim.owned.succeeded", "dedup_claim.owned.replayed",
              "dedup_claim.satisfied.owner_delivered", "dedup_claim.released.owner_failed",

@@ -48,6 +48,12 @@ notifications = managed_table(
     sa.Column("obligation_owner_id", sa.String(32), nullable=True),
     sa.Column("generation", sa.Integer, nullable=False, server_default="0"),
     sa.Column("dedup_successor_id", sa.String(32), nullable=True),
+    # Recovery (part 2): an operator's resolution of a dead letter, and the replay that covers a failed
+    # descendant (the notification whose replayed cycle took its obligation over).
+    sa.Column("resolved_at", sa.Float, nullable=True),
+    sa.Column("resolved_by", sa.Text, nullable=True),
+    sa.Column("resolution", sa.Text, nullable=True),
+    sa.Column("replayed_in", sa.String(32), nullable=True),
     # The due scan: (due time, id) order over the statuses a worker claims from.
     status_index("ix_notifications_due", "next_attempt_at", "id", where="active"),
     # Newest first for listing; the dead-letter view and retention read settled rows by age.
