@@ -1,4 +1,4 @@
-"""``statebook notify``: inspect notifications and their channel attempts (specs/notifications.md).
+"""``statebook notify``: inspect notifications and their channel attempts, recover failures (specs/notifications.md).
 
 There is no send command: producers use the library API (``send_notification``), as for dispatches.
 """
@@ -11,12 +11,16 @@ import typer
 
 from statebook.lifecycle import Book
 from statebook.lifecycle.inputs import INT32, integer
-from statebook.outbox.notifications import get_notification, list_notifications, notification_attempts
+from statebook.outbox.notifications import (
+    Replayed, get_notification, list_dead_letters, list_notifications, notification_attempts, replay_notification,
+    resolve_notification,
+)
 from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
 
 from .app import app, console, emit_json, fail, format_time, run, with_book
 
-notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts.", no_args_is_help=True)
+notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts, recover failures.",
+                         no_args_is_help=True)
 app.add_typer(notify_app, name="notify")
 
 
@@ -97,3 +101,63 @@ def attempts_cmd(
                       format_time(a["ended_at"]) if a["ended_at"] is not None else "-", str(a["provider_retries"]),
                       "yes" if a["duplicate_risk"] else "", (a["detail"] or "")[:60])
     console.print(table)
+
+
+# -- recovery: the dead-letter view, replay, resolve (specs/notifications.md N25-N29) -----------------
+@notify_app.command("dead-letters")
+def dead_letters_cmd(
+    limit: int = typer.Option(100, "--limit", min=1, help="At most this many, oldest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Dead letters (failed, awaiting an operator), each with what blocks its replay, if anything."""
+    integer("--limit", limit, low=1, high=INT32[1])
+
+    async def go(book: Book) -> list[dict[str, Any]]:
+        return await list_dead_letters(book, limit=limit)
+
+    rows = run(with_book(go)())
+    if as_json:
+        emit_json(rows)
+        return
+    from rich.table import Column, Table
+
+    table = Table(Column("id", no_wrap=True, min_width=32), "recipient", "cycle", "attempts", "failed (UTC)",
+                  "replay", "last error")
+    for r in rows:
+        replay = "ok" if r["replay_block_reason"] is None else (
+            r["replay_block_reason"] + (f" by {r['replay_blocked_by']}" if r["replay_blocked_by"] else ""))
+        table.add_row(r["id"], r["recipient"], str(r["cycle"]), str(r["attempts"]), format_time(r["updated_at"]),
+                      replay, (r["last_error"] or "")[:60])
+    console.print(table)
+
+
+@notify_app.command("replay")
+def replay_cmd(
+    notification_id: str = typer.Argument(..., metavar="ID"),
+    note: str = typer.Option(None, "--note", help="Why (kept in the replay's fact)."),
+) -> None:
+    """Replay a failed notification: a new delivery cycle, same id, its obligation taken back. Refused
+    (exit 2, with the reason and the blocker) while someone else holds the obligation."""
+    from .dispatch import operator
+
+    async def go(book: Book) -> Replayed:
+        return await replay_notification(book, notification_id, actor=operator(), note=note)
+
+    done = run(with_book(go)())
+    covered = f"; took over {', '.join(done.covered)}" if done.covered else ""
+    typer.echo(f"replayed {done.id} (cycle {done.cycle}){covered}")
+
+
+@notify_app.command("resolve")
+def resolve_cmd(
+    notification_id: str = typer.Argument(..., metavar="ID"),
+    reason: str = typer.Option(..., "--reason", help="Why the failure needs nothing more (audited)."),
+) -> None:
+    """Resolve a dead letter: it stays failed, leaves the dead-letter view, and the fact records who and why."""
+    from .dispatch import operator
+
+    async def go(book: Book) -> dict[str, Any]:
+        return await resolve_notification(book, notification_id, reason=reason, actor=operator())
+
+    row = run(with_book(go)())
+    typer.echo(f"resolved {row['id']} by {row['resolved_by']}")

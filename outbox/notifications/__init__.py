@@ -18,6 +18,7 @@ from .buckets import draw, ensure_bucket
 from .delivery import deliver_due_notifications
 from .errors import IdempotencyConflict, NotificationInvalid
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
+from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
 from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, RATE_BUCKET
 from .schema import channel_attempts, dedup_claims, notifications, rate_buckets
 from .worker import NotificationWorker
@@ -26,5 +27,6 @@ __all__ = [
     "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "DEDUP_CLAIM", "IdempotencyConflict", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
     "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome",
     "channel_attempts", "dedup_claims", "deliver_due_notifications", "draw", "ensure_bucket", "get_notification", "list_notifications", "notification_attempts", "notifications",
-    "rate_buckets", "send_notification",
+    "rate_buckets", "send_notification", "RecoveryRefused", "Replayed", "list_dead_letters", "replay_notification",
+    "resolve_notification",
 ]

@@ -291,9 +291,13 @@ async def notification_attempts(book: Book, notification_id: str) -> list[dict[s
 
 
 def _decoded(row: Any) -> dict[str, Any]:
+    return decoded(row._mapping)
+
+
+def decoded(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row as reads return it, with the canonical obligation's fields (N24): the owner (itself when
     it owns its obligation or has none) and the response fields part 3 fills."""
-    out = dict(row._mapping)
+    out = dict(row)
     out["dead_letter"] = bool(out["dead_letter"])
     out["obligation_owner_id"] = out["obligation_owner_id"] or out["id"]
     out.setdefault("effective_ack_status", None)

@@ -80,3 +80,25 @@ def test_unknown_ids_and_statuses_fail_in_one_line(db):
     assert invoke(db, "attempts", "0" * 32).exit_code == 2
     bad = invoke(db, "ls", "--status", "lost")
     assert bad.exit_code != 0 and "unknown status" in bad.output and "Traceback" not in bad.output
+
+
+def test_dead_letters_replay_and_resolve_from_the_command_line(db, monkeypatch):
+    """N26-N29: the dead-letter view lists the failure with a replayable status; replay starts cycle 2 and
+    empties the view; a second replay is refused in one line (exit 2) with its reason; resolve needs a
+    reason and records the operator ($USER)."""
+    monkeypatch.setenv("USER", "alice")
+    ids = seed(db)
+    dead = json.loads(invoke(db, "dead-letters", "--json").output)
+    assert [(r["id"], r["replay_block_reason"]) for r in dead] == [(ids["dead"], None)]
+    assert invoke(db, "dead-letters").exit_code == 0
+    replayed = invoke(db, "replay", ids["dead"], "--note", "pager fixed")
+    assert replayed.exit_code == 0 and "cycle 2" in replayed.output, replayed.output
+    assert json.loads(invoke(db, "dead-letters", "--json").output) == []
+    again = invoke(db, "replay", ids["dead"])
+    assert again.exit_code == 2 and "not_failed" in again.output and "Traceback" not in again.output
+    row = json.loads(invoke(db, "show", ids["dead"]).output)
+    assert (row["status"], row["cycle"], row["attempts"], row["cycle_attempts"]) == ("pending", 2, 3, 0)
+    missing_reason = invoke(db, "resolve", ids["ok"])
+    assert missing_reason.exit_code == 2
+    not_dead = invoke(db, "resolve", ids["ok"], "--reason", "fine")
+    assert not_dead.exit_code == 2 and "not an unresolved dead letter" in not_dead.output
