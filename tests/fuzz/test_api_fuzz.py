@@ -28,7 +28,8 @@ from statebook.scheduler import (
 )
 
 from statebook.outbox.notifications import (
-    draw, ensure_bucket, get_notification, list_notifications, notification_attempts, send_notification,
+    draw, ensure_bucket, get_notification, list_dead_letters, list_notifications, notification_attempts,
+    replay_notification, resolve_notification, send_notification,
 )
 
 from .strategies import Deep, Seed, bodies, ids, integers, json_values, numbers, texts, times, wrong_types
@@ -42,7 +43,7 @@ EXAMPLES = {
     "list_dispatches": 15, "purge_dispatches": 25, "apply_retention": 20, "deliver_due_dispatches": 20,
     "argv_transport": 40, "revival_heartbeat": 15, "worker_settings": 15,
     "create_schedule": 40, "schedule_by_ref": 20, "runs": 20,
-    "send_notification": 40, "notification_reads": 20, "rate_buckets": 20,
+    "send_notification": 40, "notification_reads": 20, "rate_buckets": 20, "notification_recovery": 20,
 }
 """Examples per surface (HYPOTHESIS_PROFILE=deep runs ten times as many)."""
 
@@ -428,6 +429,10 @@ notification_kwargs = st.fixed_dictionaries(
      "mode": st.one_of(texts("guaranteed", "best_effort", "GUARANTEED", "sometimes"), wrong_types()),
      "channels": st.one_of(st.lists(st.one_of(texts("slack", "email", "pagerduty", "websocket", "fax"),
                                               wrong_types()), max_size=5), wrong_types())},
+    optional={"principal": st.one_of(texts("svc", ""), wrong_types()), "source": st.one_of(texts("alerts"), wrong_types()),
+              "idempotency_key": maybe(st.one_of(texts("k1", "k2"), wrong_types())),
+              "dedup_key": maybe(st.one_of(texts("disk"), wrong_types())),
+              "dedup_window": maybe(numbers(0, 60, 300))},
 )
 
 
@@ -467,5 +472,20 @@ def test_rate_buckets(pair, channel, scope, capacity, refill, now):
         await ensure_bucket(book, channel, scope, capacity=capacity, refill_per_second=refill)
         async with book.begin() as tx:
             await draw(tx, channel, scope, now=now)
+
+    pair.check(call)
+
+
+@examples(EXAMPLES["notification_recovery"])
+@given(st.sampled_from(["replay", "resolve", "dead_letters"]), st.one_of(texts("0" * 32), wrong_types()), actors,
+       maybe(st.one_of(texts("fixed", ""), wrong_types())), integers(100, 1))
+def test_notification_recovery(pair, which, notification_id, who, words, limit):
+    async def call(book, r):
+        if which == "replay":
+            await replay_notification(book, r(notification_id), actor=actor(who), note=words)
+        elif which == "resolve":
+            await resolve_notification(book, r(notification_id), reason=words, actor=actor(who))
+        else:
+            await list_dead_letters(book, limit=limit)
 
     pair.check(call)
