@@ -235,6 +235,12 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
     return _won(what, outcome)
 
 
+async def _settled(book: Book, notification_id: str) -> bool:
+    t = notifications
+    async with book.read() as conn:
+        return (await conn.execute(sa.select(t.c.status).where(t.c.id == notification_id))).scalar() == "failed"
+
+
 async def _fail_owner(tx: Book, command: Command, head: Mapping[str, Any] | None, cid: str, *, now: float) -> bool:
     """An owner's failing transition and what it does to its obligation (:mod:`.ownership`), in ``tx``:
     the successor is chosen under lock first and recorded as ``dedup_successor_id``; the obligation's
@@ -263,19 +269,18 @@ async def claim_due(book: Book, *, now: float, limit: int, lease_seconds: float 
         for c in found:
             command, what = claim_command(c, now=now, lease_seconds=lease_seconds, duplicate_risk=c.id in risky)
             if not isinstance(what, Lease) and c.dedup_claim_id is not None:
-                # A failing owner: settled here with its obligation (the row is locked by this scan).
-                if await _fail_owner(tx, command, c.head, c.dedup_claim_id, now=now):
-                    settled[what] += 1
+                owners.append(c)  # settled after this transaction, claim row first (the ownership lock order)
                 continue
             planned.append(Planned(command, c.head, what))
         return planned
 
-    settled = dict.fromkeys(("dead_letter", "failed"), 0)
+    owners: list[Candidate] = []
     counts = dict.fromkeys(("claimed", "dead_letter", "failed"), 0)
     leases: list[Lease] = []
     done = await claim_set(book, SCAN, {"b_now": now, "b_limit": limit}, plan)
-    for key, value in settled.items():
-        counts[key] += value
+    for c in owners:
+        if await claim(book, c, now=now, lease_seconds=lease_seconds) is None and await _settled(book, c.id):
+            counts["dead_letter" if c.mode == Mode.GUARANTEED.value else "failed"] += 1
     for what, outcome in done:
         if not outcome.applied:
             continue
@@ -620,6 +625,8 @@ async def _finalize_owner(book: Book, lease: Lease, result: AttemptResult, comma
         if result.outcome != "delivered":
             applied = await _fail_owner(tx, command, lease.head, lease.dedup_claim_id, now=now)
         else:
+            # Every ownership change takes the claim's row lock first (intakes, failures, replays): so does this.
+            await ownership.lock(tx, lease.dedup_claim_id)
             seen = {lease.notification_id: lease.head} if lease.head is not None else None
             [outcome] = await apply_many(tx, [command], seen=seen)
             applied = outcome.applied

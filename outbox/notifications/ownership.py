@@ -59,6 +59,12 @@ async def _locked_claim(tx: Book, cid: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+async def lock(tx: Book, cid: str) -> dict[str, Any] | None:
+    """Take the claim's row lock in ``tx`` (the first lock of every ownership change, so that they
+    queue instead of deadlocking); the row, or None."""
+    return await _locked_claim(tx, cid)
+
+
 _CLAIM_BY_ID = sa.select(dedup_claims).where(dedup_claims.c.id == sa.bindparam("b_id", type_=sa.String))
 
 

@@ -268,3 +268,24 @@ class NotificationOwnershipCases:
         assert await claim_row(book) is None and await count(book, notifications) == 0
         owner = await send(book, dedup_key="disk")
         assert owner.obligation_owner_id == owner.id
+
+    async def test_an_owner_whose_last_lease_lapsed_elects_its_successor_at_the_next_claim(self, book: Book, clock):
+        """N20 (N2): the owner's worker died on its last attempt; the set claim that finds the lapsed lease
+        fails it (dead letter) and elects its follower, counted as a dead letter, claim row first."""
+        from statebook.outbox.notifications.delivery import claim, claim_due, scan_due
+
+        owner = await send(book, dedup_key="disk")
+        follower = await send(book, "again", dedup_key="disk")
+        for _ in range(3):  # three claims whose leases all lapse (the worker never records an outcome)
+            [candidate] = [c for c in await scan_due(book, now=clock.now()) if c.id == owner.id]
+            assert await claim(book, candidate, now=clock.now()) is not None
+            clock.advance(61)
+        leases, counts = await claim_due(book, now=clock.now(), limit=10)
+        assert (counts["dead_letter"], leases) == (1, [])
+        leases, _ = await claim_due(book, now=clock.now(), limit=10)  # the successor is due now
+        assert [lease.notification_id for lease in leases] == [follower.id]
+        old = await get_notification(book, owner.id)
+        assert (old["status"], old["dead_letter"], old["dedup_successor_id"]) == ("failed", True, follower.id)
+        claim_now = await claim_row(book)
+        assert (claim_now.owner_id, claim_now.generation) == (follower.id, 2)
+        await consistent(book, owner.id, follower.id)
