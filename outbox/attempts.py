@@ -168,11 +168,12 @@ _HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
 SCAN = (
     sa.select(*_columns(), *(dispatch_outbox.c[c] for c in _HEAD))
     .where(ACTIVE, dispatch_outbox.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
-    .order_by(dispatch_outbox.c.next_attempt_at, dispatch_outbox.c.id)
+    .order_by(dispatch_outbox.c.next_attempt_at, dispatch_outbox.c.created_at, dispatch_outbox.c.id)
     .limit(sa.bindparam("b_limit", type_=sa.Integer))
 )
 """The due-row scan with bound ``b_now``/``b_limit`` (one compiled shape), plus each row's chain head;
-served by ``idx_dispatch_outbox_due`` in (next_attempt_at, id) order (O11)."""
+served by ``idx_dispatch_outbox_due`` in (next_attempt_at, created_at, id) order: due time, then the
+event's time (a retry due with a fresh row goes first when its event is older), then id (O11)."""
 
 
 async def scan_heads(
@@ -221,7 +222,7 @@ def with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
 async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = False) -> list[Candidate]:
     """Due rows: pending or lease-lapsed delivering with ``next_attempt_at <= now``.
 
-    Ordered by (next_attempt_at, id), at most ``limit``; ``skip_locked`` as in :func:`scan_heads`
+    Ordered by (next_attempt_at, created_at, id), at most ``limit``; ``skip_locked`` as in :func:`scan_heads`
     (see :func:`statebook.outbox.delivery.claim_due`).
     """
     return [candidate for candidate, _ in await scan_heads(book, now=now, limit=limit, skip_locked=skip_locked)]

@@ -43,10 +43,11 @@ dispatch_outbox = managed_table(
         sqlite_where=sa.text("dedup_key IS NOT NULL"),
         postgresql_where=sa.text("dedup_key IS NOT NULL"),
     ),
-    # That design indexes (status, next_attempt_at); scans here order by (next_attempt_at, id), which that
-    # column order cannot serve (every scan would read and sort all due rows). Same name; partial on the
-    # lifecycle's active statuses, which contain the scan's (attempts.ACTIVE), so the planner can use it.
-    status_index("idx_dispatch_outbox_due", "next_attempt_at", "id", where="active"),
+    # That design indexes (status, next_attempt_at); scans here order by (next_attempt_at, created_at, id)
+    # — due time, then event time, then id — which that column order cannot serve (every scan would read
+    # and sort all due rows). Same name; partial on the lifecycle's active statuses, which contain the
+    # scan's (attempts.ACTIVE), so the planner can use it.
+    status_index("idx_dispatch_outbox_due", "next_attempt_at", "created_at", "id", where="active"),
     # list_dispatches (newest first) and retention / bulk purge (status, age) read these.
     sa.Index("idx_dispatch_outbox_created", "created_at", "id"),
     # Partial on settled statuses, so a planner never prefers it for the due scan.

@@ -62,7 +62,7 @@ def test_an_extended_builtin_registers_and_its_check_admits_the_new_status():
         ) in text
         assert "idx_dispatch_outbox_settled ON dispatch_outbox (status, updated_at) WHERE status IN " \
                "('delivered', 'acked', 'dead_letter', 'expired', 'cancelled')" in text
-        assert "idx_dispatch_outbox_due ON dispatch_outbox (next_attempt_at, id) WHERE status IN " \
+        assert "idx_dispatch_outbox_due ON dispatch_outbox (next_attempt_at, created_at, id) WHERE status IN " \
                "('pending', 'delivering')" in text
 
 

@@ -21,7 +21,7 @@ class DispatchScanCases:
     """This module's cases: mixed into OutboxConformance, so each backend runs them (tests/conformance)."""
 
     async def test_scans_are_ordered_by_due_time_then_id_and_bounded(self, book, clock):
-        """O11 (do-better 4): candidates come in (next_attempt_at, id) order — an older row retried
+        """O11 (do-better 4): candidates come in (next_attempt_at, created_at, id) order — an older row retried
         after backoff sorts after younger rows due earlier, equal due times sort by id — and a scan
         or a pass never takes more than its limit."""
         old = await enqueue_dispatch(book, kind="k", deliver_to="old")
@@ -41,6 +41,17 @@ class DispatchScanCases:
         assert counts["attempted"] == 3
         assert rec.ids() == expected[:3]
         assert (await row(book, old))["status"] == "pending"
+
+    async def test_equal_due_times_go_by_event_time_before_id(self, book, clock):
+        """O11 (N36): a retry due at the very time fresh rows arrive goes before them, whatever the ids:
+        the scan orders by due time, then event time (created_at), then id."""
+        old = await enqueue_dispatch(book, kind="k", deliver_to="old")
+        await deliver_due_dispatches(book, transport=Recorder(outcome=failing()).transport)
+        due = (await row(book, old))["next_attempt_at"]
+        clock.advance(due - clock.now())
+        fresh = [await enqueue_dispatch(book, kind="k", deliver_to=f"new-{n}") for n in range(30)]
+        assert any(f < old for f in fresh)  # by id alone, some fresh row would go first
+        assert [c.dispatch_id for c in await scan(book, now=clock.now())] == [old, *sorted(fresh)]
 
     async def test_concurrent_passes_count_only_the_claims_they_won(self, book, db_url, clock):
         """O11, O12 (do-better 4): two passes on separate connections over the same due rows: each row

@@ -201,12 +201,12 @@ class OutboxMachine(RuleBasedStateMachine):
         self.do_scan(self.pick(data, "idle"), limit)
 
     def do_scan(self, c: Claimant, limit: int) -> None:
-        """O11: exactly the due pending/delivering rows, ordered by (next_attempt_at, id), capped."""
+        """O11: exactly the due pending/delivering rows, ordered by (next_attempt_at, created_at, id), capped."""
         now, rows = self.clock.now(), self.before().rows
         c.candidates = self.run(scan(self.book, now=now, limit=limit))
-        due = sorted((r["next_attempt_at"], i) for i, r in rows.items()
+        due = sorted((r["next_attempt_at"], r["created_at"], i) for i, r in rows.items()
                      if r["status"] in LIVE and r["next_attempt_at"] <= now)
-        assert [x.dispatch_id for x in c.candidates] == [i for _, i in due[:limit]]
+        assert [x.dispatch_id for x in c.candidates] == [i for _, _, i in due[:limit]]
         c.phase = "scanned" if c.candidates else "idle"
 
     @precondition(lambda self: any(c.phase == "scanned" for c in self.claimants))
