@@ -37,8 +37,6 @@ class PassWorker:
 
     def __init__(self, book: Book, *, tick_seconds: float, extra_wakeups: AsyncIterable[Any] | None = None) -> None:
         self.book = book
-        # Our own claims and finalizations must not wake us: write through a book without hooks.
-        self._own = dataclasses.replace(book, on_commit=[])
         self.tick_seconds = tick_seconds
         self.extra_wakeups = extra_wakeups
         self.passes = 0
@@ -48,6 +46,14 @@ class PassWorker:
         self._wake = asyncio.Event()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def _own(self) -> Book:
+        """The book this worker writes through: its own commits do not wake it, but they wake the other
+        workers of the same book (a delivery that starts a response wakes the timeout pass; a timeout that
+        enqueues its callback wakes the dispatch worker)."""
+        hooks = [hook for hook in self.book.on_commit if hook != self._on_commit]
+        return dataclasses.replace(self.book, on_commit=hooks)
 
     # -- what a kind of worker gives -------------------------------------------------------------
     async def run_pass(self) -> dict[str, int]:

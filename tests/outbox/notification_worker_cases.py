@@ -61,3 +61,44 @@ class NotificationWorkerCases:
         async with book.begin() as tx:
             with pytest.raises(NotificationInvalid, match="unbound"):
                 NotificationWorker(tx, {})
+
+    async def test_a_worker_s_writes_wake_the_other_workers_of_its_book_not_itself(self, book: Book, clock):
+        """N11, N35: the delivery that starts a response wakes the idle timeout worker (tick 30 s) at commit;
+        the timeout worker's pass, once the deadline passed, wakes the dispatch worker that sends the
+        callback; no worker is woken by its own writes."""
+        from statebook.outbox import DeliveryWorker
+        from statebook.outbox.notifications import (
+            CallbackTransport, ResponseTimeoutWorker, get_response, register_timeout_callback,
+            unregister_timeout_callback,
+        )
+
+        calls = []
+
+        async def page(event):
+            calls.append(event)
+
+        register_timeout_callback("wake-test", page)
+        delivering = NotificationWorker(book, {"email": ScriptedChannel("email", ["success"])}, tick_seconds=30,
+                                        deadline=2)
+        timeouts = ResponseTimeoutWorker(book, tick_seconds=30)
+        dispatches = DeliveryWorker(book, CallbackTransport(), tick_seconds=30)
+        workers = [delivering, timeouts, dispatches]
+        tasks = [asyncio.create_task(w.run_until_stopped()) for w in workers]
+        try:
+            for w in workers:
+                await asyncio.wait_for(w.idle.wait(), 5)
+            accepted = await send_notification(book, recipient="ops", content={"text": "x"}, mode="guaranteed",
+                                               channels=["email"], response_timeout=60, timeout_callback="wake-test")
+            await until(lambda: timeouts.wakeups >= 1)
+            assert (await get_response(book, accepted.id))["status"] == "pending"
+            assert delivering.wakeups == 1  # the intake only: its own delivery did not wake it
+            clock.advance(60)
+            timeouts.wake()  # the fake clock moved: the real sleep until the deadline is still running
+            await until(lambda: calls != [])
+            assert [c["notification_id"] for c in calls] == [accepted.id]
+            assert timeouts.totals["timed_out"] == 1 and dispatches.wakeups >= 1
+        finally:
+            unregister_timeout_callback("wake-test")
+            for w in workers:
+                w.stop()
+            await asyncio.wait_for(asyncio.gather(*tasks), 10)
