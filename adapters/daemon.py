@@ -23,8 +23,12 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Book, Registry, history, verify
 from statebook.lifecycle.errors import InvalidArgument
-from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, dispatch_outbox
-from statebook.outbox.notifications import Channel, NotificationInvalid, NotificationWorker, notifications
+from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, RoutingTransport, dispatch_outbox
+from statebook.outbox.notifications import (
+    CallbackTransport, Channel, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker, notifications,
+    register_timeout_callback,
+)
+from statebook.outbox.notifications.responses import CALLBACK_PREFIX
 from statebook.outbox.notifications.policy import NOTIFY_CHANNEL as NOTIFICATION_CHANNEL
 from statebook.outbox.notifications.worker import check_adapters
 from statebook.scheduler.engine import SchedulerEngine
@@ -109,8 +113,11 @@ class Delivery(_InTask):
         d, r = settings.dispatch, settings.retention
         wakeups = listen(book) if book.dialect == "postgresql" else None
         retention = Retention(r.delivered_days, r.failed_days) if r.enabled else None
+        # Timeout callbacks (routes callback:<name>) run in process; every other route runs the argv template.
+        transport = RoutingTransport({CALLBACK_PREFIX: CallbackTransport()},
+                                     ArgvTransport(d.notify_template, d.transport_timeout_seconds))
         self.worker = DeliveryWorker(
-            book, ArgvTransport(d.notify_template, d.transport_timeout_seconds), batch_size=d.batch_size,
+            book, transport, batch_size=d.batch_size,
             concurrency=d.concurrency, tick_seconds=settings.scheduler.tick_seconds, retention=retention,
             extra_wakeups=wakeups,
         )
@@ -140,6 +147,30 @@ def load_channels(specs: dict[str, str]) -> dict[str, Channel]:
         return check_adapters(found)
     except NotificationInvalid as exc:
         raise ConfigError(f"notifications.channels: {exc}") from None
+
+
+def load_callbacks(specs: dict[str, str]) -> None:
+    """Register the host callbacks ``[notifications] callbacks`` names (``module:attr``, an async def);
+    ConfigError, in one line, when one cannot be loaded or is not an async def."""
+    for name, spec in specs.items():
+        module_name, _, attr = spec.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                target = getattr(target, part)
+            register_timeout_callback(name, target)
+        except Exception as exc:
+            raise ConfigError(f"notifications.callbacks.{name}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+
+
+class ResponseTimeouts(_InTask):
+    """The response timeout pass in a task of its own, beside notification delivery."""
+
+    task_name = "statebook-response-timeouts"
+
+    def __init__(self, book: Book, settings: Settings) -> None:
+        self.worker = ResponseTimeoutWorker(book, batch_size=settings.notifications.batch_size,
+                                            tick_seconds=settings.scheduler.tick_seconds)
 
 
 class NotificationDelivery(_InTask):
@@ -204,14 +235,16 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
         daemon_id = new_daemon_id()
         leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
         await seed_schedules(book, settings)
+        load_callbacks(settings.notifications.callbacks)
         delivery = Delivery(book, settings)
-        notifying = None
+        notifying: list[_InTask] = []
         if settings.notifications.channels:
-            missing = [t for t in ("notification", "channel_attempt", "rate_bucket") if t not in registry]
+            missing = [t for t in ("notification", "channel_attempt", "rate_bucket", "notification_response")
+                       if t not in registry]
             if missing:
                 raise ConfigError(f"notifications.channels are set, but the registry lacks {', '.join(missing)}; "
                                   "start it from builtin_registry(seal=False)")
-            notifying = NotificationDelivery(book, settings)
+            notifying = [NotificationDelivery(book, settings), ResponseTimeouts(book, settings)]
         engine = SchedulerEngine(book, settings, leader=leader, daemon_id=daemon_id,
                                  poller=GitHubPoller.from_settings(settings.scheduler))
         if tty:
@@ -224,17 +257,17 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                  settings.scheduler.tick_seconds, settings.scheduler.max_concurrent)
         await engine.start()
         delivery.start()
-        if notifying is not None:
-            notifying.start()
+        for part in notifying:
+            part.start()
         try:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), run_for)
         finally:
             log.info("stopping: cancelling in-flight runs and delivery")
             await engine.stop()
-            await delivery.stop()
-            if notifying is not None:
-                await notifying.stop()
+            for part in notifying:
+                await part.stop()
+            await delivery.stop()  # after the timeout pass: the callbacks it enqueued on the way out are sent
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             if tty:

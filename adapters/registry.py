@@ -12,7 +12,9 @@ from typing import Any
 
 from statebook.lifecycle import Registry, StatebookError
 from statebook.outbox import DISPATCH
-from statebook.outbox.notifications import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, RATE_BUCKET
+from statebook.outbox.notifications import (
+    CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET,
+)
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 from .errors import ConfigError
@@ -23,11 +25,12 @@ BUILTIN_TYPES = (DISPATCH.entity_type, SCHEDULE.entity_type, SCHEDULE_RUN.entity
 
 def builtin_registry(*, seal: bool = True) -> Registry:
     """A registry holding ``dispatch``, ``schedule``, ``schedule_run`` and the notifications' ``notification``,
-    ``channel_attempt`` and ``rate_bucket``.
+    ``channel_attempt``, ``dedup_claim``, ``rate_bucket`` and ``notification_response``.
 
     Pass ``seal=False`` to register or extend lifecycles before sealing it yourself.
     """
-    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, DEDUP_CLAIM, RATE_BUCKET])
+    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, DEDUP_CLAIM, RATE_BUCKET,
+                         NOTIFICATION_RESPONSE])
     return registry.seal() if seal else registry
 
 

@@ -133,6 +133,20 @@ class NotificationSettings(_Section):
     """channel name (slack, email, pagerduty, websocket) -> ``module:attr`` naming its adapter (a Channel, or
     a callable returning one); ``statebook run`` delivers notifications only when at least one is named"""
 
+    callbacks: dict[str, str] = {}
+    """timeout callback name -> ``module:attr`` naming the host's ``async def (event)``: registered by
+    ``statebook run`` before anything runs (specs/notifications.md N36-N38)"""
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks_are_named(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, spec in value.items():
+            if not name.strip():
+                raise ValueError("a timeout callback needs a name")
+            if ":" not in spec or not all(p.strip() for p in spec.split(":", 1)):
+                raise ValueError(f"callback {name!r}: expected module:attr naming an async def, not {spec!r}")
+        return value
+
     @field_validator("channels")
     @classmethod
     def _channels_are_named_adapters(cls, value: dict[str, str]) -> dict[str, str]:

@@ -18,12 +18,12 @@ from .errors import AckRejected, DispatchInvalid
 from .policy import DISPATCH
 from .schema import dispatch_outbox
 from .signal import DispatchSignal, Signal
-from .transport import ArgvTransport, CallableTransport, Transport, TransportResult
+from .transport import ArgvTransport, CallableTransport, RoutingTransport, Transport, TransportResult
 from .worker import DeliveryWorker, Retention
 
 __all__ = [
     "DISPATCH", "AckRejected", "ArgvTransport", "CallableTransport", "DeliveryWorker", "DispatchInvalid",
-    "DispatchLimits", "DispatchSignal", "Retention", "Signal", "Transport", "TransportResult", "ack_dispatch",
+    "DispatchLimits", "DispatchSignal", "Retention", "RoutingTransport", "Signal", "Transport", "TransportResult", "ack_dispatch",
     "apply_retention", "deliver_due_dispatches", "dispatch_limits", "dispatch_outbox", "enqueue_dispatch",
     "enqueue_dispatches", "enqueue_revival_heartbeat", "get_dispatch", "list_dispatches", "purge_dispatch",
     "purge_dispatches", "retry_dispatch",

@@ -221,3 +221,35 @@ class CallableTransport:
         if value is False:
             return TransportResult.failed("the transport reported failure")
         return TransportResult.failed(f"the transport returned {value!r}; expected a TransportResult or a bool")
+
+
+class RoutingTransport:
+    """Sends each route through the transport of the first prefix it starts with, else ``default``.
+
+    The daemon routes ``callback:<name>`` to the notifications' in-process callbacks and everything else
+    to its argv transport. Its ``timeout`` is the longest of its transports' (claims lease for it).
+
+    >>> RoutingTransport({"callback:": CallbackTransport()}, ArgvTransport(["true", "{deliver_to}"]))  # doctest: +SKIP
+    """
+
+    def __init__(self, routes: Mapping[str, Transport], default: Transport) -> None:
+        if not isinstance(routes, Mapping) or not all(isinstance(p, str) and p for p in routes):
+            raise DispatchInvalid("routes: expected a mapping of non-empty route prefixes to transports",
+                                  argument="routes", rule="type")
+        for transport in (*routes.values(), default):
+            checks.transport_arg(transport)
+        self.routes = dict(routes)
+        self.default = default
+        self.timeout = max(send_timeout(t) for t in (*self.routes.values(), default))
+
+    def __repr__(self) -> str:
+        return f"RoutingTransport({self.routes!r}, default={self.default!r})"
+
+    def _for(self, deliver_to: str) -> Transport:
+        for prefix, transport in self.routes.items():
+            if deliver_to.startswith(prefix):
+                return transport
+        return self.default
+
+    async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        return await self._for(deliver_to).send(deliver_to, payload)

@@ -9,10 +9,10 @@ from typing import Any
 
 import typer
 
-from statebook.lifecycle import Book
+from statebook.lifecycle import Actor, Book
 from statebook.lifecycle.inputs import INT32, integer
 from statebook.outbox.notifications import (
-    Replayed, get_notification, list_dead_letters, list_notifications, notification_attempts, replay_notification,
+    Replayed, ack_notification, dismiss_notification, get_response, timeout_callbacks, get_notification, list_dead_letters, list_notifications, notification_attempts, replay_notification,
     resolve_notification,
 )
 from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
@@ -66,13 +66,17 @@ def show_cmd(notification_id: str = typer.Argument(..., metavar="ID")) -> None:
     async def go(book: Book) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         return await _both(book, notification_id)
 
+    async def extra(book: Book) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        return await get_response(book, notification_id), await timeout_callbacks(book, notification_id)
+
     row, attempts = run(with_book(go)())
     if row is None:
         raise fail(f"notification {notification_id} does not exist")
+    response, callbacks = run(with_book(extra)())
     cycles: dict[str, list[dict[str, Any]]] = {}
     for a in attempts:
         cycles.setdefault(str(a["cycle"]), []).append(a)
-    emit_json({**row, "attempts_by_cycle": cycles})
+    emit_json({**row, "attempts_by_cycle": cycles, "response": response, "callbacks": callbacks})
 
 
 @notify_app.command("attempts")
@@ -161,3 +165,39 @@ def resolve_cmd(
 
     row = run(with_book(go)())
     typer.echo(f"resolved {row['id']} by {row['resolved_by']}")
+
+
+# -- responses: acknowledge, dismiss (specs/notifications.md N31-N39) ------------------------------------
+def _answer(notification_id: str, actor: str, note: str | None, target: str) -> None:
+    try:
+        who = Actor.parse(actor)
+    except ValueError as exc:
+        raise fail(f"--actor: {exc}") from None
+
+    async def go(book: Book) -> dict[str, Any]:
+        answer = ack_notification if target == "acked" else dismiss_notification
+        return await answer(book, notification_id, actor=who, note=note)
+
+    response = run(with_book(go)())
+    typer.echo(f"{response['status']} {response['id']} by {response['responder']}")
+
+
+@notify_app.command("ack")
+def ack_cmd(
+    notification_id: str = typer.Argument(..., metavar="ID"),
+    actor: str = typer.Option(..., "--actor", help="Who acknowledges, as type:id (e.g. operator:alice)."),
+    note: str = typer.Option(None, "--note", help="Kept with the answer."),
+) -> None:
+    """Acknowledge a delivered notification (a follower's answers its owner). Asking again as the same
+    actor prints the original answer; another answer already recorded is refused (exit 2)."""
+    _answer(notification_id, actor, note, "acked")
+
+
+@notify_app.command("dismiss")
+def dismiss_cmd(
+    notification_id: str = typer.Argument(..., metavar="ID"),
+    actor: str = typer.Option(..., "--actor", help="Who dismisses, as type:id (e.g. operator:alice)."),
+    note: str = typer.Option(None, "--note", help="Kept with the answer."),
+) -> None:
+    """Dismiss a delivered notification; the same rules as ``ack``."""
+    _answer(notification_id, actor, note, "dismissed")

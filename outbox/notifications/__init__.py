@@ -19,14 +19,20 @@ from .delivery import deliver_due_notifications
 from .errors import IdempotencyConflict, NotificationInvalid
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
-from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, RATE_BUCKET
+from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET
+from .responses import (
+    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses, get_response,
+    register_timeout_callback, timeout_callbacks, unregister_timeout_callback,
+)
 from .schema import channel_attempts, dedup_claims, notifications, rate_buckets
-from .worker import NotificationWorker
+from .worker import NotificationWorker, ResponseTimeoutWorker
 
 __all__ = [
     "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "DEDUP_CLAIM", "IdempotencyConflict", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
     "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome",
     "channel_attempts", "dedup_claims", "deliver_due_notifications", "draw", "ensure_bucket", "get_notification", "list_notifications", "notification_attempts", "notifications",
     "rate_buckets", "send_notification", "RecoveryRefused", "Replayed", "list_dead_letters", "replay_notification",
-    "resolve_notification",
+    "resolve_notification", "NOTIFICATION_RESPONSE", "CallbackTransport", "ResponseConflict", "ack_notification",
+    "dismiss_notification", "expire_responses", "get_response", "register_timeout_callback",
+    "unregister_timeout_callback", "ResponseTimeoutWorker", "timeout_callbacks",
 ]

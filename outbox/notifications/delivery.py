@@ -39,7 +39,7 @@ from .buckets import draw
 from .channels import (
     EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
 )
-from . import ownership
+from . import ownership, responses
 from .errors import NotificationInvalid
 from .policy import RESULT_REASONS, STARTED_REASON
 from .schema import channel_attempts, notifications
@@ -86,6 +86,8 @@ class Candidate:
     last_fact_id: str
     chain_hash: str
     dedup_claim_id: str | None = None
+    response_timeout: float | None = None
+    timeout_callback: str | None = None
 
     @property
     def head(self) -> dict[str, Any]:
@@ -122,6 +124,9 @@ class Lease:
     against it instead of reading the row again (``apply_many(seen=)``; the compare-and-set decides)."""
     dedup_claim_id: str | None = None
     """The semantic obligation this notification owns (:mod:`.ownership`), or None."""
+    response_timeout: float | None = None
+    """Seconds a human has to answer once it is delivered (:mod:`.responses`), or None."""
+    timeout_callback: str | None = None
 
 
 Outcome = Literal["delivered", "retry", "dead_letter", "failed", "rate_limited"]
@@ -152,7 +157,7 @@ class AttemptResult:
 # -- scan and claim -------------------------------------------------------------------------------
 _COLUMNS = ("id", "status", "claim_id", "lease_until", "cycle", "attempts", "cycle_attempts", "max_cycle_attempts",
             "mode", "channels", "recipient", "content", "next_attempt_at", "version", "last_fact_id", "chain_hash",
-            "dedup_claim_id")
+            "dedup_claim_id", "response_timeout", "timeout_callback")
 SCAN = (
     sa.select(*(notifications.c[c] for c in _COLUMNS))
     .where(ACTIVE, notifications.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
@@ -202,7 +207,8 @@ def claim_command(c: Candidate, *, now: float, lease_seconds: float, duplicate_r
     patch = {"claim_id": token, "lease_until": until, "next_attempt_at": until, "attempts": c.attempts + 1,
              "cycle_attempts": c.cycle_attempts + 1}
     lease = Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
-                  c.channels, c.recipient, c.content, duplicate_risk=duplicate_risk, dedup_claim_id=c.dedup_claim_id)
+                  c.channels, c.recipient, c.content, duplicate_risk=duplicate_risk, dedup_claim_id=c.dedup_claim_id,
+                  response_timeout=c.response_timeout, timeout_callback=c.timeout_callback)
     return _command(c, "pending", code, summary, patch), lease
 
 
@@ -610,28 +616,43 @@ async def finalize(book: Book, lease: Lease, result: AttemptResult, *, now: floa
     """Record what the attempt came to as ONE transition fenced by the claim token: the outcome, or
     ``conflict`` (the claim is no longer this lease's: nothing written)."""
     command = finalize_command(lease, result, now=now)
-    if lease.dedup_claim_id is not None and result.outcome in ("delivered", "dead_letter", "failed"):
+    if _alone(lease, result):
         return await _finalize_owner(book, lease, result, command, now=now)
     seen = {lease.notification_id: lease.head} if lease.head is not None else None
     [outcome] = await apply_many(book, [command], seen=seen)
     return result.outcome if outcome.applied else "conflict"  # type: ignore[return-value]
 
 
+def _alone(lease: Lease, result: AttemptResult) -> bool:
+    """Whether this finalization writes more than the notification (its obligation's changes, or the
+    response a delivery starts), so that it runs in a transaction of its own, not in a group."""
+    if lease.dedup_claim_id is not None and result.outcome in ("delivered", "dead_letter", "failed"):
+        return True
+    return lease.response_timeout is not None and result.outcome == "delivered"
+
+
 async def _finalize_owner(book: Book, lease: Lease, result: AttemptResult, command: Command, *, now: float) -> str:
-    """An owner's terminal outcome with its obligation's, in ONE transaction: delivered satisfies its
-    followers; failed elects a successor (:mod:`.ownership`)."""
-    assert lease.dedup_claim_id is not None and result.outcome is not None
+    """A terminal outcome with what it causes, in ONE transaction: a delivery satisfies the owner's
+    followers (:mod:`.ownership`) and starts the response it expects (:mod:`.responses`); a failure
+    elects a successor."""
+    assert result.outcome is not None
+    cid = lease.dedup_claim_id
     async with book.begin() as tx:
         if result.outcome != "delivered":
-            applied = await _fail_owner(tx, command, lease.head, lease.dedup_claim_id, now=now)
+            assert cid is not None
+            applied = await _fail_owner(tx, command, lease.head, cid, now=now)
         else:
-            # Every ownership change takes the claim's row lock first (intakes, failures, replays): so does this.
-            await ownership.lock(tx, lease.dedup_claim_id)
+            if cid is not None:
+                # Every ownership change takes the claim's row lock first (intakes, failures, replays): so does this.
+                await ownership.lock(tx, cid)
             seen = {lease.notification_id: lease.head} if lease.head is not None else None
             [outcome] = await apply_many(tx, [command], seen=seen)
             applied = outcome.applied
-            if applied:
-                await ownership.owner_delivered(tx, owner_id=lease.notification_id, cid=lease.dedup_claim_id, now=now)
+            if applied and cid is not None:
+                await ownership.owner_delivered(tx, owner_id=lease.notification_id, cid=cid, now=now)
+            if applied and lease.response_timeout is not None:
+                await responses.start_response(tx, lease.notification_id, timeout=lease.response_timeout,
+                                               callback=lease.timeout_callback, now=now)
     return result.outcome if applied else "conflict"
 
 
@@ -639,8 +660,7 @@ async def finalize_all(book: Book, done: list[tuple[Lease, AttemptResult]], *, n
     """:func:`finalize` for several attempts (distinct notifications) in one transaction, one
     transition each; None where the outcome could not be written (the claim lapses and a later pass
     takes the notification again)."""
-    owners = [i for i, (lease, result) in enumerate(done)
-              if lease.dedup_claim_id is not None and result.outcome in ("delivered", "dead_letter", "failed")]
+    owners = [i for i, (lease, result) in enumerate(done) if _alone(lease, result)]
     plain = [item for i, item in enumerate(done) if i not in set(owners)]
     planned = [(finalize_command(lease, result, now=now), lease.head) for lease, result in plain]
     applied = iter(await record_set(book, planned) if planned else [])

@@ -21,7 +21,8 @@ from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, t
 from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
 from .errors import IdempotencyConflict, checked, refused
-from .schema import channel_attempts, notifications
+from .responses import check_timeout
+from .schema import channel_attempts, notification_responses, notifications
 
 INTAKE_ACTOR = Actor("system", "send_notification")
 CYCLE_ATTEMPTS = 3
@@ -105,6 +106,8 @@ async def send_notification(
     idempotency_key: str | None = None,
     dedup_key: str | None = None,
     dedup_window: float | None = None,
+    response_timeout: float | None = None,
+    timeout_callback: str | None = None,
 ) -> Accepted:
     """Accept a notification: ONE creation through the engine (row and fact), ``pending`` and due now.
 
@@ -117,6 +120,8 @@ async def send_notification(
     ``dedup_key`` counts the notification under the semantic obligation (recipient, key, mode) for
     ``dedup_window`` seconds (default 300): it becomes the obligation's owner, a follower of a live
     owner, or ``deduplicated`` at once inside a delivered owner's window (:mod:`.ownership`).
+    ``response_timeout`` (seconds) makes the first delivery start a response a human answers
+    (:mod:`.responses`); ``timeout_callback`` names the registered host callback its timeout invokes.
     """
     book = _book(book)
     checked(text, "recipient", recipient, max_chars=KEY_CHARS, empty=False)
@@ -138,9 +143,15 @@ async def send_notification(
             number, "dedup_window", dedup_window, low=0.0, high=MAX_WINDOW_SECONDS)
     elif dedup_window is not None:
         raise refused("dedup_window", "needs", "a dedup window needs a dedup_key")
+    timeout = check_timeout(response_timeout)
+    if timeout_callback is not None:
+        checked(text, "timeout_callback", timeout_callback, max_chars=KEY_CHARS, empty=False)
+        if timeout is None:
+            raise refused("timeout_callback", "needs", "a timeout callback needs a response_timeout")
     now = book.clock.now()
     request = {"recipient": recipient, "content": dict(content), "mode": chosen.value, "channels": list(order),
-               "dedup_key": dedup_key, "dedup_window": window}
+               "dedup_key": dedup_key, "dedup_window": window, "response_timeout": timeout,
+               "timeout_callback": timeout_callback}
     values = {
         "id": new_id(), **request, "cycle": 1, "attempts": 0, "cycle_attempts": 0,
         "max_cycle_attempts": CYCLE_ATTEMPTS, "dead_letter": 0, "next_attempt_at": now, "claim_id": None,
@@ -251,7 +262,7 @@ async def get_notification(book: Book, notification_id: str) -> dict[str, Any] |
     t = notifications
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t).where(t.c.id == notification_id))).first()
-    return None if row is None else _decoded(row)
+    return None if row is None else (await _with_responses(book, [_decoded(row)]))[0]
 
 
 async def list_notifications(
@@ -275,7 +286,24 @@ async def list_notifications(
         query = query.where(t.c.dead_letter == (1 if dead_letter else 0))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
-    return [_decoded(r) for r in rows]
+    return await _with_responses(book, [_decoded(r) for r in rows])
+
+
+async def _with_responses(book: Book, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fill each row's response fields from its canonical obligation's response (N24, N34): its own, or
+    its owner's for a follower (``ack_inherited``)."""
+    wanted = sorted({r["obligation_owner_id"] for r in rows})
+    found: dict[str, str] = {}
+    t = notification_responses
+    async with book.read() as conn:
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            found.update({r.id: r.status for r in await conn.execute(sa.select(t.c.id, t.c.status).where(t.c.id.in_(chunk)))})
+    for r in rows:
+        status = found.get(r["obligation_owner_id"])
+        r["effective_ack_status"] = status
+        r["ack_inherited"] = status is not None and r["obligation_owner_id"] != r["id"]
+    return rows
 
 
 async def notification_attempts(book: Book, notification_id: str) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from statebook.lifecycle import Lifecycle, edges
 
-from .schema import channel_attempts, dedup_claims, notifications, rate_buckets
+from .schema import channel_attempts, dedup_claims, notification_responses, notifications, rate_buckets
 
 NOTIFY_CHANNEL = "statebook_notification"
 """PostgreSQL channel NOTIFYed when a notification is accepted (worker wake-ups)."""
@@ -101,6 +101,35 @@ CHANNEL_ATTEMPT = Lifecycle(
     same_status="edge",
     description="One channel observation of a notification attempt: started at the provider's send "
                 "admission, then its one result; made under the lease it names.",
+    accepts=(),
+)
+
+RESPONSE_STATUSES = ("pending", "acked", "dismissed", "timed_out")
+RESPONSE_REASONS = frozenset({
+    "notification_response.pending.delivered",   # the first qualifying delivery starts the deadline
+    "notification_response.acked.responder",      # a human acknowledged it
+    "notification_response.dismissed.responder",  # a human dismissed it
+    "notification_response.timed_out.deadline",   # nobody answered before the deadline
+    "notification_response.purged.retention",
+})
+
+NOTIFICATION_RESPONSE = Lifecycle(
+    entity_type="notification_response",
+    table=notification_responses,
+    statuses=RESPONSE_STATUSES,
+    initial={"pending"},
+    terminal={"acked", "dismissed", "timed_out"},
+    edges=(
+        *edges("pending", "acked", "dismissed", patch=("responder", "responded_at")),
+        *edges("pending", "timed_out", patch=("responded_at",)),
+    ),
+    patch_fields={"responder", "responded_at", "note"},
+    reason_prefixes={"notification_response"},
+    reasons=RESPONSE_REASONS,
+    same_status="edge",
+    description="A human's answer to a delivered notification: acknowledged, dismissed, or timed out at its "
+                "deadline (which starts at the first qualifying delivery); a timeout enqueues its host callback "
+                "(a dispatch, dedup key timeout:<id>) in the same transaction.",
     accepts=(),
 )
 

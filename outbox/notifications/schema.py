@@ -54,6 +54,10 @@ notifications = managed_table(
     sa.Column("resolved_by", sa.Text, nullable=True),
     sa.Column("resolution", sa.Text, nullable=True),
     sa.Column("replayed_in", sa.String(32), nullable=True),
+    # Response (part 3): how long a human has to answer once it is first delivered, and the host callback
+    # a timeout invokes (a name registered with register_timeout_callback); NULL: no response expected.
+    sa.Column("response_timeout", sa.Float, nullable=True),
+    sa.Column("timeout_callback", sa.Text, nullable=True),
     # The due scan: (due time, id) order over the statuses a worker claims from.
     status_index("ix_notifications_due", "next_attempt_at", "id", where="active"),
     # Newest first for listing; the dead-letter view and retention read settled rows by age.
@@ -84,6 +88,20 @@ channel_attempts = managed_table(
     sa.Column("ended_at", sa.Float, nullable=True),
     # A notification's attempts, cycle by cycle, in the order they were made.
     sa.Index("ix_channel_attempts_notification", "notification_id", "cycle", "attempt", "position"),
+)
+
+notification_responses = managed_table(
+    "notification_responses",
+    # The notification's own id: one response per notification that expects one.
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("started_at", sa.Float, nullable=False),  # the first qualifying delivery
+    sa.Column("due_at", sa.Float, nullable=False),  # started_at + the notification's response_timeout
+    sa.Column("timeout_callback", sa.Text, nullable=True),
+    sa.Column("responder", sa.Text, nullable=True),  # "type:id" of the actor who answered (acked, dismissed)
+    sa.Column("responded_at", sa.Float, nullable=True),  # the answer's or the timeout's time
+    sa.Column("note", sa.Text, nullable=True),
+    # The timeout pass: pending responses by deadline, then id.
+    status_index("ix_notification_responses_due", "due_at", "id", where="active"),
 )
 
 dedup_claims = managed_table(

@@ -21,6 +21,7 @@ from statebook.outbox.passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, Pass
 from .channels import CHANNEL_NAMES, Channel
 from .delivery import ACTIVE, COUNTERS, DEADLINE_SECONDS, LEASE_SECONDS, deliver_due_notifications
 from .errors import NotificationInvalid
+from .responses import expire_responses, next_timeout
 from .schema import notifications
 
 
@@ -101,4 +102,42 @@ class NotificationWorker(PassWorker):
         delay = earliest - self.book.clock.now()
         if delay <= 0:
             return 0.0 if counts["claimed"] else MIN_PAUSE_SECONDS
+        return min(delay, self.tick_seconds)
+
+
+class ResponseTimeoutWorker(PassWorker):
+    """The response timeout pass (:func:`~.responses.expire_responses`), on its own loop: separate from
+    delivery and callback batches (N35). Sleeps until the earliest pending deadline, at most the tick;
+    a response started through the same book wakes it at commit."""
+
+    entity_types = frozenset({"notification_response"})
+    name = "response timeouts"
+
+    def __init__(self, book: Book, *, batch_size: int = 100, tick_seconds: float = 30.0,
+                 extra_wakeups: AsyncIterable[Any] | None = None) -> None:
+        if not isinstance(book, Book) or book.conn is not None:
+            raise NotificationInvalid("book: a ResponseTimeoutWorker needs an unbound statebook Book",
+                                      argument="book", rule="bound")
+        super().__init__(book, tick_seconds=tick_seconds, extra_wakeups=extra_wakeups)
+        self.batch_size = batch_size
+        self.totals = {"timed_out": 0, "callbacks": 0}
+
+    async def run_pass(self) -> dict[str, int]:
+        counts = await expire_responses(self._own, limit=self.batch_size)
+        for key, value in counts.items():
+            self.totals[key] += value
+        self.passes += 1
+        return counts
+
+    async def next_delay(self, counts: dict[str, int] | None) -> float:
+        if counts is None:
+            return min(self.tick_seconds, ERROR_PAUSE_SECONDS)
+        if counts["timed_out"] >= self.batch_size:
+            return 0.0
+        earliest = await next_timeout(self._own)
+        if earliest is None:
+            return self.tick_seconds
+        delay = earliest - self.book.clock.now()
+        if delay <= 0:  # due but not expired by this pass: another worker holds it
+            return 0.0 if counts["timed_out"] else MIN_PAUSE_SECONDS
         return min(delay, self.tick_seconds)

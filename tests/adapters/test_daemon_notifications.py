@@ -71,3 +71,61 @@ def test_channels_that_cannot_be_loaded_are_one_line_config_errors(tmp_path, cha
     toml.write_text('[notifications]\nchannels = { fax = "x:y" }\n')
     with pytest.raises(ConfigError, match="unknown channel 'fax'"):
         load_settings(toml, environ={})
+
+
+@pytest.fixture
+def callback_module(tmp_path, monkeypatch):
+    (tmp_path / "fake_callbacks.py").write_text(
+        "import json, pathlib\n"
+        "OUT = pathlib.Path(__file__).with_name('events.jsonl')\n"
+        "async def page(event):\n    with OUT.open('a') as f:\n        f.write(json.dumps(event) + '\\n')\n"
+        "def blocking(event):\n    return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "fake_callbacks"
+    sys.modules.pop("fake_callbacks", None)
+
+
+def test_the_daemon_times_out_a_silent_response_and_calls_back(tmp_path, channel_module, callback_module):
+    """N35, N36: one `statebook run` delivers the notification, its timeout pass times the silent response
+    out at its deadline, and the delivery worker calls the host callback the settings name, once."""
+    import json
+
+    from statebook.outbox.notifications import get_response, timeout_callbacks
+
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'db = "{db}"\n[scheduler]\ntick_seconds = 0.2\n[notifications]\ndeadline_seconds = 2\n'
+                    f'channels = {{ email = "{channel_module}:email" }}\n'
+                    f'callbacks = {{ page = "{callback_module}:page" }}\n')
+
+    async def go():
+        book = await open_book(db)
+        try:
+            accepted = await send_notification(book, recipient="ops", content={"text": "x"}, mode="guaranteed",
+                                               channels=["email"], response_timeout=0.5, timeout_callback="page")
+        finally:
+            await book.engine.dispose()
+        summary = await run_daemon(load_settings(toml, environ={}), run_for=3.0)
+        book = await open_book(db)
+        try:
+            return summary, await get_response(book, accepted.id), await timeout_callbacks(book, accepted.id), accepted.id
+        finally:
+            await book.engine.dispose()
+
+    summary, response, callbacks, nid = asyncio.run(go())
+    assert response["status"] == "timed_out"
+    assert [c["status"] for c in callbacks] == ["delivered"]
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["notification_id"] for e in events] == [nid]
+    assert summary["verify"]["ok"]
+
+
+def test_callbacks_that_cannot_be_loaded_or_block_are_config_errors(callback_module):
+    """N38: a missing callback, or one that is not an async def, is refused before anything runs."""
+    from statebook.adapters.daemon import load_callbacks
+
+    with pytest.raises(ConfigError, match="cannot load"):
+        load_callbacks({"page": "no_such_module_here:page"})
+    with pytest.raises(ConfigError, match="async def"):
+        load_callbacks({"page": f"{callback_module}:blocking"})

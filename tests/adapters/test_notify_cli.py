@@ -102,3 +102,31 @@ def test_dead_letters_replay_and_resolve_from_the_command_line(db, monkeypatch):
     assert missing_reason.exit_code == 2
     not_dead = invoke(db, "resolve", ids["ok"], "--reason", "fine")
     assert not_dead.exit_code == 2 and "not an unresolved dead letter" in not_dead.output
+
+
+def test_ack_dismiss_and_show_the_response_from_the_command_line(db):
+    """N32, N33: `notify ack` records the answer and its actor; the same again prints it unchanged; a
+    conflicting dismiss is one line, exit 2; `show` carries the response and its callbacks; a bad actor
+    is refused."""
+
+    async def go() -> str:
+        book = await open_book(db)  # the system clock, as the CLI's: the deadline is ten minutes away
+        try:
+            accepted = await send_notification(book, recipient="ops", content={"text": "a"}, mode="guaranteed",
+                                               channels=["email"], response_timeout=600)
+            await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"])}, deadline=2)
+            return accepted.id
+        finally:
+            await book.engine.dispose()
+
+    nid = asyncio.run(go())
+    acked = invoke(db, "ack", nid, "--actor", "operator:alice", "--note", "on it")
+    assert acked.exit_code == 0 and "acked" in acked.output and "operator:alice" in acked.output, acked.output
+    assert invoke(db, "ack", nid, "--actor", "operator:alice").exit_code == 0
+    conflict = invoke(db, "dismiss", nid, "--actor", "operator:bob")
+    assert conflict.exit_code == 2 and "already acked by operator:alice" in conflict.output
+    shown = json.loads(invoke(db, "show", nid).output)
+    assert (shown["response"]["status"], shown["response"]["note"], shown["callbacks"]) == ("acked", "on it", [])
+    assert (shown["effective_ack_status"], shown["ack_inherited"]) == ("acked", False)
+    bad = invoke(db, "ack", nid, "--actor", "")
+    assert bad.exit_code == 2 and "Traceback" not in bad.output

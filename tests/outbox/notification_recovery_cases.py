@@ -21,7 +21,9 @@ from statebook.outbox.notifications.ownership import claim_id
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
-FAST = 0.05
+FAST = 2.0
+"""The adapter deadline of these passes (real seconds): their scripted channels answer at once, so it only
+has to be long enough on a loaded machine."""
 ALICE = Actor("operator", "alice")
 
 
