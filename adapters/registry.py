@@ -12,7 +12,7 @@ from typing import Any
 
 from statebook.lifecycle import Registry, StatebookError
 from statebook.outbox import DISPATCH
-from statebook.outbox.notifications import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, RATE_BUCKET
+from statebook.outbox.notifications import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, RATE_BUCKET, RETENTION_RUN
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 from .errors import ConfigError
@@ -23,11 +23,12 @@ BUILTIN_TYPES = (DISPATCH.entity_type, SCHEDULE.entity_type, SCHEDULE_RUN.entity
 
 def builtin_registry(*, seal: bool = True) -> Registry:
     """A registry holding ``dispatch``, ``schedule``, ``schedule_run`` and the notifications' ``notification``,
-    ``channel_attempt`` and ``rate_bucket``.
+    ``channel_attempt``, ``dedup_claim``, ``rate_bucket`` and ``notification_retention``.
 
     Pass ``seal=False`` to register or extend lifecycles before sealing it yourself.
     """
-    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, DEDUP_CLAIM, RATE_BUCKET])
+    registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, DEDUP_CLAIM, RATE_BUCKET,
+                         RETENTION_RUN])
     return registry.seal() if seal else registry
 
 
