@@ -1,22 +1,27 @@
-"""``statebook notify``: inspect notifications and their channel attempts (specs/notifications.md).
+"""``statebook notify``: inspect notifications and their channel attempts; explicit retention (specs/notifications.md).
 
 There is no send command: producers use the library API (``send_notification``), as for dispatches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import typer
 
 from statebook.lifecycle import Book
-from statebook.lifecycle.inputs import INT32, integer
-from statebook.outbox.notifications import get_notification, list_notifications, notification_attempts
+from statebook.lifecycle.inputs import INT32, duration, integer
+from statebook.outbox.notifications import (
+    RetentionReport, apply_notification_retention, get_notification, list_notifications, notification_attempts,
+)
 from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
 
-from .app import app, console, emit_json, fail, format_time, run, with_book
+from .app import app, console, emit_json, fail, format_time, parse_time, run, with_book
+from .dispatch import operator, progress_bar
 
-notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts.", no_args_is_help=True)
+notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts, apply retention.",
+                         no_args_is_help=True)
 app.add_typer(notify_app, name="notify")
 
 
@@ -97,3 +102,53 @@ def attempts_cmd(
                       format_time(a["ended_at"]) if a["ended_at"] is not None else "-", str(a["provider_retries"]),
                       "yes" if a["duplicate_risk"] else "", (a["detail"] or "")[:60])
     console.print(table)
+
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds, or a number with a unit (``90s``, ``30m``, ``12h``, ``7d``, ``2w``); checked as the API
+    checks a duration (``inputs.duration``: finite, at most a century)."""
+    raw = text.strip().lower()
+    scale = UNITS.get(raw[-1:], 1.0) if raw else 1.0
+    number = raw[:-1] if raw[-1:] in UNITS else raw
+    try:
+        seconds = float(number) * scale
+    except ValueError:
+        raise fail(f"{option} {text!r} is not a duration: give seconds or a number with s, m, h, d or w "
+                   "(e.g. 7d)") from None
+    return duration(option, seconds, positive=True)
+
+
+@notify_app.command("retain")
+def retain_cmd(
+    before: str = typer.Option(..., "--before", help="Remove settled notifications last changed before this time "
+                                                       "(POSIX or ISO-8601)."),
+    horizon: str = typer.Option(..., "--horizon", help="The minimum idempotency horizon: no notification younger "
+                                                         "than this goes (seconds, or e.g. 7d); the cutoff must be "
+                                                         "at least this old."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be removed; remove nothing (the run is "
+                                                          "recorded)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Explicit retention: remove settled notifications (never unsettled work, dead letters or what they link to)."""
+    cutoff = parse_time(before, "--before")
+    seconds = parse_duration(horizon, "--horizon")
+
+    async def go(book: Book) -> RetentionReport:
+        with progress_bar("removing", enabled=not dry_run) as tick:
+            return await apply_notification_retention(book, before=cutoff, horizon=seconds, dry_run=dry_run,
+                                                      actor=operator(), progress=tick)
+
+    report = run(with_book(go)())
+    if as_json:
+        emit_json(dataclasses.asdict(report))
+        return
+    for nid in report.notifications:
+        typer.echo(nid)
+    done = "would remove" if dry_run else "removed"
+    kinds = "; ".join(f"{kind} {c['removed']} {done}, {c['protected']} protected"
+                      + (f" ({', '.join(f'{k} {v}' for k, v in c['protected_by'].items())})" if c["protected_by"] else "")
+                      for kind, c in report.counts.items())
+    typer.echo(f"run {report.run_id}: {kinds}", err=True)
