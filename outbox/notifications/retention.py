@@ -127,8 +127,8 @@ async def apply_notification_retention(
     edge = now - horizon
     if before > edge:
         raise refused("before", "horizon",
-                      f"the cutoff {before!r:.20} is younger than the idempotency horizon of {horizon:g} s "
-                      f"(now {now!r:.20}): pass a cutoff at or before {edge!r:.20}, or a shorter horizon")
+                      f"the cutoff {before:.3f} is younger than the idempotency horizon of {horizon:g} s "
+                      f"(now {now:.3f}): pass a cutoff at or before {edge:.3f}, or a shorter horizon")
     run_id = new_id()
     values = {"id": run_id, "cutoff": before, "horizon": horizon, "dry_run": int(dry_run), "started_at": now,
               "ended_at": None, "counts": {}, "error": None}
