@@ -148,7 +148,10 @@ def retain_cmd(
     for nid in report.notifications:
         typer.echo(nid)
     done = "would remove" if dry_run else "removed"
-    kinds = "; ".join(f"{kind} {c['removed']} {done}, {c['protected']} protected"
-                      + (f" ({', '.join(f'{k} {v}' for k, v in c['protected_by'].items())})" if c["protected_by"] else "")
-                      for kind, c in report.counts.items())
+
+    def line(kind: str, c: dict[str, Any]) -> str:
+        why = ", ".join(f"{k} {v}" for k, v in c["protected_by"].items())
+        return f"{kind}: {c['removed']} {done}, {c['protected']} protected" + (f" ({why})" if why else "")
+
+    kinds = "; ".join(line(kind, c) for kind, c in report.counts.items())
     typer.echo(f"run {report.run_id}: {kinds}", err=True)

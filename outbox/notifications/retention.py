@@ -100,7 +100,8 @@ def _check(book: Any, before: Any, horizon: Any, dry_run: Any, actor: Any, progr
     if type(dry_run) is not bool:
         raise refused("dry_run", "type", f"must be True or False, got {type(dry_run).__name__}")
     if not isinstance(actor, Actor):
-        raise refused("actor", "type", f"expected an Actor (e.g. Actor('operator', 'alice')), got {type(actor).__name__}")
+        raise refused("actor", "type",
+                      f"expected an Actor (e.g. Actor('operator', 'alice')), got {type(actor).__name__}")
     if progress is not None and not callable(progress):
         raise refused("progress", "type", f"expected a callable(done, total) or None, got {type(progress).__name__}")
 
@@ -169,7 +170,8 @@ async def _notifications(book: Book, tally: _Tally, *, before: float, edge: floa
     settled = sa.text(status_in("notifications.status", [s for s in lc.statuses if s in lc.terminal]))
     # Followers and replayed descendants first: once they are gone, their owners are free in a later batch.
     linked_first = sa.case((sa.or_(t.c.obligation_owner_id.is_not(None), t.c.replayed_in.is_not(None)), 0), else_=1)
-    listing = sa.select(t.c.id).where(*_eligible(t, before, edge), settled).order_by(linked_first, t.c.updated_at, t.c.id)
+    listing = (sa.select(t.c.id).where(*_eligible(t, before, edge), settled)
+               .order_by(linked_first, t.c.updated_at, t.c.id))
     old = (t.c.updated_at < before, t.c.created_at < edge)
     async with book.read() as conn:
         ids = [r.id for r in await conn.execute(listing)]
@@ -270,7 +272,9 @@ async def _decide(book: Book, conn: AsyncConnection, chunk: list[str], *, before
     grew = True
     while grew:
         before_size = len(keep)
-        keep.add((target for linker, target in links if (linker not in found and linker not in gone) or linker in keep), "linked", ids)
+        retained = (target for linker, target in links
+                    if (linker not in found and linker not in gone) or linker in keep)
+        keep.add(retained, "linked", ids)
         grew = len(keep) > before_size
     return keep, [(i, owner) for i, owner, _ in attempts if owner not in keep]
 
@@ -304,7 +308,9 @@ async def _free_claims(book: Book, conn: AsyncConnection, chunk: list[str], done
     claims = await _rows(book, conn, sa.select(c.c.id, c.c.owner_id).where(c.c.id.in_(chunk), done).order_by(c.c.id),
                          lock)
     owners = sorted({k.owner_id for k in claims if k.owner_id is not None})
-    present = {r.id for r in await conn.execute(sa.select(t.c.id).where(t.c.id.in_(owners)))} - gone if owners else set()
+    present: set[str] = set()
+    if owners:
+        present = {r.id for r in await conn.execute(sa.select(t.c.id).where(t.c.id.in_(owners)))} - gone
     relied = {r.dedup_claim_id for r in await conn.execute(sa.select(t.c.dedup_claim_id).where(
         t.c.dedup_claim_id.in_([k.id for k in claims]),
         sa.or_(t.c.status.in_(UNSETTLED), sa.and_(t.c.status == "failed", t.c.dead_letter == 1))))}

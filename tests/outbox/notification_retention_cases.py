@@ -103,7 +103,8 @@ class NotificationRetentionCases:
             with pytest.raises(NotificationInvalid):
                 await apply_notification_retention(book, **args)
         with pytest.raises(NotificationInvalid):
-            await apply_notification_retention(object(), before=now - HORIZON, horizon=HORIZON)  # type: ignore[arg-type]
+            await apply_notification_retention(object(), before=now - HORIZON,  # type: ignore[arg-type]
+                                               horizon=HORIZON)
         async with book.begin() as tx:
             with pytest.raises(NotificationInvalid, match="unbound"):
                 await apply_notification_retention(tx, before=now - HORIZON, horizon=HORIZON)
@@ -118,7 +119,8 @@ class NotificationRetentionCases:
         await one_pass(book, ["success", "success", "success"])
         clock.advance(365 * DAY)
         rows, facts = await ids(book, notifications), await fact_count(book)
-        worker = NotificationWorker(book, {"email": ScriptedChannel("email", ["success"])}, tick_seconds=0.01, deadline=FAST)
+        worker = NotificationWorker(book, {"email": ScriptedChannel("email", ["success"])}, tick_seconds=0.01,
+                                    deadline=FAST)
         task = asyncio.create_task(worker.run_until_stopped())
         try:
             await asyncio.wait_for(worker.idle.wait(), 5)
@@ -176,14 +178,15 @@ class NotificationRetentionCases:
         assert (old["status"], old["dead_letter"], old["dedup_successor_id"]) == ("failed", False, follower.id)
         assert (await get_notification(book, follower.id))["status"] == "pending"
         clock.advance(30 * DAY)
-        linker, replayer = (await send(book, "l", channels=["slack"])).id, (await send(book, "r", channels=["slack"])).id
+        linker = (await send(book, "l", channels=["slack"])).id  # no slack adapter: pending, unsettled
+        replayer = (await send(book, "r", channels=["slack"])).id
         await relink(book, linker, obligation_owner_id=named_owner)
         await relink(book, replayer, replayed_in=named_replay)
         async with book.read() as conn:
             claim = (await conn.execute(sa.select(dedup_claims))).one()
         [moved] = await apply_many(book, [Command(
-            "dedup_claim", claim.id, "owned", Reason("dedup_claim.owned.acquired", "test owner"), Actor("system", "test"),
-            ("owned",), {"owner_id": claim.owner_id, "generation": claim.generation},
+            "dedup_claim", claim.id, "owned", Reason("dedup_claim.owned.acquired", "test owner"),
+            Actor("system", "test"), ("owned",), {"owner_id": claim.owner_id, "generation": claim.generation},
             {"owner_id": claimant, "generation": claim.generation + 1})])
         assert moved.applied
         report = await retain(book, clock)
