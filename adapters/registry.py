@@ -13,7 +13,7 @@ from typing import Any
 from statebook.lifecycle import Registry, StatebookError
 from statebook.outbox import DISPATCH
 from statebook.outbox.notifications import (
-    CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET,
+    CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN,
 )
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
@@ -25,12 +25,13 @@ BUILTIN_TYPES = (DISPATCH.entity_type, SCHEDULE.entity_type, SCHEDULE_RUN.entity
 
 def builtin_registry(*, seal: bool = True) -> Registry:
     """A registry holding ``dispatch``, ``schedule``, ``schedule_run`` and the notifications' ``notification``,
-    ``channel_attempt``, ``dedup_claim``, ``rate_bucket`` and ``notification_response``.
+    ``channel_attempt``, ``dedup_claim``, ``rate_bucket``, ``notification_response`` and
+    ``notification_retention``.
 
     Pass ``seal=False`` to register or extend lifecycles before sealing it yourself.
     """
     registry = Registry([DISPATCH, SCHEDULE, SCHEDULE_RUN, NOTIFICATION, CHANNEL_ATTEMPT, DEDUP_CLAIM, RATE_BUCKET,
-                         NOTIFICATION_RESPONSE])
+                         NOTIFICATION_RESPONSE, RETENTION_RUN])
     return registry.seal() if seal else registry
 
 

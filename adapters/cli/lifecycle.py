@@ -8,7 +8,9 @@ from enum import Enum
 from typing import Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -89,7 +91,11 @@ def lifecycle_ls() -> None:
         table.add_column(name, no_wrap=True)
     for lc in sorted(cli_registry(), key=lambda lc: lc.entity_type):
         table.add_row(lc.entity_type, lc.table_name, str(len(lc.statuses)), lc.fingerprint)
-    console.print(table)
+    # Never cut a name or a fingerprint (scripts read them): wider than the terminal when it must be.
+    natural = Measurement.get(console, console.options.update(width=10_000), table).maximum
+    out = console if natural <= console.width else Console(width=natural, force_terminal=console.is_terminal,
+                                                           no_color=console.no_color)
+    out.print(table)
 
 
 @lifecycle_app.command("show")

@@ -1,25 +1,30 @@
-"""``statebook notify``: inspect notifications and their channel attempts, recover failures (specs/notifications.md).
+"""``statebook notify``: inspect notifications and their channel attempts, recover failures, answer them,
+apply retention (specs/notifications.md).
 
 There is no send command: producers use the library API (``send_notification``), as for dispatches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import typer
 
 from statebook.lifecycle import Actor, Book
-from statebook.lifecycle.inputs import INT32, integer
+from statebook.lifecycle.inputs import INT32, duration, integer
 from statebook.outbox.notifications import (
-    Replayed, ack_notification, dismiss_notification, get_response, timeout_callbacks, get_notification, list_dead_letters, list_notifications, notification_attempts, replay_notification,
-    resolve_notification,
+    Replayed, RetentionReport, ack_notification, apply_notification_retention, dismiss_notification, get_notification,
+    get_response, list_dead_letters, list_notifications, notification_attempts, replay_notification,
+    resolve_notification, timeout_callbacks,
 )
 from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
 
-from .app import app, console, emit_json, fail, format_time, run, with_book
+from .app import app, console, emit_json, fail, format_time, parse_time, run, with_book
+from .dispatch import operator, progress_bar
 
-notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts, recover failures.",
+notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts, recover failures, "
+                              "answer them, apply retention.",
                          no_args_is_help=True)
 app.add_typer(notify_app, name="notify")
 
@@ -142,7 +147,6 @@ def replay_cmd(
 ) -> None:
     """Replay a failed notification: a new delivery cycle, same id, its obligation taken back. Refused
     (exit 2, with the reason and the blocker) while someone else holds the obligation."""
-    from .dispatch import operator
 
     async def go(book: Book) -> Replayed:
         return await replay_notification(book, notification_id, actor=operator(), note=note)
@@ -158,7 +162,6 @@ def resolve_cmd(
     reason: str = typer.Option(..., "--reason", help="Why the failure needs nothing more (audited)."),
 ) -> None:
     """Resolve a dead letter: it stays failed, leaves the dead-letter view, and the fact records who and why."""
-    from .dispatch import operator
 
     async def go(book: Book) -> dict[str, Any]:
         return await resolve_notification(book, notification_id, reason=reason, actor=operator())
@@ -201,3 +204,54 @@ def dismiss_cmd(
 ) -> None:
     """Dismiss a delivered notification; the same rules as ``ack``."""
     _answer(notification_id, actor, note, "dismissed")
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds, or a number with a unit (``90s``, ``30m``, ``12h``, ``7d``, ``2w``); checked as the API
+    checks a duration (``inputs.duration``: finite, at most a century)."""
+    raw = text.strip().lower()
+    scale = UNITS.get(raw[-1:], 1.0) if raw else 1.0
+    number = raw[:-1] if raw[-1:] in UNITS else raw
+    try:
+        seconds = float(number) * scale
+    except ValueError:
+        raise fail(f"{option} {text!r} is not a duration: give seconds or a number with s, m, h, d or w "
+                   "(e.g. 7d)") from None
+    return duration(option, seconds, positive=True)
+
+
+@notify_app.command("retain")
+def retain_cmd(
+    before: str = typer.Option(..., "--before", help="Remove settled notifications last changed before this time "
+                                                       "(POSIX or ISO-8601)."),
+    horizon: str = typer.Option(..., "--horizon", help="The minimum idempotency horizon: no notification younger "
+                                                         "than this goes (seconds, or e.g. 7d); the cutoff must be "
+                                                         "at least this old."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be removed; remove nothing (the run is "
+                                                          "recorded)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Explicit retention: remove settled notifications (never unsettled work, dead letters or what they link to)."""
+    cutoff = parse_time(before, "--before")
+    seconds = parse_duration(horizon, "--horizon")
+
+    async def go(book: Book) -> RetentionReport:
+        with progress_bar("removing", enabled=not dry_run) as tick:
+            return await apply_notification_retention(book, before=cutoff, horizon=seconds, dry_run=dry_run,
+                                                      actor=operator(), progress=tick)
+
+    report = run(with_book(go)())
+    if as_json:
+        emit_json(dataclasses.asdict(report))
+        return
+    for nid in report.notifications:
+        typer.echo(nid)
+    done = "would remove" if dry_run else "removed"
+
+    def line(kind: str, c: dict[str, Any]) -> str:
+        why = ", ".join(f"{k} {v}" for k, v in c["protected_by"].items())
+        return f"{kind}: {c['removed']} {done}, {c['protected']} protected" + (f" ({why})" if why else "")
+
+    kinds = "; ".join(line(kind, c) for kind, c in report.counts.items())
+    typer.echo(f"run {report.run_id}: {kinds}", err=True)

@@ -6,7 +6,8 @@ channel fallback in a fixed order, bounded delivery cycles with a visible dead l
 attempts recorded as their own entities, and rate limits shared by every worker through the database.
 
 Intake and reads: :func:`send_notification`, :func:`get_notification`, :func:`list_notifications`,
-:func:`notification_attempts`. Delivery: :func:`deliver_due_notifications` and its separate steps in
+:func:`notification_attempts`. Explicit retention (never at start-up or by a worker):
+:func:`apply_notification_retention`. Delivery: :func:`deliver_due_notifications` and its separate steps in
 :mod:`.delivery`; rate limits shared by every worker: :func:`ensure_bucket`, :func:`draw`. The channel
 protocol: :mod:`.channels`; test channels: :mod:`.scripted`.
 """
@@ -19,17 +20,19 @@ from .delivery import deliver_due_notifications
 from .errors import IdempotencyConflict, NotificationInvalid
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
-from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET
+from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN
 from .responses import (
     CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses, get_response,
     register_timeout_callback, timeout_callbacks, unregister_timeout_callback,
 )
-from .schema import channel_attempts, dedup_claims, notifications, rate_buckets
+from .retention import RetentionReport, apply_notification_retention
+from .schema import channel_attempts, dedup_claims, notification_retention_runs, notifications, rate_buckets
 from .worker import NotificationWorker, ResponseTimeoutWorker
 
 __all__ = [
     "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "DEDUP_CLAIM", "IdempotencyConflict", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
     "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome",
+    "RETENTION_RUN", "RetentionReport", "apply_notification_retention", "notification_retention_runs",
     "channel_attempts", "dedup_claims", "deliver_due_notifications", "draw", "ensure_bucket", "get_notification", "list_notifications", "notification_attempts", "notifications",
     "rate_buckets", "send_notification", "RecoveryRefused", "Replayed", "list_dead_letters", "replay_notification",
     "resolve_notification", "NOTIFICATION_RESPONSE", "CallbackTransport", "ResponseConflict", "ack_notification",

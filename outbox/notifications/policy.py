@@ -173,3 +173,22 @@ RATE_BUCKET = Lifecycle(
                 "transition in the transaction that records the attempt it pays for.",
     accepts=(),
 )
+
+from .schema import notification_retention_runs  # noqa: E402  (kept with the lifecycle it serves)
+
+RETENTION_RUN = Lifecycle(
+    entity_type="notification_retention",
+    table=notification_retention_runs,
+    statuses=("running", "completed", "failed"),
+    initial={"running"},
+    terminal={"completed", "failed"},
+    edges=tuple(edges("running", "completed", "failed")),
+    patch_fields={"ended_at", "counts", "error"},
+    reason_prefixes={"notification_retention"},
+    reasons={"notification_retention.running.started", "notification_retention.completed.finished",
+             "notification_retention.failed.error"},
+    same_status="edge",
+    description="One explicit retention run over the notifications: its cutoff and idempotency horizon, "
+                "whether it was a dry run, and what it removed and protected, per kind.",
+    accepts=(),
+)

@@ -126,3 +126,21 @@ rate_buckets = managed_table(
     sa.Column("tokens", sa.Float, nullable=False),
     sa.Column("refilled_at", sa.Float, nullable=False),
 )
+
+notification_retention_runs = managed_table(
+    "notification_retention_runs",
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("cutoff", sa.Float, nullable=False),  # `before`: settled rows last changed earlier may go
+    sa.Column("horizon", sa.Float, nullable=False),  # seconds: no idempotency record younger than this goes
+    sa.Column("dry_run", sa.Integer, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float, nullable=True),
+    # {"notification": {"removed": n, "protected": {...}}, "channel_attempt": {...}, "dedup_claim": {...}}
+    sa.Column("counts", sa.JSON, nullable=False),
+    sa.Column("error", sa.Text, nullable=True),
+)
+
+# Retention asks which retained notifications a replay covers (``replayed_in``): one lookup per batch.
+sa.Index("ix_notifications_replayed_in", notifications.c.replayed_in)
+# Retention asks which claims name a notification as their owner.
+sa.Index("ix_dedup_claims_owner", dedup_claims.c.owner_id)

@@ -11,7 +11,7 @@ from statebook.adapters.daemon import load_channels, run_daemon
 from statebook.adapters.db import open_book
 from statebook.adapters.errors import ConfigError
 from statebook.adapters.settings import load_settings
-from statebook.outbox.notifications import get_notification, notification_attempts, send_notification
+from statebook.outbox.notifications import get_notification, list_notifications, notification_attempts, send_notification
 
 
 @pytest.fixture
@@ -129,3 +129,47 @@ def test_callbacks_that_cannot_be_loaded_or_block_are_config_errors(callback_mod
         load_callbacks({"page": "no_such_module_here:page"})
     with pytest.raises(ConfigError, match="async def"):
         load_callbacks({"page": f"{callback_module}:blocking"})
+def test_the_daemon_never_removes_notifications(tmp_path, channel_module):
+    """N30: no purge at start-up or by a worker: `statebook run` (dispatch retention enabled) over
+    notifications settled a year ago leaves every notification, attempt, claim and their facts."""
+    import sqlalchemy as sa
+
+    from statebook.lifecycle import FakeClock
+    from statebook.lifecycle.facts import facts_table
+    from statebook.outbox.notifications import deliver_due_notifications, notification_retention_runs
+    from statebook.outbox.notifications.scripted import ScriptedChannel
+
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'db = "{db}"\n[scheduler]\ntick_seconds = 0.5\n[retention]\nenabled = true\ndelivered_days = 1\n'
+                    f'[notifications]\ndeadline_seconds = 2\nchannels = {{ email = "{channel_module}:email" }}\n')
+    kinds = ("notification", "channel_attempt", "dedup_claim")
+
+    async def snapshot(book):
+        async with book.read() as conn:
+            facts = (await conn.execute(sa.select(sa.func.count()).select_from(facts_table).where(
+                facts_table.c.entity_type.in_(kinds)))).scalar_one()
+            runs = (await conn.execute(sa.select(sa.func.count()).select_from(notification_retention_runs))).scalar_one()
+        rows = [r["id"] for r in await list_notifications(book, limit=100)]
+        return facts, runs, sorted(rows)
+
+    async def go():
+        book = await open_book(db, clock=FakeClock(1_600_000_000.0))  # settled years before the daemon's clock
+        try:
+            for i in range(3):
+                await send_notification(book, recipient="ops", content={"text": str(i)}, mode="guaranteed",
+                                        channels=["email"], dedup_key=f"k{i}")
+            await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"])}, deadline=0.05)
+            seeded = await snapshot(book)
+        finally:
+            await book.engine.dispose()
+        summary = await run_daemon(load_settings(toml, environ={}), run_for=1.5)
+        book = await open_book(db)
+        try:
+            return seeded, await snapshot(book), summary
+        finally:
+            await book.engine.dispose()
+
+    seeded, after, summary = asyncio.run(go())
+    assert seeded[1] == 0 and len(seeded[2]) == 3
+    assert after == seeded and summary["verify"]["ok"]

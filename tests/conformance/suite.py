@@ -57,6 +57,7 @@ from notification_ownership_cases import NotificationOwnershipCases  # noqa: E40
 from notification_pass_cases import NotificationPassCases  # noqa: E402
 from notification_recovery_cases import NotificationRecoveryCases  # noqa: E402
 from notification_response_cases import NotificationResponseCases  # noqa: E402
+from notification_retention_cases import NotificationRetentionCases  # noqa: E402
 from notification_worker_cases import NotificationWorkerCases  # noqa: E402
 
 from chains_and_notify_cases import ChainsAndNotifyCases  # noqa: E402  (tests/scheduler, on sys.path)
@@ -136,6 +137,7 @@ class OutboxConformance(
 class NotificationConformance(
     NotificationIntakeCases, NotificationDeliveryCases, NotificationBucketCases, NotificationWorkerCases,
     NotificationPassCases, NotificationOwnershipCases, NotificationRecoveryCases, NotificationResponseCases,
+    NotificationRetentionCases,
 ):
     """The notifications' cases (specs/notifications.md), from tests/outbox/notification_*_cases.py, on each
     backend that inherits this class."""
