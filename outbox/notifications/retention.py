@@ -45,7 +45,7 @@ from statebook.outbox.admin import PURGE_BATCH, RETENTION_ACTOR, Progress
 
 from .errors import checked, refused
 from .policy import ATTEMPT_RESULTS
-from .schema import channel_attempts, dedup_claims, notifications
+from .schema import channel_attempts, dedup_claims, notification_responses, notifications
 
 __all__ = ["RETENTION_ACTOR", "RetentionReport", "apply_notification_retention"]
 
@@ -59,6 +59,8 @@ REASONS = {
     "notification": Reason("notification.purged.retention", "retention: settled, past the cutoff and the horizon"),
     "channel_attempt": Reason("channel_attempt.purged.retention", "retention: its notification was removed"),
     "dedup_claim": Reason("dedup_claim.purged.retention", "retention: settled and its owner is gone"),
+    "notification_response": Reason("notification_response.purged.retention",
+                                    "retention: its notification was removed"),
 }
 
 
@@ -73,6 +75,7 @@ class RetentionReport:
     notifications: tuple[str, ...]
     channel_attempts: tuple[str, ...]
     dedup_claims: tuple[str, ...]
+    notification_responses: tuple[str, ...] = ()
 
 
 class _Tally:
@@ -184,14 +187,15 @@ async def _notifications(book: Book, tally: _Tally, *, before: float, edge: floa
         chunk = ids[start : start + PURGE_BATCH]
         if dry_run:
             async with book.read() as conn:
-                keep, attempts = await _decide(book, conn, chunk, before=before, edge=edge, now=now, gone=gone,
-                                               lock=False)
+                keep, attempts, answers = await _decide(book, conn, chunk, before=before, edge=edge, now=now,
+                                                        gone=gone, lock=False)
             removed = [i for i in chunk if i not in keep]
             attempts = [a for a, owner in attempts if owner not in keep]
+            answers = [i for i in answers if i not in keep]
         else:
             async with book.begin() as tx, tx.read() as conn:
-                keep, attempts = await _decide(tx, conn, chunk, before=before, edge=edge, now=now, gone=gone,
-                                               lock=True)
+                keep, attempts, answers = await _decide(tx, conn, chunk, before=before, edge=edge, now=now,
+                                                        gone=gone, lock=True)
                 wanted = [i for i in chunk if i not in keep]
                 outcomes = await purge_many(tx, "notification", wanted, reason=REASONS["notification"], actor=actor,
                                             expected=REMOVABLE)
@@ -202,11 +206,18 @@ async def _notifications(book: Book, tally: _Tally, *, before: float, edge: floa
                 outcomes = await purge_many(tx, "channel_attempt", attempts, reason=REASONS["channel_attempt"],
                                             actor=actor, expected=sorted(ATTEMPT_RESULTS))
                 attempts = [a for a, o in zip(attempts, outcomes, strict=True) if o.applied]
+                # Answered or timed out only: a pending response kept its notification (``response_pending``).
+                answers = [i for i in answers if i in taken]
+                outcomes = await purge_many(tx, "notification_response", answers,
+                                            reason=REASONS["notification_response"], actor=actor,
+                                            expected=("acked", "dismissed", "timed_out"))
+                answers = [i for i, o in zip(answers, outcomes, strict=True) if o.applied]
         for why, n in keep.counts().items():
             tally.protect("notification", why, n)
         gone.update(removed)
         tally.removed["notification"] += removed
         tally.removed["channel_attempt"] += attempts
+        tally.removed["notification_response"] += answers
         if progress is not None:
             progress(start + len(chunk), len(ids))
 
@@ -234,7 +245,7 @@ async def _rows(book: Book, conn: AsyncConnection, query: sa.Select[Any], lock: 
 
 
 async def _decide(book: Book, conn: AsyncConnection, chunk: list[str], *, before: float, edge: float, now: float,
-                  gone: set[str], lock: bool) -> tuple[_Keep, list[tuple[str, str]]]:
+                  gone: set[str], lock: bool) -> tuple[_Keep, list[tuple[str, str]], list[str]]:
     """Which of ``chunk`` stay, and why; and the (attempt id, notification id) of their channel attempts.
     With ``lock``, the rows and then their claims are locked first (in that order, the order a
     settlement takes them), so nothing can link to a row between this decision and its purge."""
@@ -263,6 +274,11 @@ async def _decide(book: Book, conn: AsyncConnection, chunk: list[str], *, before
     attempts = [(r.id, r.notification_id, r.status) for r in await conn.execute(
         sa.select(a.c.id, a.c.notification_id, a.c.status).where(a.c.notification_id.in_(ids)).order_by(a.c.id))]
     keep.add((owner for _, owner, status in attempts if status not in ATTEMPT_RESULTS), "open_attempt", ids)
+    # A response still waiting for a human is live work (part 3): its notification stays.
+    answers = [(r.id, r.status) for r in await conn.execute(
+        sa.select(notification_responses.c.id, notification_responses.c.status)
+        .where(notification_responses.c.id.in_(ids)).order_by(notification_responses.c.id))]
+    keep.add((i for i, status in answers if status == "pending"), "response_pending", ids)
     # Backward links: a retained notification names it as its owner or as the replay covering it. A
     # linker removed in this batch frees its target; one kept (for any reason) keeps it: to a fixpoint.
     links: list[tuple[str, str]] = []
@@ -276,7 +292,8 @@ async def _decide(book: Book, conn: AsyncConnection, chunk: list[str], *, before
                     if (linker not in found and linker not in gone) or linker in keep)
         keep.add(retained, "linked", ids)
         grew = len(keep) > before_size
-    return keep, [(i, owner) for i, owner, _ in attempts if owner not in keep]
+    return (keep, [(i, owner) for i, owner, _ in attempts if owner not in keep],
+            [i for i, _ in answers if i not in keep])
 
 
 # -- claims ------------------------------------------------------------------------------------------

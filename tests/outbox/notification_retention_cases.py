@@ -360,3 +360,23 @@ class NotificationRetentionCases:
         assert all(o in present for o in owners if o is not None)
         assert closed_owner.id not in present or any(r.obligation_owner_id == closed_owner.id for r in links)
         await everything_verifies(book)
+
+    async def test_a_pending_response_keeps_its_notification_and_an_answered_one_goes_with_it(self, book: Book, clock):
+        """N30 (N31): a delivered notification still waiting for a human is live work and stays; one whose
+        response was answered is removed with its response (a tombstone each)."""
+        from statebook.outbox.notifications import ack_notification, get_response
+        from statebook.outbox.notifications.schema import notification_responses
+
+        waiting = (await send(book, "waiting", response_timeout=30 * DAY)).id
+        answered = (await send(book, "answered", response_timeout=30 * DAY)).id
+        await one_pass(book, ["success"])
+        await ack_notification(book, answered, actor=Actor("operator", "alice"))
+        clock.advance(HORIZON + DAY)
+        report = await retain(book, clock)
+        assert report.notifications == (answered,) and report.notification_responses == (answered,)
+        assert report.counts["notification"]["protected_by"].get("response_pending") == 1
+        assert await ids(book, notification_responses) == {waiting}
+        assert (await get_response(book, waiting))["status"] == "pending"
+        assert (await history(book, "notification_response", answered))[-1].reason_code == \
+            "notification_response.purged.retention"
+        await everything_verifies(book)
