@@ -29,7 +29,8 @@ from statebook.scheduler import (
 
 from statebook.outbox.notifications import (
     draw, ensure_bucket, get_notification, list_dead_letters, list_notifications, notification_attempts,
-    replay_notification, resolve_notification, send_notification,
+    ack_notification, dismiss_notification, expire_responses, get_response, replay_notification,
+    resolve_notification, send_notification,
 )
 
 from .strategies import Deep, Seed, bodies, ids, integers, json_values, numbers, texts, times, wrong_types
@@ -44,6 +45,7 @@ EXAMPLES = {
     "argv_transport": 40, "revival_heartbeat": 15, "worker_settings": 15,
     "create_schedule": 40, "schedule_by_ref": 20, "runs": 20,
     "send_notification": 40, "notification_reads": 20, "rate_buckets": 20, "notification_recovery": 20,
+    "notification_responses": 20,
 }
 """Examples per surface (HYPOTHESIS_PROFILE=deep runs ten times as many)."""
 
@@ -432,7 +434,8 @@ notification_kwargs = st.fixed_dictionaries(
     optional={"principal": st.one_of(texts("svc", ""), wrong_types()), "source": st.one_of(texts("alerts"), wrong_types()),
               "idempotency_key": maybe(st.one_of(texts("k1", "k2"), wrong_types())),
               "dedup_key": maybe(st.one_of(texts("disk"), wrong_types())),
-              "dedup_window": maybe(numbers(0, 60, 300))},
+              "dedup_window": maybe(numbers(0, 60, 300)), "response_timeout": maybe(numbers(1, 60)),
+              "timeout_callback": maybe(st.one_of(texts("page"), wrong_types()))},
 )
 
 
@@ -487,5 +490,22 @@ def test_notification_recovery(pair, which, notification_id, who, words, limit):
             await resolve_notification(book, r(notification_id), reason=words, actor=actor(who))
         else:
             await list_dead_letters(book, limit=limit)
+
+    pair.check(call)
+
+
+@examples(EXAMPLES["notification_responses"])
+@given(st.sampled_from(["ack", "dismiss", "get", "expire"]), st.one_of(texts("0" * 32), wrong_types()), actors,
+       maybe(st.one_of(texts("on it", ""), wrong_types())), integers(100, 1))
+def test_notification_responses(pair, which, notification_id, who, note, limit):
+    async def call(book, r):
+        if which == "ack":
+            await ack_notification(book, r(notification_id), actor=actor(who), note=note)
+        elif which == "dismiss":
+            await dismiss_notification(book, r(notification_id), actor=actor(who), note=note)
+        elif which == "get":
+            await get_response(book, r(notification_id))
+        else:
+            await expire_responses(book, limit=limit)
 
     pair.check(call)
