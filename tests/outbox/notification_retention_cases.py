@@ -271,7 +271,7 @@ class NotificationRetentionCases:
             report.run_id, "completed", 0, clock.now() - HORIZON, HORIZON)
         assert run["counts"] == report.counts
         assert {k: v["removed"] for k, v in run["counts"].items()} == {
-            "notification": 1, "channel_attempt": 1, "dedup_claim": 1}
+            "notification": 1, "channel_attempt": 1, "dedup_claim": 1, "notification_response": 0}
         assert [f.status for f in await history(book, "notification_retention", run["id"])] == ["running", "completed"]
         await everything_verifies(book)
 
