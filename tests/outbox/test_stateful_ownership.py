@@ -149,8 +149,9 @@ class OwnershipMachine(RuleBasedStateMachine):
             self.model.accept(req, got.id, now)
             event(f"intake: {want.role}")
         note = self.model.notes[got.id]
-        assert (got.status, got.obligation_owner_id) == (note.status, self.model.obligation_owner(got.id)), \
-            f"N24: {req} answered {got}; the model says {note}"
+        assert got.obligation_owner_id == self.model.obligation_owner(got.id), \
+            f"N15, N16, N24: {req} answered {got.id} with owner {got.obligation_owner_id}; the model says {note}"
+        assert got.status == note.status, f"N18: {req} answered {got}; the model says {note}"
 
     @precondition(lambda self: self.sent and len(self.model.notes) < MAX_ROWS)
     @rule(data=st.data(), change=st.sampled_from((None, None, "text", "window", "mode")))
@@ -195,7 +196,8 @@ class OwnershipMachine(RuleBasedStateMachine):
             self.model.accept(req, g.id, now)
         for req, g in zip(reqs, got, strict=True):
             if not isinstance(g, BaseException) and g.created:
-                assert g.obligation_owner_id == self.model.obligation_owner(g.id), f"N24: {req} answered {g}"
+                assert g.obligation_owner_id == self.model.obligation_owner(g.id), \
+                    f"N15, N16, N24: racing {req} answered {g}; the model says {self.model.notes[g.id]}"
                 continue
             want = self.model.expect_intake(req, now)
             if isinstance(g, IdempotencyConflict):
@@ -225,8 +227,9 @@ class OwnershipMachine(RuleBasedStateMachine):
         expected = self.model.deliver(now, lambda nid: self.steps.get(nid, "success"))
         if self.model.elections > elected:
             event("pass: successor elected")
-        assert sorted(self.took) == sorted(expected), \
-            f"the passes attempted {sorted(self.took)}; the model's due work was {sorted(expected)}"
+        assert sorted(self.took) == sorted(expected), (
+            f"N15, N20: the passes attempted {sorted(self.took)}; the model's due work was {sorted(expected)} "
+            "(a follower is never work; the oldest follower is the successor)")
         event(f"pass: {min(len(expected), 3)}{'+' if len(expected) >= 3 else ''} attempts")
 
     @rule(steps=STEP_SLOTS)
