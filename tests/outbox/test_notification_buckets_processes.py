@@ -126,7 +126,9 @@ async def test_processes_sharing_one_bucket_never_exceed_it(pg_book, pg_url):
     total = sum(r["drawn"] for r in results)
     bound = CAPACITY + REFILL * elapsed
     assert total <= bound, (total, bound, results)
-    assert all(r["drawn"] > 0 for r in results), results  # every process really drew from the same bucket
+    # At least two processes drew from the one bucket (sharing, not one process alone). Not all of them:
+    # on a loaded machine a process can start after the window closed and draw nothing.
+    assert sum(r["drawn"] > 0 for r in results) >= 2, results
     assert sum(r["refused"] for r in results) > 0, results  # the limit was reached: the test tested something
     times = await drawn_at(pg_book, "slack:fleet")
     assert len(times) == total
