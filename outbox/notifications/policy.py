@@ -145,11 +145,10 @@ DEDUP_CLAIM = Lifecycle(
         *edges("released", "owned", guard=("owner_id", "generation")),
     ),
     patch_fields={"owner_id", "generation", "window_until"},
-    purgeable={"satisfied", "released"},
+    purgeable=frozenset(),  # never: its id is its obligation's, and a purged id is never reused
     reason_prefixes={"dedup_claim"},
     reasons={"dedup_claim.owned.acquired", "dedup_claim.owned.succeeded", "dedup_claim.owned.replayed",
-             "dedup_claim.satisfied.owner_delivered", "dedup_claim.released.owner_failed",
-             "dedup_claim.purged.retention"},
+             "dedup_claim.satisfied.owner_delivered", "dedup_claim.released.owner_failed"},
     same_status="edge",
     description="Who owns one semantic obligation (recipient, dedup key, mode) now, in which generation, "
                 "and until when a delivery suppresses duplicates; every change of owner is compared on "

@@ -13,9 +13,11 @@ the horizon, N14). What stays: unsettled work (``pending``, ``rate_limited``), u
 and every notification something still relies on — named by a retained notification as its owner
 (``obligation_owner_id``) or replay (``replayed_in``), naming an unsettled successor or replay, owning
 a claim, named by a satisfied claim whose window is open (arrivals are still deduplicated against it),
-or with an admitted send still open. A removed notification's channel attempts go with it; a
-satisfied claim past its window or a released one goes once its owner is gone and no unsettled work
-or dead letter is counted under it. Every removal is a purge through the engine (a tombstone fact);
+or with an admitted send still open, or whose response still waits for a human. A removed notification's
+channel attempts and answered response go with it. Claims stay: a claim's id is its obligation's, and a
+purged id is never reused, so removing one would refuse every later intake of that obligation (the
+ownership state machine found this); a claim is one small row per obligation. Every removal is a purge
+through the engine (a tombstone fact);
 the run itself is a ``notification_retention`` entity with its counts.
 
 Like the dispatch outbox's bulk purge (:mod:`statebook.outbox.admin`), candidates are listed once and
@@ -58,7 +60,6 @@ ENTITY = "notification_retention"
 REASONS = {
     "notification": Reason("notification.purged.retention", "retention: settled, past the cutoff and the horizon"),
     "channel_attempt": Reason("channel_attempt.purged.retention", "retention: its notification was removed"),
-    "dedup_claim": Reason("dedup_claim.purged.retention", "retention: settled and its owner is gone"),
     "notification_response": Reason("notification_response.purged.retention",
                                     "retention: its notification was removed"),
 }
@@ -74,7 +75,6 @@ class RetentionReport:
     counts: dict[str, dict[str, Any]]
     notifications: tuple[str, ...]
     channel_attempts: tuple[str, ...]
-    dedup_claims: tuple[str, ...]
     notification_responses: tuple[str, ...] = ()
 
 
@@ -143,7 +143,6 @@ async def apply_notification_retention(
     try:
         await _notifications(book, tally, before=before, edge=edge, now=now, dry_run=dry_run, actor=actor,
                              progress=progress)
-        await _claims(book, tally, now=now, dry_run=dry_run, actor=actor)
     except Exception as exc:
         with contextlib.suppress(Exception):  # the run's own error is the one to raise
             await transition(book, ENTITY, run_id, "failed", expected="running", actor=actor,
@@ -294,49 +293,3 @@ async def _decide(book: Book, conn: AsyncConnection, chunk: list[str], *, before
         grew = len(keep) > before_size
     return (keep, [(i, owner) for i, owner, _ in attempts if owner not in keep],
             [i for i, _ in answers if i not in keep])
-
-
-# -- claims ------------------------------------------------------------------------------------------
-async def _claims(book: Book, tally: _Tally, *, now: float, dry_run: bool, actor: Actor) -> None:
-    c = dedup_claims
-    done = sa.or_(c.c.status == "released", sa.and_(c.c.status == "satisfied", c.c.window_until < now))
-    async with book.read() as conn:
-        ids = [r.id for r in await conn.execute(sa.select(c.c.id).where(done).order_by(c.c.id))]
-    for start in range(0, len(ids), PURGE_BATCH):
-        chunk = ids[start : start + PURGE_BATCH]
-        if dry_run:
-            async with book.read() as conn:
-                wanted = await _free_claims(book, conn, chunk, done, tally, gone=set(tally.removed["notification"]),
-                                            lock=False)
-            tally.removed["dedup_claim"] += wanted
-            continue
-        async with book.begin() as tx, tx.read() as conn:
-            wanted = await _free_claims(tx, conn, chunk, done, tally, gone=set(), lock=True)
-            outcomes = await purge_many(tx, "dedup_claim", wanted, reason=REASONS["dedup_claim"], actor=actor,
-                                        expected=("satisfied", "released"))
-        tally.removed["dedup_claim"] += [i for i, o in zip(wanted, outcomes, strict=True) if o.applied]
-
-
-async def _free_claims(book: Book, conn: AsyncConnection, chunk: list[str], done: sa.ColumnElement[bool],
-                       tally: _Tally, *, gone: set[str], lock: bool) -> list[str]:
-    """The claims of ``chunk`` that may go: still settled, owner gone (or ``gone`` in this dry run), and
-    no unsettled work or unresolved dead letter counted under them."""
-    c, t = dedup_claims, notifications
-    claims = await _rows(book, conn, sa.select(c.c.id, c.c.owner_id).where(c.c.id.in_(chunk), done).order_by(c.c.id),
-                         lock)
-    owners = sorted({k.owner_id for k in claims if k.owner_id is not None})
-    present: set[str] = set()
-    if owners:
-        present = {r.id for r in await conn.execute(sa.select(t.c.id).where(t.c.id.in_(owners)))} - gone
-    relied = {r.dedup_claim_id for r in await conn.execute(sa.select(t.c.dedup_claim_id).where(
-        t.c.dedup_claim_id.in_([k.id for k in claims]),
-        sa.or_(t.c.status.in_(UNSETTLED), sa.and_(t.c.status == "failed", t.c.dead_letter == 1))))}
-    wanted = []
-    for k in claims:
-        if k.owner_id in present:
-            tally.protect("dedup_claim", "owner_retained")
-        elif k.id in relied:
-            tally.protect("dedup_claim", "work_counted")
-        else:
-            wanted.append(k.id)
-    return wanted

@@ -208,8 +208,9 @@ class NotificationRetentionCases:
 
     async def test_a_satisfied_claim_with_an_open_window_keeps_its_owner(self, book: Book, clock):
         """N30: a delivered owner whose claim's window is still open stays (arrivals are still
-        deduplicated against it), its settled follower goes; after the window, the owner, a late
-        arrival deduplicated against it and the claim go."""
+        deduplicated against it), its settled follower goes; after the window, the owner and a late
+        arrival deduplicated against it go, the claim stays (its id is never reused), and a fresh
+        arrival owns the obligation again."""
         owner = await send(book, dedup_key="disk", dedup_window=60 * DAY)
         follower = await send(book, "again", dedup_key="disk", dedup_window=60 * DAY)
         await one_pass(book, ["success"])
@@ -225,7 +226,9 @@ class NotificationRetentionCases:
         clock.advance(61 * DAY)
         report = await retain(book, clock)
         assert {owner.id, late.id} == set(report.notifications)
-        assert len(report.dedup_claims) == 1 and await count(book, dedup_claims) == 0
+        assert await count(book, dedup_claims) == 1
+        fresh = await send(book, "fresh", dedup_key="disk", dedup_window=60 * DAY)
+        assert (fresh.status, fresh.obligation_owner_id) == ("pending", fresh.id)
         await everything_verifies(book)
 
     # -- N14: idempotency holds while its record is retained -------------------------------------------
@@ -252,17 +255,16 @@ class NotificationRetentionCases:
 
     # -- N30: the record ---------------------------------------------------------------------------------
     async def test_removals_leave_tombstones_and_the_run_records_its_counts(self, book: Book, clock):
-        """N30: each removed notification, channel attempt and claim ends its history with a retention
-        tombstone; the run is a notification_retention entity, running then completed, with its counts."""
+        """N30: each removed notification and channel attempt ends its history with a retention
+        tombstone (claims stay); the run is a notification_retention entity, running then completed, with its counts."""
         owner = await send(book, dedup_key="disk", dedup_window=60)
         await one_pass(book, ["success"])
         attempts = [a["id"] for a in await notification_attempts(book, owner.id)]
         clock.advance(30 * DAY)
         report = await retain(book, clock, actor=Actor("operator", "alice"))
         assert report.notifications == (owner.id,) and report.channel_attempts == tuple(attempts)
-        assert len(report.dedup_claims) == 1 and not report.dry_run
-        for entity_type, entity_id in (("notification", owner.id), ("channel_attempt", attempts[0]),
-                                       ("dedup_claim", report.dedup_claims[0])):
+        assert not report.dry_run and await count(book, dedup_claims) == 1
+        for entity_type, entity_id in (("notification", owner.id), ("channel_attempt", attempts[0])):
             last = (await history(book, entity_type, entity_id))[-1]
             assert (last.status, last.reason_code) == (None, f"{entity_type}.purged.retention")
             assert (last.actor_type, last.actor_id) == ("operator", "alice")
@@ -271,7 +273,7 @@ class NotificationRetentionCases:
             report.run_id, "completed", 0, clock.now() - HORIZON, HORIZON)
         assert run["counts"] == report.counts
         assert {k: v["removed"] for k, v in run["counts"].items()} == {
-            "notification": 1, "channel_attempt": 1, "dedup_claim": 1, "notification_response": 0}
+            "notification": 1, "channel_attempt": 1, "notification_response": 0}
         assert [f.status for f in await history(book, "notification_retention", run["id"])] == ["running", "completed"]
         await everything_verifies(book)
 
@@ -304,8 +306,7 @@ class NotificationRetentionCases:
         assert {t.name: await ids(book, t) for t in (notifications, channel_attempts, dedup_claims)} == rows
         assert set(dry.notifications) == {owner.id, follower.id} and dry.dry_run
         real = await retain(book, clock)
-        assert (set(real.notifications), real.channel_attempts, real.dedup_claims) == (
-            set(dry.notifications), dry.channel_attempts, dry.dedup_claims)
+        assert (set(real.notifications), real.channel_attempts) == (set(dry.notifications), dry.channel_attempts)
         assert sorted((r["id"] == dry.run_id, r["dry_run"], r["status"]) for r in await runs(book)) == [
             (False, 0, "completed"), (True, 1, "completed")]
         assert dry.counts["notification"] == real.counts["notification"]

@@ -18,7 +18,10 @@ The rules it encodes, each where it is applied:
 - a replay (N25-N28) is refused for the first reason that applies, in the order of N27, and otherwise
   takes the obligation with a new generation and window and covers the failed descendants down the
   successor chain (:meth:`Model.replay_block`, :meth:`Model.replay`);
-- a resolve (N29) takes an unresolved dead letter out of the view (:meth:`Model.resolve`).
+- a resolve (N29) takes an unresolved dead letter out of the view (:meth:`Model.resolve`);
+- retention (N14, N30) removes settled notifications past the cutoff and the horizon unless something
+  still relies on them, and frees their idempotency keys; claims stay
+  (:meth:`Model.retention`, :meth:`Model.forget`).
 
 Cycles (N2) as far as ownership needs them: a GUARANTEED owner has 3 attempts per cycle, backoff 1 s
 then 2 s, then a dead letter; a BEST_EFFORT one fails after its first failed attempt, without one.
@@ -302,3 +305,44 @@ class Model:
     def claim_row(self, ob: Obligation) -> dict:
         c = self.claims[ob]
         return {"status": c.status, "owner_id": c.owner, "generation": c.generation, "window_until": c.window_until}
+
+
+    # -- retention (N14, N30) ---------------------------------------------------------------------
+
+    def retention(self, *, before: float, edge: float, now: float, updated: dict[str, float]
+                  ) -> tuple[set[str], set[Obligation]]:
+        """What a run with cutoff ``before`` and horizon edge ``edge`` removes: the notifications, then the
+        claims. A notification goes when it is settled (delivered, deduplicated, or failed without a
+        pending dead letter), changed before the cutoff and created before the edge, owns no claim and no
+        satisfied claim whose window is still open, hands its obligation to no unsettled successor or
+        replay, and no notification that stays names it as its owner or its replay (to a fixpoint: a
+        linker that goes frees its target). ``updated`` is each row's last change (the book's, read back)."""
+        def settled(n: Note) -> bool:
+            return n.status in ("delivered", "deduplicated") or (n.status == "failed" and not n.dead_letter)
+
+        def holds_claim(nid: str) -> bool:
+            return any(c.owner == nid and (c.status == "owned" or (c.status == "satisfied" and now < c.window_until))
+                       for c in self.claims.values())
+
+        def live(nid: str | None) -> bool:
+            return nid is not None and nid in self.notes and self.notes[nid].status in LIVE
+
+        going = {nid for nid, n in self.notes.items()
+                 if settled(n) and updated[nid] < before and n.created_at < edge and not holds_claim(nid)
+                 and not live(n.successor) and not live(n.replayed_in)}
+        changed = True
+        while changed:
+            kept = {nid for nid in self.notes if nid not in going}
+            relied = {t for m in kept for t in (self.notes[m].owner, self.notes[m].replayed_in) if t is not None}
+            changed = bool(going & relied)
+            going -= relied
+        claims: set[Obligation] = set()  # claims stay: a claim's id is its obligation's, never reused
+        return going, claims
+
+    def forget(self, notes: set[str], claims: set[Obligation]) -> None:
+        """Apply a retention run: the notifications and claims are gone, their idempotency keys free."""
+        for nid in notes:
+            del self.notes[nid]
+        for ob in claims:
+            del self.claims[ob]
+        self.scopes = {key: nid for key, nid in self.scopes.items() if nid not in notes}

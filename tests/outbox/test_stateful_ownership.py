@@ -33,6 +33,7 @@ from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Actor, Book, FakeClock, history, replay, verify
 from statebook.lifecycle.facts import facts_table
 from statebook.outbox.notifications import (
+    apply_notification_retention,
     IdempotencyConflict, RecoveryRefused, deliver_due_notifications, list_dead_letters, replay_notification,
     resolve_notification, send_notification,
 )
@@ -301,6 +302,21 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.model.resolve(nid)
         event("resolve accepted")
 
+    @precondition(lambda self: self.model.notes)
+    @rule(horizon=st.sampled_from((1.0, 30.0, 400.0)))
+    def retain(self, horizon) -> None:
+        """N14, N30: a retention run at the youngest cutoff the horizon allows removes exactly what the
+        model says may go, protects the rest, and frees the removed notifications' idempotency keys."""
+        now = self.clock.now()
+        rows, _ = self.run(self.read_all())
+        notes, claims = self.model.retention(before=now - horizon, edge=now - horizon, now=now,
+                                             updated={i: r["updated_at"] for i, r in rows.items()})
+        report = self.run(apply_notification_retention(self.book, before=now - horizon, horizon=horizon))
+        assert set(report.notifications) == notes, \
+            f"N30: retention removed {sorted(report.notifications)}; the model removes {sorted(notes)}"
+        self.model.forget(notes, claims)
+        event(f"retention removed {'some' if notes else 'none'}")
+
     # -- invariants --------------------------------------------------------------------------------
 
     async def read_all(self) -> tuple[dict[str, dict], dict[str, dict]]:
@@ -386,8 +402,6 @@ class OwnershipMachine(RuleBasedStateMachine):
             assert report.ok, report
 
     def teardown(self) -> None:
-        # TODO(issue 13, N30): once apply_notification_retention is on main, a rule for retention runs
-        # (cutoff and idempotency horizon) and the invariant that it never removes what the model protects.
         try:
             for b in self.others:
                 self.run(b.engine.dispose())
