@@ -1,7 +1,7 @@
 """The response lifecycle as a Hypothesis state machine (issue 14; specs/notifications.md N31-N37).
 
 Notifications are accepted with or without a ``response_timeout`` (and a timeout callback, registered
-or not), some as followers of an owner through a ``dedup_key``; delivery passes succeed or reject;
+or not), some as followers of an owner through a ``dedup_key``; deliveries (single steps) succeed or reject;
 several actors ack and dismiss (repeated, conflicting, late, on followers); a FakeClock passes
 deadlines, leases and backoffs; the timeout pass (``expire_responses``, sometimes rolled back after it
 enqueued its callbacks) and callback batches (whole ``deliver_due_dispatches`` passes with
@@ -44,7 +44,9 @@ from statebook.outbox.notifications import (
     CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses,
     register_timeout_callback, send_notification, unregister_timeout_callback,
 )
-from statebook.outbox.notifications.delivery import deliver_due_notifications
+from statebook.outbox.notifications.delivery import deliver_due_notifications, run_attempt, scan_due
+from statebook.outbox.notifications.delivery import claim as notify_claim
+from statebook.outbox.notifications.delivery import finalize as notify_finalize
 from statebook.outbox.notifications.scripted import ScriptedChannel
 from statebook.outbox.steps import claim, execute, finalize, release, settle
 
@@ -149,7 +151,7 @@ class ResponseMachine(RuleBasedStateMachine):
             self.do_send(timeout, "page" if i % 3 != 2 else None, "disk" if i == 0 else None)
         if follower:
             self.do_send(None, None, "disk")
-        self.run(deliver_due_notifications(self.book, {"email": ScriptedChannel("email", ["success"])}, deadline=FAST))
+        self.run(self.deliver_due("success"))
 
     @precondition(lambda self: self.sent < MAX_NOTES)
     @rule(timeout=st.sampled_from((None, 10.0, 30.0, 60.0)),
@@ -179,7 +181,7 @@ class ResponseMachine(RuleBasedStateMachine):
         """N31, N35: a delivery pass: a first delivery starts the response (due from now); a failure is not
         silence; a delivery pass never times a response out."""
         before, now = self.before(), self.clock.now()
-        self.run(deliver_due_notifications(self.book, {"email": ScriptedChannel("email", [step])}, deadline=FAST))
+        self.run(self.deliver_due(step))
         after = self.snap()
         for rid, r in after.responses.items():
             old = before.responses.get(rid)
@@ -188,6 +190,19 @@ class ResponseMachine(RuleBasedStateMachine):
                 assert (r["status"], r["started_at"]) == ("pending", now), r
             else:
                 assert r == old, f"N35: a delivery pass changed response {rid[:8]}: {old} -> {r}"
+
+    async def deliver_due(self, step: str) -> None:
+        """A delivery pass made of the single steps (scan, then claim, attempt and finalize each in turn).
+        ``deliver_due_notifications`` records outcomes beside its next claims (two connections), so on
+        PostgreSQL whether a successor elected mid-pass is delivered in the same pass depends on timing:
+        a machine's steps must replay alike. Liveness uses the real pass."""
+        channels = {"email": ScriptedChannel("email", [step])}
+        for cand in await scan_due(self.book, now=self.clock.now()):
+            lease = await notify_claim(self.book, cand, now=self.clock.now())
+            if lease is not None:
+                result = await run_attempt(self.book, lease, channels, deadline=FAST)
+                if result.outcome is not None:
+                    await notify_finalize(self.book, lease, result, now=self.clock.now())
 
     # -- answers ---------------------------------------------------------------------------------
 
