@@ -128,20 +128,30 @@ class Delivery(_InTask):
             await self.worker.run_once()  # notifications of runs that ended during shutdown
 
 
+def _resolve(section: str, name: str, spec: str) -> Any:
+    """The object ``spec`` (``module:attr``, attr possibly dotted) names; ConfigError in one line."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise ConfigError(f"notifications.{section}.{name}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+    return target
+
+
 def load_channels(specs: dict[str, str]) -> dict[str, Channel]:
     """The adapters ``[notifications] channels`` names (``module:attr``: a Channel or a callable
     returning one); ConfigError, in one line, when one cannot be loaded."""
     found: dict[str, Channel] = {}
     for name, spec in specs.items():
-        module_name, _, attr = spec.partition(":")
-        try:
-            target: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                target = getattr(target, part)
-            if callable(target) and not isinstance(target, Channel):
+        target = _resolve("channels", name, spec)
+        if callable(target) and not isinstance(target, Channel):
+            try:
                 target = target()
-        except Exception as exc:
-            raise ConfigError(f"notifications.channels.{name}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+            except Exception as exc:
+                raise ConfigError(f"notifications.channels.{name}: cannot load {spec!r}: {type(exc).__name__}: "
+                                  f"{exc}") from None
         found[name] = target
     try:
         return check_adapters(found)
@@ -153,14 +163,11 @@ def load_callbacks(specs: dict[str, str]) -> None:
     """Register the host callbacks ``[notifications] callbacks`` names (``module:attr``, an async def);
     ConfigError, in one line, when one cannot be loaded or is not an async def."""
     for name, spec in specs.items():
-        module_name, _, attr = spec.partition(":")
+        target = _resolve("callbacks", name, spec)
         try:
-            target: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                target = getattr(target, part)
             register_timeout_callback(name, target)
-        except Exception as exc:
-            raise ConfigError(f"notifications.callbacks.{name}: cannot load {spec!r}: {type(exc).__name__}: {exc}") from None
+        except NotificationInvalid as exc:
+            raise ConfigError(f"notifications.callbacks.{name}: cannot load {spec!r}: {exc}") from None
 
 
 class ResponseTimeouts(_InTask):

@@ -62,6 +62,19 @@ class PassWorker:
     async def next_delay(self, counts: dict[str, int] | None) -> float:
         raise NotImplementedError
 
+    def delay_until(self, earliest: float | None, done: int, full: int) -> float:
+        """The usual sleep after a pass that did ``done`` of at most ``full``: none after a full batch;
+        else until ``earliest`` (the next due time; None: idle), at most the tick; a short pause when
+        something is due that this pass did not take (another worker holds it)."""
+        if done >= full:
+            return 0.0
+        if earliest is None:
+            return self.tick_seconds
+        delay = earliest - self.book.clock.now()
+        if delay <= 0:
+            return 0.0 if done else MIN_PAUSE_SECONDS
+        return min(delay, self.tick_seconds)
+
     def on_wakeup(self, payload: Any) -> None:
         """A payload from ``extra_wakeups``: by default, just wake."""
         self.wake()

@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Book
-from statebook.outbox.passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
+from statebook.outbox.passes import ERROR_PAUSE_SECONDS, PassWorker
 
 from .channels import CHANNEL_NAMES, Channel
 from .delivery import ACTIVE, COUNTERS, DEADLINE_SECONDS, LEASE_SECONDS, deliver_due_notifications
@@ -94,15 +94,8 @@ class NotificationWorker(PassWorker):
         """0 after a full batch; otherwise until the earliest due notification, at most the tick."""
         if counts is None:
             return min(self.tick_seconds, ERROR_PAUSE_SECONDS)
-        if counts["claimed"] >= self.batch_size:
-            return 0.0
-        earliest = await next_due(self._own)
-        if earliest is None:
-            return self.tick_seconds
-        delay = earliest - self.book.clock.now()
-        if delay <= 0:
-            return 0.0 if counts["claimed"] else MIN_PAUSE_SECONDS
-        return min(delay, self.tick_seconds)
+        earliest = None if counts["claimed"] >= self.batch_size else await next_due(self._own)
+        return self.delay_until(earliest, counts["claimed"], self.batch_size)
 
 
 class ResponseTimeoutWorker(PassWorker):
@@ -132,12 +125,5 @@ class ResponseTimeoutWorker(PassWorker):
     async def next_delay(self, counts: dict[str, int] | None) -> float:
         if counts is None:
             return min(self.tick_seconds, ERROR_PAUSE_SECONDS)
-        if counts["timed_out"] >= self.batch_size:
-            return 0.0
-        earliest = await next_timeout(self._own)
-        if earliest is None:
-            return self.tick_seconds
-        delay = earliest - self.book.clock.now()
-        if delay <= 0:  # due but not expired by this pass: another worker holds it
-            return 0.0 if counts["timed_out"] else MIN_PAUSE_SECONDS
-        return min(delay, self.tick_seconds)
+        earliest = None if counts["timed_out"] >= self.batch_size else await next_timeout(self._own)
+        return self.delay_until(earliest, counts["timed_out"], self.batch_size)
