@@ -72,8 +72,10 @@ def _head(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("status", "version", "last_fact_id", "chain_hash", "owner_id", "generation")}
 
 
-async def _claim_command(tx: Book, row: dict[str, Any], target: str, code: str, summary: str,
-                         patch: dict[str, Any]) -> bool:
+async def move_claim(tx: Book, row: dict[str, Any], target: str, code: str, summary: str,
+                     patch: dict[str, Any]) -> bool:
+    """Move the claim along one edge, compared against ``row`` as locked (owner and generation guarded);
+    True when it applied."""
     command = Command("dedup_claim", row["id"], target, Reason(code, summary), OWNERSHIP_ACTOR, (row["status"],),
                       {"owner_id": row["owner_id"], "generation": row["generation"]}, patch)
     [outcome] = await apply_many(tx, [command], seen={row["id"]: _head(row)})
@@ -121,7 +123,7 @@ async def arrival(tx: Book, row: dict[str, Any] | None, cid: str, *, notificatio
         return Arrival("satisfied", cid, owner, row["generation"])
     # Released, satisfied and expired, or ownerless: a fresh owner with a higher generation, a new window.
     generation = row["generation"] + 1
-    moved = await _claim_command(tx, row, "owned", "dedup_claim.owned.acquired",
+    moved = await move_claim(tx, row, "owned", "dedup_claim.owned.acquired",
                                  f"new owner (generation {generation})",
                                  {"owner_id": notification_id, "generation": generation, "window_until": now + window})
     if not moved:
@@ -159,7 +161,7 @@ async def owner_delivered(tx: Book, *, owner_id: str, cid: str, now: float) -> i
     this owner), in ``tx``. Returns how many followers were satisfied."""
     row = await _locked_claim(tx, cid)
     if row is not None and row["owner_id"] == owner_id and row["status"] == "owned":
-        await _claim_command(tx, row, "satisfied", "dedup_claim.satisfied.owner_delivered",
+        await move_claim(tx, row, "satisfied", "dedup_claim.satisfied.owner_delivered",
                              f"owner {owner_id} delivered", {})
     followers = await _followers(tx, owner_id)
     commands = [_follower_command(f, "deduplicated", "notification.deduplicated.owner_delivered",
@@ -215,7 +217,7 @@ async def apply_failure(tx: Book, plan: FailurePlan, *, now: float) -> None:
         await apply_many(tx, commands, seen=_seen(followers))
     elif plan.action == "release":
         assert row is not None
-        await _claim_command(tx, row, "released", "dedup_claim.released.owner_failed",
+        await move_claim(tx, row, "released", "dedup_claim.released.owner_failed",
                              f"owner {owner_id} failed; no follower to succeed it", {})
     elif plan.action == "elect":
         successor, rest = followers[0], followers[1:]
@@ -229,7 +231,7 @@ async def apply_failure(tx: Book, plan: FailurePlan, *, now: float) -> None:
         await _relink(tx, rest, successor["id"], generation)
         if row is not None:
             # The promotion keeps the window: it is the same obligation, not a new one.
-            await _claim_command(tx, row, "owned", "dedup_claim.owned.succeeded",
+            await move_claim(tx, row, "owned", "dedup_claim.owned.succeeded",
                                  f"owner {owner_id} failed; {successor['id']} succeeds it (generation {generation})",
                                  {"owner_id": successor["id"], "generation": generation})
 

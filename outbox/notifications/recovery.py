@@ -161,7 +161,7 @@ async def replay_notification(book: Book, notification_id: str, *, actor: Actor 
             raise EntityNotFound(f"notification {nid} does not exist")
         claim_row = None
         if first["dedup_claim_id"] is not None:  # the claim's lock first, as every ownership change takes it
-            claim_row = await ownership._locked_claim(tx, first["dedup_claim_id"])
+            claim_row = await ownership.lock(tx, first["dedup_claim_id"])
         row = await _row(tx, nid, lock=True)
         assert row is not None
         block = await replay_block(tx, row, now=now, claim=claim_row)
@@ -174,7 +174,7 @@ async def replay_notification(book: Book, notification_id: str, *, actor: Actor 
         if claim_row is not None:
             generation = claim_row["generation"] + 1
             window = row["dedup_window"] if row["dedup_window"] is not None else DEFAULT_WINDOW_SECONDS
-            moved = await ownership._claim_command(
+            moved = await ownership.move_claim(
                 tx, claim_row, "owned", "dedup_claim.owned.replayed",
                 f"replay of {nid} takes the obligation (generation {generation})",
                 {"owner_id": nid, "generation": generation, "window_until": now + window})
