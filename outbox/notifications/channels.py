@@ -16,18 +16,20 @@ A channel that does not report its admission (``reports_admission = False``) is 
 entry: everything after the call starts counts as a possible effect (a timeout is then ``UNKNOWN``,
 never ``NOT_STARTED``). A channel with internal retries that does not declare
 ``guards_provider_attempts = True`` is guarded at its entry only. Real adapters (Slack, email,
-PagerDuty, WebSocket) live in ``statebook.adapters``; :mod:`.scripted` has test channels.
+PagerDuty, webhook, WebSocket, Apprise) live in ``statebook.adapters.channels``, with the contract test
+case every adapter passes; :mod:`.scripted` has test channels.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-PERSISTENT_ORDER = ("slack", "email", "pagerduty")
-"""The persistent channels, in the order a GUARANTEED attempt runs the selected ones."""
+PERSISTENT_ORDER = ("slack", "email", "pagerduty", "webhook", "apprise")
+"""The persistent channels, in the default order a GUARANTEED attempt runs the selected ones (a
+deployment may set another order: ``deliver_due_notifications(order=...)``, ``[notifications] order``)."""
 EPHEMERAL = ("websocket",)
 """Channels whose success never satisfies a GUARANTEED obligation."""
 CHANNEL_NAMES = (*PERSISTENT_ORDER, *EPHEMERAL)
@@ -111,7 +113,16 @@ def is_persistent(name: str) -> bool:
     return name in PERSISTENT_ORDER
 
 
-def run_order(names: list[str]) -> list[str]:
-    """The selected channels in the order an attempt runs them: persistent ones in Slack, email,
-    PagerDuty order, then WebSocket."""
-    return [n for n in CHANNEL_NAMES if n in names]
+def run_order(names: list[str], order: Sequence[str] = PERSISTENT_ORDER) -> list[str]:
+    """The selected channels in the order an attempt runs them: persistent ones in ``order`` (a
+    permutation of :data:`PERSISTENT_ORDER`, see :func:`check_order`), then WebSocket."""
+    return [n for n in (*order, *EPHEMERAL) if n in names]
+
+
+def check_order(order: Sequence[str]) -> tuple[str, ...]:
+    """``order`` as a fallback order: every persistent channel exactly once (ValueError otherwise)."""
+    names = tuple(order)
+    if sorted(names) != sorted(PERSISTENT_ORDER):
+        raise ValueError(f"a fallback order names every persistent channel exactly once ({', '.join(PERSISTENT_ORDER)}); "
+                         f"got {', '.join(map(str, names)) or 'none'}")
+    return names

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,7 +37,7 @@ from statebook.outbox.slots import Claimed, run_in_slots
 
 from .buckets import draw
 from .channels import (
-    EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
+    EPHEMERAL, PERSISTENT_ORDER, Channel, check_order, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
 )
 from . import ownership, responses
 from .errors import NotificationInvalid
@@ -507,8 +507,9 @@ async def _record(book: Book, guard: LeaseGuard, observation: Observation) -> No
 
 # -- one attempt ------------------------------------------------------------------------------------
 async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel], *,
-                      deadline: float = DEADLINE_SECONDS) -> AttemptResult:
-    """The channels of one attempt, outside any transaction; what the notification comes to (N1, N6-N8)."""
+                      deadline: float = DEADLINE_SECONDS, order: Sequence[str] = PERSISTENT_ORDER) -> AttemptResult:
+    """The channels of one attempt, outside any transaction; what the notification comes to (N1, N6-N8).
+    ``order``: the fallback order of the persistent channels (:func:`~.channels.check_order`)."""
     selected = [n for n in lease.channels if n in channels]
     missing = [n for n in lease.channels if n not in channels]
     result = AttemptResult(None)
@@ -516,7 +517,8 @@ async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel],
         result.error = f"no adapter configured for {', '.join(missing)}"
     try:
         if lease.mode == Mode.GUARANTEED.value:
-            await _guaranteed(book, lease, channels, selected, deadline, result)
+            ordered = [*(n for n in order if n in selected), *(n for n in selected if n in EPHEMERAL)]
+            await _guaranteed(book, lease, channels, ordered, deadline, result)
         else:
             await _best_effort(book, lease, channels, selected, deadline, result)
     except (LeaseLost, EvidenceLost) as exc:
@@ -541,9 +543,9 @@ async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel],
 
 async def _guaranteed(book: Book, lease: Lease, channels: Mapping[str, Channel], selected: list[str],
                       deadline: float, result: AttemptResult) -> None:
-    """Persistent channels in Slack, email, PagerDuty order until the first SUCCESS; WebSocket after."""
+    """Persistent channels in fallback order (``selected`` is in it) until the first SUCCESS; WebSocket after."""
     risk = lease.duplicate_risk
-    for name in (n for n in PERSISTENT_ORDER if n in selected):
+    for name in (n for n in selected if n in PERSISTENT_ORDER):
         recorded = await attempt_channel(book, lease, channels[name], deadline=deadline, duplicate_risk=risk)
         result.observations.append(recorded)
         if recorded.observation.outcome is ProviderOutcome.SUCCESS:
@@ -684,18 +686,23 @@ COUNTERS = ("claimed", "delivered", "retried", "dead_letter", "failed", "rate_li
 
 async def deliver_due_notifications(
     book: Book, channels: Mapping[str, Channel], *, limit: int = 100, concurrency: int = 8,
-    lease_seconds: float = LEASE_SECONDS, deadline: float = DEADLINE_SECONDS,
+    lease_seconds: float = LEASE_SECONDS, deadline: float = DEADLINE_SECONDS, order: Sequence[str] = PERSISTENT_ORDER,
 ) -> dict[str, int]:
     """One pass over at most ``limit`` due notifications, at most ``concurrency`` attempts at once
     (:func:`statebook.outbox.slots.run_in_slots`, the dispatch pass's slots): claims in sets as slots
     free (:func:`claim_due`), attempts outside any transaction, finalizations of attempts that end
-    together in one transaction. Its counters (``stopped``: attempts that ended without an outcome)."""
+    together in one transaction. Its counters (``stopped``: attempts that ended without an outcome).
+    ``order``: the persistent channels' fallback order, a permutation of :data:`~.channels.PERSISTENT_ORDER`."""
     if book.conn is not None:
         raise NotificationInvalid("book: deliver_due_notifications runs channels outside any transaction; pass an "
                                   "unbound book", argument="book", rule="bound")
     if not 0 < deadline < lease_seconds:
         raise NotificationInvalid(f"deadline: the adapter deadline ({deadline:g}s) must be shorter than the lease "
                                   f"({lease_seconds:g}s)", argument="deadline", rule="range")
+    try:
+        order = check_order(order)
+    except ValueError as exc:
+        raise NotificationInvalid(f"order: {exc}", argument="order", rule="order") from None
     counts = dict.fromkeys(COUNTERS, 0)
     clock = book.clock
 
@@ -705,7 +712,7 @@ async def deliver_due_notifications(
 
     async def attempt(lease: Lease) -> AttemptResult:
         try:
-            return await run_attempt(book, lease, channels, deadline=deadline)
+            return await run_attempt(book, lease, channels, deadline=deadline, order=order)
         except Exception as exc:
             log.error("notification %s: the attempt failed; its claim lapses and a later pass retries it",
                       lease.notification_id, exc_info=exc)

@@ -10,7 +10,7 @@ through the same book wakes it at commit; other processes' intakes wake it throu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Book
 from statebook.outbox.passes import ERROR_PAUSE_SECONDS, PassWorker
 
-from .channels import CHANNEL_NAMES, Channel
+from .channels import CHANNEL_NAMES, PERSISTENT_ORDER, Channel, check_order
 from .delivery import ACTIVE, COUNTERS, DEADLINE_SECONDS, LEASE_SECONDS, deliver_due_notifications
 from .errors import NotificationInvalid
 from .responses import expire_responses, next_timeout
@@ -65,7 +65,12 @@ class NotificationWorker(PassWorker):
         deadline: float = DEADLINE_SECONDS,
         tick_seconds: float = 30.0,
         extra_wakeups: AsyncIterable[Any] | None = None,
+        order: Sequence[str] = PERSISTENT_ORDER,
     ) -> None:
+        try:
+            self.order = check_order(order)
+        except ValueError as exc:
+            raise NotificationInvalid(f"order: {exc}", argument="order", rule="order") from None
         if not isinstance(book, Book) or book.conn is not None:
             raise NotificationInvalid("book: a NotificationWorker needs an unbound statebook Book (channels run "
                                       "outside any transaction)", argument="book", rule="bound")
@@ -83,7 +88,7 @@ class NotificationWorker(PassWorker):
     async def run_pass(self) -> dict[str, int]:
         counts = await deliver_due_notifications(
             self._own, self.channels, limit=self.batch_size, concurrency=self.concurrency,
-            lease_seconds=self.lease_seconds, deadline=self.deadline,
+            lease_seconds=self.lease_seconds, deadline=self.deadline, order=self.order,
         )
         for key, value in counts.items():
             self.totals[key] += value
