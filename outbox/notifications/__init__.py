@@ -13,16 +13,17 @@ protocol: :mod:`.channels`; test channels: :mod:`.scripted`.
 """
 
 from .channels import (
-    CHANNEL_NAMES, PERSISTENT_ORDER, Channel, Delivery, Guard, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
+    CHANNEL_NAMES, EPHEMERAL, FOLLOWS_RESPONSES, PERSISTENT_ORDER, Channel, Delivery, Guard, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
+    check_order,
 )
-from .buckets import draw, ensure_bucket
+from .buckets import draw, ensure_bucket, hold
 from .delivery import deliver_due_notifications
 from .errors import IdempotencyConflict, NotificationInvalid
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
 from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN
 from .responses import (
-    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses, get_response,
+    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses, follow_ups, get_response,
     register_timeout_callback, timeout_callbacks, unregister_timeout_callback,
 )
 from .retention import RetentionReport, apply_notification_retention
@@ -38,4 +39,5 @@ __all__ = [
     "resolve_notification", "NOTIFICATION_RESPONSE", "CallbackTransport", "ResponseConflict", "ack_notification",
     "dismiss_notification", "expire_responses", "get_response", "register_timeout_callback",
     "unregister_timeout_callback", "ResponseTimeoutWorker", "timeout_callbacks",
+    "EPHEMERAL", "FOLLOWS_RESPONSES", "check_order", "follow_ups", "hold",
 ]

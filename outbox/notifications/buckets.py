@@ -35,7 +35,7 @@ from .channels import CHANNEL_NAMES
 from .errors import checked, refused
 from .schema import rate_buckets
 
-__all__ = ["BUCKET_ACTOR", "bucket_id", "draw", "ensure_bucket"]
+__all__ = ["BUCKET_ACTOR", "bucket_id", "draw", "ensure_bucket", "hold"]
 
 BUCKET_ACTOR = Actor("system", "rate_bucket")
 MAX_CAPACITY = 1e9
@@ -44,6 +44,8 @@ MAX_REFILL = 1e9
 EPSILON = 1e-9
 """Slack for float rounding in the refill: ``0.1 * 10`` tokens is a token."""
 RETRIES = 3
+MAX_HOLD_SECONDS = 86_400.0
+"""The longest wait a provider's ``Retry-After`` may impose on a bucket (a day; longer answers are cut)."""
 """Fresh reads of a bucket after a guarded draw that conflicted (never expected under the row lock)."""
 
 _ROW = sa.select(
@@ -153,8 +155,36 @@ async def draw(tx: Book, channel: str, scope: str, *, now: float) -> float:
             return 0.0
         tokens, at = refilled(row, now)
         if tokens < 1 - EPSILON:
-            return (1 - tokens) / row["refill_per_second"]
+            # Nothing refills before ``refilled_at`` (a held bucket, or a clock that stepped back).
+            return max(0.0, at - now) + (1 - tokens) / row["refill_per_second"]
         patch = {"tokens": max(0.0, tokens - 1), "refilled_at": at}
         if await _move(tx, row, patch, "rate_bucket.open.drawn", f"{tokens:.6g} -> {patch['tokens']:.6g} tokens"):
             return 0.0
     raise StorageError(f"rate_bucket {entity_id!r}: the draw conflicted {RETRIES} times under its row lock")
+
+
+async def hold(tx: Book, channel: str, scope: str, *, seconds: float, now: float) -> bool:
+    """The provider said "too many requests, retry after ``seconds``" (a 429's ``Retry-After``): empty the
+    (``channel``, ``scope``) bucket so that its next token comes ``seconds`` from ``now`` — for every
+    worker of the fleet, not only the notification that was refused (``rate_bucket.open.held``). In
+    ``tx``'s transaction (the one recording the observation). False, and nothing written, when the
+    channel has no bucket or the bucket is already held at least that long."""
+    if tx.conn is None or not tx.conn.in_transaction():
+        raise refused("tx", "bound", "hold runs in the caller's transaction (the one that records the observation)")
+    entity_id = bucket_id(channel, scope)
+    checked(number, "seconds", seconds, low=0, high=MAX_HOLD_SECONDS)
+    checked(timestamp, "now", now)
+    for _ in range(RETRIES):
+        row = await _locked(tx, entity_id)
+        if row is None or row["status"] != "open":
+            return False
+        period = 1 / row["refill_per_second"]
+        # No tokens, refilled from ``now + seconds - period`` on: exactly one token at ``now + seconds``.
+        at = float(now) + float(seconds) - period
+        tokens, since = refilled(row, float(now))
+        if tokens < 1 - EPSILON and max(0.0, since - now) + (1 - tokens) * period >= seconds - EPSILON:
+            return False
+        patch = {"tokens": 0.0, "refilled_at": at}
+        if await _move(tx, row, patch, "rate_bucket.open.held", f"the provider asked to wait {seconds:g}s"):
+            return True
+    raise StorageError(f"rate_bucket {entity_id!r}: the hold conflicted {RETRIES} times under its row lock")

@@ -33,6 +33,9 @@ deployment may set another order: ``deliver_due_notifications(order=...)``, ``[n
 EPHEMERAL = ("websocket",)
 """Channels whose success never satisfies a GUARANTEED obligation."""
 CHANNEL_NAMES = (*PERSISTENT_ORDER, *EPHEMERAL)
+FOLLOWS_RESPONSES = ("pagerduty",)
+"""Channels whose provider keeps an incident per notification: acknowledged and resolved when the
+human answers (:mod:`.responses`), through dispatches routed ``follow:<channel>``."""
 
 
 class Mode(str, enum.Enum):

@@ -35,7 +35,7 @@ from statebook.lifecycle.schema import status_in
 from statebook.outbox.claims import Planned, claim_set, read_rows, record_set
 from statebook.outbox.slots import Claimed, run_in_slots
 
-from .buckets import draw
+from .buckets import MAX_HOLD_SECONDS, draw, hold
 from .channels import (
     EPHEMERAL, PERSISTENT_ORDER, Channel, check_order, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
 )
@@ -150,7 +150,7 @@ class AttemptResult:
     outcome: Outcome | None
     observations: list[Recorded] = field(default_factory=list)
     delivered_channel: str | None = None
-    wait: float | None = None  # rate_limited: seconds until the first bucket refills
+    wait: float | None = None  # rate_limited: until the first bucket refills; retry: the provider's longest Retry-After
     error: str | None = None
 
 
@@ -496,13 +496,28 @@ async def _record(book: Book, guard: LeaseGuard, observation: Observation) -> No
             command = Command("channel_attempt", guard.attempt_id, status, reason, DELIVERY_ACTOR, ("started",), {},
                               {"provider_retries": observation.retries, "detail": detail, "ended_at": now})
             seen = {guard.attempt_id: guard.started} if guard.started is not None else None
-            await apply_many(book, [command], seen=seen)  # a result another claim closed meanwhile: a conflict
+            async with book.begin() as tx:
+                [outcome] = await apply_many(tx, [command], seen=seen)  # closed by another claim meanwhile: a conflict
+                if outcome.applied and provider_wait(observation) is not None:
+                    # The provider's Retry-After holds the channel's bucket for the whole fleet (N8, N42).
+                    await hold(tx, guard.channel, DEFAULT_SCOPE, seconds=provider_wait(observation), now=now)
         else:
             values = guard._values(new_id(), now, started=False) | {"detail": detail, "ended_at": now}
             await create(book, "channel_attempt", values=values, status=status, reason=reason, actor=DELIVERY_ACTOR,
                          fresh_id=True)
     except Exception as exc:
         raise EvidenceLost(f"could not record the {guard.channel} observation: {exc}") from exc
+
+
+def provider_wait(observation: Observation) -> float | None:
+    """The seconds a provider's 429 asked to wait (``Retry-After``), within the hold's bound; None when
+    the observation is not the provider's own rate limit."""
+    if observation.outcome is not ProviderOutcome.RATE_LIMITED or observation.retry_after is None:
+        return None
+    wait = observation.retry_after
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait == wait or wait <= 0:
+        return None
+    return float(min(wait, MAX_HOLD_SECONDS))
 
 
 # -- one attempt ------------------------------------------------------------------------------------
@@ -518,7 +533,9 @@ async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel],
     try:
         if lease.mode == Mode.GUARANTEED.value:
             ordered = [*(n for n in order if n in selected), *(n for n in selected if n in EPHEMERAL)]
-            await _guaranteed(book, lease, channels, ordered, deadline, result)
+            # Positions follow this attempt's run order, so its history reads in fallback order.
+            run_lease = dataclasses.replace(lease, channels=(*ordered, *(n for n in lease.channels if n not in ordered)))
+            await _guaranteed(book, run_lease, channels, ordered, deadline, result)
         else:
             await _best_effort(book, lease, channels, selected, deadline, result)
     except (LeaseLost, EvidenceLost) as exc:
@@ -534,6 +551,8 @@ async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel],
         result.outcome = "failed"
     else:
         result.outcome = "retry" if lease.cycle_attempt < lease.attempt_limit else "dead_letter"
+        asked = [w for r in seen if not r.no_token and (w := provider_wait(r.observation)) is not None]
+        result.wait = max(asked) if asked else None  # a retry waits at least what the provider asked
     if result.error is None and seen:
         last = seen[-1]
         detail = last.observation.detail
@@ -594,7 +613,7 @@ def finalize_command(lease: Lease, result: AttemptResult, *, now: float) -> Comm
             **cleared, "delivered_channel": result.delivered_channel, "last_error": None}
         summary = f"{result.delivered_channel} accepted attempt {lease.cycle_attempt} of cycle {lease.cycle}"
     elif result.outcome == "retry":
-        wait = backoff_seconds(lease.cycle_attempt)
+        wait = max(backoff_seconds(lease.cycle_attempt), result.wait or 0.0)
         target, code, patch = "pending", "notification.pending.retry", {
             **cleared, "next_attempt_at": now + wait, "last_error": error}
         summary = f"attempt {lease.cycle_attempt} of cycle {lease.cycle} failed; next in {wait:g}s"

@@ -166,7 +166,7 @@ RATE_BUCKET = Lifecycle(
     patch_fields={"tokens", "refilled_at", "capacity", "refill_per_second"},
     reason_prefixes={"rate_bucket"},
     reasons={"rate_bucket.open.created", "rate_bucket.open.drawn", "rate_bucket.open.resized",
-             "rate_bucket.retired.operator"},
+             "rate_bucket.open.held", "rate_bucket.retired.operator"},
     same_status="edge",
     description="A token bucket per (channel, scope), shared by every worker: each draw is a guarded "
                 "transition in the transaction that records the attempt it pays for.",

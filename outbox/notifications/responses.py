@@ -39,7 +39,8 @@ from statebook.outbox.schema import dispatch_outbox
 from statebook.outbox.transport import TransportResult
 
 from .errors import checked, refused
-from .schema import notification_responses, notifications
+from .channels import FOLLOWS_RESPONSES
+from .schema import channel_attempts, notification_responses, notifications
 
 CALLBACK_KIND = "notification.timeout"
 CALLBACK_PREFIX = "callback:"
@@ -179,9 +180,50 @@ async def _respond(book: Book, notification_id: Any, target: str, actor: Any, no
         [outcome] = await apply_many(tx, [command], seen={rid: row})
         if not outcome.applied:
             raise ResponseConflict(f"notification {nid}: the response changed meanwhile; read it again")
+        await _follow(tx, rid, target, who)
         after = await _one(tx, _RESPONSE, rid, lock=False)
     assert after is not None
     return public(after)
+
+
+FOLLOW_KIND = "notification.follow"
+FOLLOW_PREFIX = "follow:"
+FOLLOW_ACTIONS = {"acked": "acknowledge", "dismissed": "resolve"}
+"""What a provider that keeps its own incident (:data:`~.channels.FOLLOWS_RESPONSES`) is told when the
+human answers: an acknowledgement acknowledges the incident, a dismissal resolves it. A timeout tells it
+nothing — the incident stays open, which is what the provider's own escalation is for."""
+
+_ADMITTED = sa.select(channel_attempts.c.channel).where(
+    channel_attempts.c.notification_id == sa.bindparam("b_id", type_=sa.String),
+    channel_attempts.c.channel.in_(FOLLOWS_RESPONSES), channel_attempts.c.started_at.is_not(None)).distinct()
+
+
+async def _follow(tx: Book, rid: str, target: str, who: str) -> None:
+    """In the answer's transaction: one dispatch per provider that was sent this notification and keeps
+    an incident of it (route ``follow:<channel>``, dedup key ``follow:<channel>:<id>:<action>``), so the
+    incident follows the human with the outbox's attempts, backoff and dead letter (N45)."""
+    action = FOLLOW_ACTIONS[target]
+    assert tx.conn is not None
+    channels = sorted((await tx.conn.execute(_ADMITTED, {"b_id": rid})).scalars())
+    if channels:
+        await enqueue_dispatches(tx, [
+            {"kind": FOLLOW_KIND, "deliver_to": FOLLOW_PREFIX + channel, "dedup_key": f"follow:{channel}:{rid}:{action}",
+             "body": {"notification_id": rid, "dedup_key": rid, "action": action, "responder": who},
+             "max_attempts": CALLBACK_ATTEMPTS}
+            for channel in channels])
+
+
+async def follow_ups(book: Book, notification_id: str) -> list[dict[str, Any]]:
+    """The provider follow-ups of the notification's response (:data:`FOLLOW_ACTIONS`), as dispatch rows."""
+    nid = checked(text, "notification_id", notification_id, max_chars=KEY_CHARS, empty=False)
+    rid = await canonical(book, nid)
+    t = dispatch_outbox
+    query = (sa.select(t.c.id, t.c.status, t.c.deliver_to, t.c.dedup_key, t.c.attempt, t.c.last_error)
+             .where(t.c.kind == FOLLOW_KIND, t.c.dedup_key.in_([f"follow:{c}:{rid}:{a}" for c in FOLLOWS_RESPONSES
+                                                                for a in FOLLOW_ACTIONS.values()]))
+             .order_by(t.c.created_at, t.c.id))
+    async with book.read() as conn:
+        return [dict(r._mapping) for r in await conn.execute(query)]
 
 
 async def ack_notification(book: Book, notification_id: str, *, actor: Actor, note: str | None = None) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from outbox_input_cases import OutboxInputCases  # noqa: E402
 from offer_cases import OfferCases  # noqa: E402
 from purge_race_cases import PurgeRaceCases  # noqa: E402
 from notification_bucket_cases import NotificationBucketCases  # noqa: E402
+from notification_channel_cases import NotificationChannelCases  # noqa: E402
 from notification_delivery_cases import NotificationDeliveryCases  # noqa: E402
 from notification_intake_cases import NotificationIntakeCases  # noqa: E402
 from notification_ownership_cases import NotificationOwnershipCases  # noqa: E402
@@ -137,7 +138,7 @@ class OutboxConformance(
 class NotificationConformance(
     NotificationIntakeCases, NotificationDeliveryCases, NotificationBucketCases, NotificationWorkerCases,
     NotificationPassCases, NotificationOwnershipCases, NotificationRecoveryCases, NotificationResponseCases,
-    NotificationRetentionCases,
+    NotificationRetentionCases, NotificationChannelCases,
 ):
     """The notifications' cases (specs/notifications.md), from tests/outbox/notification_*_cases.py, on each
     backend that inherits this class."""

@@ -77,11 +77,13 @@ class NotificationBucketCases:
 
     async def test_a_clock_stepping_back_refills_nothing(self, book: Book, clock):
         """N8: a ``now`` before the last refill (another host's clock behind) adds no token and does not
-        move ``refilled_at`` back, so no interval is paid out twice."""
+        move ``refilled_at`` back, so no interval is paid out twice; the wait it reports counts the time
+        until ``refilled_at`` too."""
         await ensure_bucket(book, "email", "ops", capacity=1, refill_per_second=1.0)
         t0 = clock.now()
         assert await draw_once(book, "email", "ops", now=t0 + 10.0) == 0.0  # full: 1 token, refilled_at t0+10
-        assert await draw_once(book, "email", "ops", now=t0 + 5.0) == 1.0
+        # Nothing refills before t0+10, so by this caller's clock the next token is 5 + 1 s away.
+        assert await draw_once(book, "email", "ops", now=t0 + 5.0) == 6.0
         row = await bucket(book, "email", "ops")
         assert (row["tokens"], row["refilled_at"]) == (0.0, t0 + 10.0)
         assert await draw_once(book, "email", "ops", now=t0 + 11.0) == 0.0
