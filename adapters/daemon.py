@@ -25,9 +25,10 @@ from statebook.lifecycle import Book, Registry, history, verify
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, RoutingTransport, dispatch_outbox
 from statebook.outbox.notifications import (
-    CallbackTransport, Channel, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker, notifications,
-    register_timeout_callback,
+    CallbackTransport, Channel, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker, ensure_bucket,
+    notifications, register_timeout_callback,
 )
+from statebook.outbox.notifications.delivery import DEFAULT_SCOPE
 from statebook.outbox.notifications.responses import CALLBACK_PREFIX
 from statebook.outbox.notifications.policy import NOTIFY_CHANNEL as NOTIFICATION_CHANNEL
 from statebook.outbox.notifications.worker import check_adapters
@@ -36,6 +37,7 @@ from statebook.scheduler.recovery import new_daemon_id
 from statebook.scheduler.schema import schedule_runs, schedules
 from statebook.scheduler.store import create_schedule, find_schedule
 
+from .channels.configure import Built, build_channels
 from .db import open_book
 from .errors import ConfigError
 from .github import GitHubPoller
@@ -109,12 +111,13 @@ class Delivery(_InTask):
 
     task_name = "statebook-delivery"
 
-    def __init__(self, book: Book, settings: Settings) -> None:
+    def __init__(self, book: Book, settings: Settings, routes: dict[str, Any] | None = None) -> None:
         d, r = settings.dispatch, settings.retention
         wakeups = listen(book) if book.dialect == "postgresql" else None
         retention = Retention(r.delivered_days, r.failed_days) if r.enabled else None
-        # Timeout callbacks (routes callback:<name>) run in process; every other route runs the argv template.
-        transport = RoutingTransport({CALLBACK_PREFIX: CallbackTransport()},
+        # Timeout callbacks (routes callback:<name>) and provider follow-ups (follow:<channel>) run in
+        # process; every other route runs the argv template.
+        transport = RoutingTransport({CALLBACK_PREFIX: CallbackTransport(), **(routes or {})},
                                      ArgvTransport(d.notify_template, d.transport_timeout_seconds))
         self.worker = DeliveryWorker(
             book, transport, batch_size=d.batch_size,
@@ -185,14 +188,32 @@ class NotificationDelivery(_InTask):
 
     task_name = "statebook-notifications"
 
-    def __init__(self, book: Book, settings: Settings) -> None:
+    def __init__(self, book: Book, settings: Settings, built: Built) -> None:
         n = settings.notifications
         wakeups = listen(book, NOTIFICATION_CHANNEL) if book.dialect == "postgresql" else None
+        self.built = built
+        self.limits = n.rate_limits
         self.worker = NotificationWorker(
-            book, load_channels(n.channels), batch_size=n.batch_size, concurrency=n.concurrency,
-            lease_seconds=n.lease_seconds, deadline=n.deadline_seconds, tick_seconds=settings.scheduler.tick_seconds,
-            extra_wakeups=wakeups,
+            book, {**built.channels, **load_channels(n.channels)}, batch_size=n.batch_size,
+            concurrency=n.concurrency, lease_seconds=n.lease_seconds, deadline=n.deadline_seconds,
+            tick_seconds=settings.scheduler.tick_seconds, extra_wakeups=wakeups, order=n.order,
         )
+
+    async def begin(self) -> None:
+        """Size the configured buckets and start the services (the WebSocket endpoint) before delivery."""
+        for name, limit in self.limits.items():
+            await ensure_bucket(self.worker.book, name, DEFAULT_SCOPE, capacity=limit.capacity,
+                                refill_per_second=limit.refill_per_second)
+        for service in self.built.services:
+            await service.start()
+            log.info("serving %s", getattr(service, "url", service))
+
+    async def stop(self) -> None:
+        await super().stop()
+        for service in self.built.services:
+            with contextlib.suppress(Exception):
+                await service.stop()
+        await self.built.aclose()
 
 
 def status_line(engine: SchedulerEngine) -> str:
@@ -243,15 +264,18 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
         leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
         await seed_schedules(book, settings)
         load_callbacks(settings.notifications.callbacks)
-        delivery = Delivery(book, settings)
+        built = build_channels(settings.notifications)
+        delivery = Delivery(book, settings, built.transports)
         notifying: list[_InTask] = []
-        if settings.notifications.channels:
+        if settings.notifications.channels or built.channels:
             missing = [t for t in ("notification", "channel_attempt", "rate_bucket", "notification_response")
                        if t not in registry]
             if missing:
-                raise ConfigError(f"notifications.channels are set, but the registry lacks {', '.join(missing)}; "
+                raise ConfigError(f"notification channels are configured, but the registry lacks {', '.join(missing)}; "
                                   "start it from builtin_registry(seal=False)")
-            notifying = [NotificationDelivery(book, settings), ResponseTimeouts(book, settings)]
+            notifier = NotificationDelivery(book, settings, built)
+            await notifier.begin()
+            notifying = [notifier, ResponseTimeouts(book, settings)]
         engine = SchedulerEngine(book, settings, leader=leader, daemon_id=daemon_id,
                                  poller=GitHubPoller.from_settings(settings.scheduler))
         if tty:

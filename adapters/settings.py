@@ -120,8 +120,17 @@ class SchedulerSettings(_Section):
         return self
 
 
+class RateLimit(_Section):
+    """A fleet-wide token bucket of one channel (specs/notifications.md N8): created or resized by
+    ``statebook run`` at start."""
+
+    capacity: float = Field(gt=0, le=1e9)
+    """tokens the bucket holds at most (a burst)"""
+    refill_per_second: float = Field(gt=0, le=1e9)
+
+
 class NotificationSettings(_Section):
-    """How notifications are delivered (specs/notifications.md N3)."""
+    """How notifications are delivered (specs/notifications.md N3, N40-N45)."""
 
     lease_seconds: float = Field(60.0, gt=0, le=CENTURY_SECONDS)
     """how long a claim owns its notification"""
@@ -132,6 +141,23 @@ class NotificationSettings(_Section):
     channels: dict[str, str] = {}
     """channel name (slack, email, pagerduty, websocket) -> ``module:attr`` naming its adapter (a Channel, or
     a callable returning one); ``statebook run`` delivers notifications only when at least one is named"""
+
+    order: list[str] = ["slack", "email", "pagerduty", "webhook", "apprise"]
+    """the fallback order of the persistent channels: every one of them, once (N40)"""
+    rate_limits: dict[str, RateLimit] = {}
+    """channel name -> its bucket, e.g. ``slack = { capacity = 20, refill_per_second = 1 }``"""
+    slack: dict[str, Any] | None = None
+    """the built-in Slack channel's settings (statebook.adapters.channels.slack), e.g. ``webhook_url = { env = "..." }``"""
+    email: dict[str, Any] | None = None
+    """the built-in SMTP channel's settings (statebook.adapters.channels.email)"""
+    pagerduty: dict[str, Any] | None = None
+    """the built-in PagerDuty Events API v2 channel's settings (statebook.adapters.channels.pagerduty)"""
+    webhook: dict[str, Any] | None = None
+    """the built-in signed-webhook channel's settings (statebook.adapters.channels.webhook)"""
+    websocket: dict[str, Any] | None = None
+    """the built-in WebSocket endpoint's settings (statebook.adapters.channels.websocket)"""
+    apprise: dict[str, Any] | None = None
+    """the Apprise channel's settings (statebook.adapters.channels.apprise; needs ``statebook[apprise]``)"""
 
     callbacks: dict[str, str] = {}
     """timeout callback name -> ``module:attr`` naming the host's ``async def (event)``: registered by
@@ -158,6 +184,30 @@ class NotificationSettings(_Section):
             if ":" not in spec or not all(p.strip() for p in spec.split(":", 1)):
                 raise ValueError(f"channel {name!r}: expected module:attr naming its adapter, not {spec!r}")
         return value
+
+    @field_validator("order")
+    @classmethod
+    def _order_is_a_permutation(cls, value: list[str]) -> list[str]:
+        from statebook.outbox.notifications.channels import check_order
+
+        return list(check_order(value))
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _limits_name_channels(cls, value: dict[str, RateLimit]) -> dict[str, RateLimit]:
+        from statebook.outbox.notifications.channels import CHANNEL_NAMES
+
+        for name in value:
+            if name not in CHANNEL_NAMES:
+                raise ValueError(f"unknown channel {name!r}; channels are {', '.join(CHANNEL_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _builtin_sections_are_valid(self) -> NotificationSettings:
+        from .channels.configure import check_sections
+
+        check_sections(self)  # each section against its adapter's model; a channel named twice is refused
+        return self
 
     @model_validator(mode="after")
     def _deadline_fits_the_lease(self) -> NotificationSettings:

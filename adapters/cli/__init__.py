@@ -8,6 +8,7 @@ from .app import app
 from . import lifecycle as _lifecycle  # noqa: F401,E402
 from . import dispatch as _dispatch  # noqa: F401,E402
 from . import notify as _notify  # noqa: F401,E402
+from . import channels as _channels  # noqa: F401,E402
 from . import schedule as _schedule  # noqa: F401,E402
 
 

@@ -64,6 +64,11 @@ def test_other_statebook_variables_are_left_alone():
     ("[scheduler\n", "is not valid TOML"),
     ("[notifications]\ndeadline_seconds = 60\n", "must be shorter than notifications.lease_seconds"),
     ("[notifications]\nlease_seconds = 5\n", "must be shorter than notifications.lease_seconds"),
+    ("[notifications]\norder = [\"slack\", \"email\"]\n", "names every persistent channel exactly once"),
+    ("[notifications]\norder = [\"slack\", \"email\", \"pagerduty\", \"webhook\", \"websocket\"]\n",
+     "names every persistent channel exactly once"),
+    ("[notifications.rate_limits]\nsms = { capacity = 1, refill_per_second = 1 }\n", "unknown channel 'sms'"),
+    ("[notifications.rate_limits]\nslack = { capacity = 0, refill_per_second = 1 }\n", "capacity"),
 ])
 def test_the_file_is_checked(tmp_path, body, fragment):
     """C2: unknown keys and sections, bad values and invalid TOML are one-line ConfigErrors."""
@@ -93,6 +98,15 @@ def test_limits_reach_the_book(tmp_path):
             await book.engine.dispose()
 
     assert asyncio.run(go()) == Limits(json_depth=4, json_bytes=4096)
+
+
+def test_the_fallback_order_and_rate_limits_are_read():
+    """N40, N8: the order defaults to Slack, email, PagerDuty, webhook, Apprise and is the file's when set."""
+    assert load_settings(environ={}).notifications.order == ["slack", "email", "pagerduty", "webhook", "apprise"]
+    n = load_settings(environ={"STATEBOOK_NOTIFICATIONS__ORDER": '["webhook", "pagerduty", "slack", "email", "apprise"]',
+                               "STATEBOOK_NOTIFICATIONS__RATE_LIMITS": '{"slack": {"capacity": 5, "refill_per_second": 0.5}}'}
+                      ).notifications
+    assert n.order[0] == "webhook" and n.rate_limits["slack"].capacity == 5.0
 
 
 def test_notification_budgets_default_to_the_seed_s_and_are_read():

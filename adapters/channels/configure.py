@@ -1,0 +1,99 @@
+"""From ``[notifications]`` settings to running channels: the built-in sections, the custom adapters
+(``channels = { name = "module:attr" }``), the WebSocket endpoint to serve, and the dispatch transports
+that make provider incidents follow the human (``follow:<channel>``).
+
+Sections are checked against their adapter's model when the settings load (:func:`check_sections`);
+secrets are read only when the daemon builds the channels (:func:`build_channels`), and an unreadable
+one is a one-line :class:`~statebook.adapters.errors.ConfigError` naming where it was looked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from statebook.outbox.notifications import Channel
+
+from ..errors import ConfigError
+from .secrets import SecretError
+
+BUILTINS: Mapping[str, tuple[str, str]] = {
+    "slack": ("statebook.adapters.channels.slack", "SlackConfig"),
+    "email": ("statebook.adapters.channels.email", "EmailConfig"),
+    "pagerduty": ("statebook.adapters.channels.pagerduty", "PagerDutyConfig"),
+    "webhook": ("statebook.adapters.channels.webhook", "WebhookConfig"),
+    "websocket": ("statebook.adapters.channels.websocket", "WebSocketConfig"),
+    "apprise": ("statebook.adapters.channels.apprise", "AppriseConfig"),
+}
+"""Channel name -> (module, config model) of the built-in adapters."""
+
+
+def config_model(name: str) -> type[BaseModel]:
+    module, attr = BUILTINS[name]
+    return getattr(importlib.import_module(module), attr)
+
+
+def _problem(name: str, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"notifications.{name}{'.' + where if where else ''}: {first['msg']}"
+
+
+def check_sections(settings: Any) -> dict[str, BaseModel]:
+    """Each built-in section given in ``settings`` (a NotificationSettings) parsed by its adapter's
+    model; ValueError naming the first problem, or a channel configured both as a section and in
+    ``channels``."""
+    found: dict[str, BaseModel] = {}
+    for name in BUILTINS:
+        section = getattr(settings, name, None)
+        if section is None:
+            continue
+        if name in settings.channels:
+            raise ValueError(f"channel {name!r} is configured twice: as [notifications.{name}] and in "
+                             "notifications.channels; keep one")
+        try:
+            found[name] = config_model(name).model_validate(section)
+        except ValidationError as exc:
+            raise ValueError(_problem(name, exc)) from None
+    return found
+
+
+@dataclass
+class Built:
+    """What the daemon runs: the channels by name, services to start before delivery and stop after
+    it (the WebSocket endpoint), dispatch transports by route prefix, and clients to close."""
+
+    channels: dict[str, Channel] = field(default_factory=dict)
+    services: list[Any] = field(default_factory=list)
+    transports: dict[str, Any] = field(default_factory=dict)
+    closers: list[Any] = field(default_factory=list)
+
+    async def aclose(self) -> None:
+        for item in self.closers:
+            await item.aclose()
+
+
+def build_channels(settings: Any) -> Built:
+    """The built-in channels the sections configure (secrets read now), as :class:`Built`."""
+    built = Built()
+    for name, config in check_sections(settings).items():
+        try:
+            made = config.build()  # type: ignore[attr-defined]
+        except SecretError as exc:
+            raise ConfigError(f"notifications.{name}: {exc}") from None
+        except ValueError as exc:
+            raise ConfigError(f"notifications.{name}: {exc}") from None
+        if isinstance(made, tuple):  # (service, channel): the WebSocket endpoint and its channel
+            service, made = made
+            built.services.append(service)
+        built.channels[name] = made
+        follow = getattr(made, "follow_transport", None)
+        if callable(follow):
+            built.transports[f"follow:{name}"] = follow()
+        if callable(getattr(made, "aclose", None)):
+            built.closers.append(made)
+    return built
