@@ -159,3 +159,18 @@ async def test_httpx_request_logs_never_show_the_secret_url(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))]
     assert any("HTTP Request: POST" in line for line in lines), lines
     assert not [line for line in lines if TOKEN in line]
+
+
+async def test_a_cut_inside_the_admission_is_left_to_the_runtime_to_judge():
+    """The deadline ends while admit() is still writing: only the runtime knows whether its started fact
+    committed, so the send raises TimeoutError (judged by the runtime) rather than guessing; nothing left."""
+
+    class SlowAdmission(RecordingGuard):
+        async def admit(self) -> None:
+            await asyncio.sleep(DEADLINE * 3)
+
+    async with running("slack_webhook", "accept", hook) as (server, channel):
+        with pytest.raises(TimeoutError):
+            await channel.send(DELIVERY, SlowAdmission(server.effects, DEADLINE))
+        await asyncio.sleep(0.05)
+        assert server.effects() == 0
