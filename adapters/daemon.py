@@ -213,7 +213,6 @@ class NotificationDelivery(_InTask):
         for service in self.built.services:
             with contextlib.suppress(Exception):
                 await service.stop()
-        await self.built.aclose()
 
 
 def status_line(engine: SchedulerEngine) -> str:
@@ -259,6 +258,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     require_builtins(registry, "the daemon")
     book = await open_book(settings.db, registry=registry, limits=settings.book_limits())
     leader = None
+    built = Built()
     try:
         daemon_id = new_daemon_id()
         leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
@@ -305,6 +305,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                 print()
         return await summary(book)
     finally:
+        await built.aclose()  # the channels' and follow-ups' clients, after the last dispatch pass
         if leader is not None:
             await leader.release()
         await book.engine.dispose()

@@ -10,6 +10,7 @@ one is a one-line :class:`~statebook.adapters.errors.ConfigError` naming where i
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,8 @@ from statebook.outbox.notifications import Channel
 
 from ..errors import ConfigError
 from .secrets import SecretError
+
+log = logging.getLogger(__name__)
 
 BUILTINS: Mapping[str, tuple[str, str]] = {
     "slack": ("statebook.adapters.channels.slack", "SlackConfig"),
@@ -74,7 +77,10 @@ class Built:
 
     async def aclose(self) -> None:
         for item in self.closers:
-            await item.aclose()
+            try:
+                await item.aclose()
+            except Exception:  # noqa: BLE001 - one client that fails to close must not keep the others open
+                log.warning("could not close %s", type(item).__name__)
 
 
 def build_channels(settings: Any) -> Built:
@@ -91,9 +97,12 @@ def build_channels(settings: Any) -> Built:
             service, made = made
             built.services.append(service)
         built.channels[name] = made
-        follow = getattr(made, "follow_transport", None)
-        if callable(follow):
-            built.transports[f"follow:{name}"] = follow()
         if callable(getattr(made, "aclose", None)):
             built.closers.append(made)
+        follow = getattr(config, "build_follow", None)
+        if callable(follow):  # a provider that keeps incidents: its follow:<name> dispatch transport
+            transport = follow()
+            built.transports[f"follow:{name}"] = transport
+            if callable(getattr(transport, "aclose", None)):
+                built.closers.append(transport)
     return built

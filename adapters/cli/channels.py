@@ -141,12 +141,15 @@ def ls_cmd(
         elif r["rate_limit"]:
             bucket = "configured, not created yet"
         else:
-            bucket = "no limit" if isinstance(buckets, dict) else buckets
+            bucket = "no limit" if isinstance(buckets, dict) else "-"
         shown = r["error"] and f"[red]{r['error']}[/red]" or ", ".join(
             f"{k}={v}" for k, v in r["settings"].items() if v is not None)
         table.add_row(r["channel"], "yes" if r["configured"] else "no", kind, str(r["position"] or "-"), guards,
                       bucket, shown)
     console.print(table)
+    if isinstance(buckets, str):
+        console.print(f"buckets: {buckets}; they are created by `statebook run` from notifications.rate_limits",
+                      highlight=False)
 
 
 class _TestGuard:

@@ -12,6 +12,10 @@ runtime holds the lease; the channel tells it when the provider admits the send:
   lease-only check, which writes nothing and raises :class:`LeaseLost` when the claim is gone or
   the lease would lapse.
 
+An exception escaping ``send`` is recorded by its type only (its text may carry a secret): an adapter
+reports what went wrong in its :class:`Observation`'s ``detail``, built from status codes and provider
+error codes, never from an exception's message.
+
 A channel that does not report its admission (``reports_admission = False``) is admitted at its
 entry: everything after the call starts counts as a possible effect (a timeout is then ``UNKNOWN``,
 never ``NOT_STARTED``). A channel with internal retries that does not declare

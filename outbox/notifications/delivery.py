@@ -458,7 +458,8 @@ async def attempt_channel(book: Book, lease: Lease, channel: Channel, *, deadlin
     except LeaseLost as exc:
         failure = f"stopped: {exc}"
     except Exception as exc:
-        failure = f"{type(exc).__name__}: {exc}"
+        # Recorded by its type only: an adapter's exception text may carry a URL or a token (N43).
+        failure = f"the adapter raised {type(exc).__name__}"
     if guard.storage_error is not None:
         raise EvidenceLost(f"could not record the {channel.name} observation: {guard.storage_error}") from guard.storage_error
     observation = _judged(guard, observed, failure)
