@@ -8,7 +8,8 @@ Run as a script, this file is the worker (the test and tests/bench/notification_
 
     python tests/outbox/test_notification_buckets_processes.py DB_URL CHANNEL SCOPE START_AT SECONDS
 
-It waits until the wall time START_AT, then draws in a loop (one transaction per draw, the system clock)
+It waits until the wall time START_AT (0: it prints "ready" once connected and reads the start time from
+stdin, as spawn() does), then draws in a loop (one transaction per draw, the system clock)
 for SECONDS, sleeping briefly when the bucket is empty, and prints one JSON line: its draws, its refusals
 and its CPU seconds.
 """
@@ -36,6 +37,11 @@ async def work(url: str, channel: str, scope: str, start_at: float, seconds: flo
     book = await open_book(url, create=False)
     drawn = refused = 0
     try:
+        if start_at <= 0:  # started by spawn(): say we are ready, then read the common start time
+            async with book.read():
+                pass  # connected: the first draw does not pay for the connection
+            print("ready", flush=True)
+            start_at = float(await asyncio.to_thread(sys.stdin.readline))
         await asyncio.sleep(max(0.0, start_at - time.time()))
         cpu = time.process_time()
         while time.time() < start_at + seconds:
@@ -51,13 +57,22 @@ async def work(url: str, channel: str, scope: str, start_at: float, seconds: flo
         await book.engine.dispose()
 
 
-def spawn(url: str, channel: str, scope: str, processes: int, seconds: float, lead: float = 2.0
+def spawn(url: str, channel: str, scope: str, processes: int, seconds: float, lead: float = 0.3
           ) -> tuple[float, list[dict]]:
-    """Run ``processes`` workers that start together ``lead`` seconds from now: (that wall time, their JSON lines)."""
-    start_at = time.time() + lead
-    procs = [subprocess.Popen([sys.executable, str(WORKER), url, channel, scope, repr(start_at), repr(seconds)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Run ``processes`` workers that start together: once every one has imported statebook and connected
+    (however long a loaded machine takes), the common start is ``lead`` seconds later. (That wall time,
+    their JSON lines.)"""
+    procs = [subprocess.Popen([sys.executable, str(WORKER), url, channel, scope, "0", repr(seconds)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(processes)]
+    for p in procs:
+        line = p.stdout.readline() if p.stdout else ""
+        assert line.strip() == "ready", (line, p.stderr.read() if p.poll() is not None and p.stderr else "")
+    start_at = time.time() + lead
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(f"{start_at!r}\n")
+        p.stdin.flush()
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=120 + lead + seconds)
