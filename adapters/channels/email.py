@@ -56,6 +56,8 @@ from statebook.outbox.notifications import Delivery, Guard, Observation, Provide
 
 from .secrets import SecretRef, mask, scrub
 
+__all__ = ["EmailChannel", "EmailConfig"]
+
 log = logging.getLogger("statebook.adapters.channels.email")
 
 MARGIN_SECONDS = 0.05
@@ -320,5 +322,3 @@ def _secret_forms(username: str | None, password: str | None) -> tuple[str, ...]
         forms.append(base64.b64encode(f"\0{username}\0{password}".encode()).decode())
     return tuple(forms)
 
-
-__all__ = ["EmailChannel", "EmailConfig"]

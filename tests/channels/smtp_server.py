@@ -93,11 +93,12 @@ class _Handler:
 
 @contextlib.asynccontextmanager
 async def smtp_server(behaviour: str = "accept", *, password: str | None = None, username: str = "alerts",
-                      tls: ssl.SSLContext | None = None, implicit_tls: ssl.SSLContext | None = None
-                      ) -> AsyncIterator[SmtpServer]:
+                      tls: ssl.SSLContext | None = None, implicit_tls: ssl.SSLContext | None = None,
+                      echo_credentials: bool = False) -> AsyncIterator[SmtpServer]:
     """A server playing ``behaviour``; with ``password``, AUTH is required (``username`` / ``password``);
     ``tls`` offers STARTTLS with that context (and requires it), ``implicit_tls`` speaks TLS from the
-    first byte."""
+    first byte; ``echo_credentials``: a refused login's 535 repeats the password it was given (as a
+    careless server might)."""
     if behaviour not in BEHAVIOURS:
         raise ValueError(f"unknown behaviour {behaviour!r}; behaviours are {', '.join(BEHAVIOURS)}")
     loop = asyncio.get_running_loop()
@@ -109,7 +110,10 @@ async def smtp_server(behaviour: str = "accept", *, password: str | None = None,
         ok = isinstance(data, LoginPassword) and data.login == username.encode() and data.password == (password or "").encode()
         if ok:
             state.logins.append(username)
-        return AuthResult(success=ok, handled=False)  # handled=False: aiosmtpd sends the 235 or 535
+        echo = None
+        if not ok and echo_credentials and isinstance(data, LoginPassword):
+            echo = f"535 5.7.8 bad password {data.password.decode(errors='replace')} for {data.login.decode(errors='replace')}"
+        return AuthResult(success=ok, handled=False, message=echo)  # handled=False: aiosmtpd sends the 235 or 535
 
     def factory() -> SMTP:
         with warnings.catch_warnings():  # "AUTH without TLS": on purpose, on 127.0.0.1

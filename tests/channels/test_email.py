@@ -200,6 +200,13 @@ async def test_a_refused_login_is_not_started_and_shows_no_password(monkeypatch)
         assert server.messages == []
 
 
+async def test_a_server_echoing_the_password_has_it_scrubbed_from_the_detail(monkeypatch):
+    async with smtp_server("accept", password="another-password", username=USER, echo_credentials=True) as server:
+        observed = await channel(server.port, monkeypatch, auth=True).send(delivery(), RecordingGuard(server.effects, DEADLINE))
+        assert observed.outcome is ProviderOutcome.NOT_STARTED and "bad password ****" in observed.detail, observed
+        assert PASSWORD not in observed.detail
+
+
 async def test_without_login_a_server_requiring_auth_rejects_the_sender():
     async with smtp_server("accept", password=PASSWORD, username=USER) as server:
         guard = RecordingGuard(server.effects, DEADLINE)
