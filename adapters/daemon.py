@@ -264,7 +264,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
         leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
         await seed_schedules(book, settings)
         load_callbacks(settings.notifications.callbacks)
-        built = build_channels(settings.notifications)
+        built = build_channels(settings.notifications, clock=book.clock)
         delivery = Delivery(book, settings, built.transports)
         notifying: list[_InTask] = []
         if settings.notifications.channels or built.channels:

@@ -10,6 +10,7 @@ one is a one-line :class:`~statebook.adapters.errors.ConfigError` naming where i
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from statebook.lifecycle.clock import Clock
 from statebook.outbox.notifications import Channel
 
 from ..errors import ConfigError
@@ -83,12 +85,14 @@ class Built:
                 log.warning("could not close %s", type(item).__name__)
 
 
-def build_channels(settings: Any) -> Built:
-    """The built-in channels the sections configure (secrets read now), as :class:`Built`."""
+def build_channels(settings: Any, *, clock: Clock | None = None) -> Built:
+    """The built-in channels the sections configure (secrets read now), as :class:`Built`; ``clock``
+    (the book's) for what they time themselves (Retry-After dates, signature timestamps)."""
     built = Built()
     for name, config in check_sections(settings).items():
         try:
-            made = config.build()  # type: ignore[attr-defined]
+            build = config.build  # type: ignore[attr-defined]
+            made = build(clock=clock) if "clock" in inspect.signature(build).parameters else build()
         except SecretError as exc:
             raise ConfigError(f"notifications.{name}: {exc}") from None
         except ValueError as exc:
