@@ -133,7 +133,8 @@ class WebSocketHub:
     @property
     def url(self) -> str:
         """The endpoint's base URL (a subscriber appends ``/<recipient>``: :meth:`url_for`)."""
-        return f"ws://{self.host}:{self.port}{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        return f"ws://{host}:{self.port}{self.path}"
 
     def url_for(self, recipient: str) -> str:
         """The URL a subscriber of ``recipient`` connects to."""
@@ -255,7 +256,8 @@ class WebSocketHub:
 
     def _drop(self, connection: ServerConnection, why: str) -> None:
         self.dropped += 1
-        log.warning("dropped a websocket subscriber that %s", why)
+        recipient = self._recipient(connection.request.path) if connection.request else None
+        log.warning("dropped a websocket subscriber of %r that %s", (recipient or "?")[:80], why)
         connection.transport.abort()
 
 
