@@ -102,7 +102,7 @@ def test_slack_500_then_smtp_hang_then_pagerduty_delivers_and_the_incident_follo
     assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", nid)
     assert (acknowledge["event_action"], acknowledge["dedup_key"]) == ("acknowledge", nid)
     assert [f["status"] for f in follows] == ["delivered"]
-    assert clean
+    assert clean and nid in everything and "e2e.db" not in everything
     for secret in (HOOK, ROUTING, PASSWORD):
         assert secret not in everything, "a secret reached a row or a fact"
         assert secret not in caplog.text, "a secret reached a log line"
@@ -126,3 +126,59 @@ def test_a_channel_section_that_cannot_work_is_refused_before_anything_runs(tmp_
     message = str(caught.value)
     assert "notifications." in message and "\n" not in message
     assert "literal" not in message
+
+
+def test_the_daemon_serves_the_websocket_endpoint_and_delivers_to_its_subscriber(tmp_path):
+    """N46: `statebook run` serves [notifications.websocket]; a subscriber with its recipient's token gets
+    a BEST_EFFORT notification accepted while the daemon runs; one with a wrong token is refused."""
+    import json
+    import socket
+
+    import websockets
+    from websockets.asyncio.client import connect
+
+    token = "alice-websocket-token-0123456789"
+    (tmp_path / "tokens.json").write_text(json.dumps({"alice": token}))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    db = f"sqlite:///{tmp_path / 'ws.db'}"
+    toml = tmp_path / "s.toml"
+    toml.write_text(f'db = "{db}"\n[scheduler]\ntick_seconds = 0.3\n[notifications]\ndeadline_seconds = 2\n'
+                    f'[notifications.websocket]\nport = {port}\ntokens = {{ file = "{tmp_path / "tokens.json"}" }}\n')
+    url = f"ws://127.0.0.1:{port}/notifications/alice"
+
+    async def go():
+        daemon = asyncio.create_task(run_daemon(load_settings(toml), run_for=6.0))
+        for _ in range(100):  # until the endpoint listens
+            try:
+                ws = await connect(url, additional_headers={"Authorization": f"Bearer {token}"})
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the daemon never served the endpoint")
+        try:
+            await connect(url, additional_headers={"Authorization": "Bearer wrong-token-wrong-token"})
+            refused = False
+        except websockets.exceptions.InvalidStatus as exc:
+            refused = exc.response.status_code == 401
+        book = await open_book(db)
+        try:
+            accepted = await send_notification(book, recipient="alice", content={"title": "deploy done"},
+                                               mode="best_effort", channels=["websocket"])
+        finally:
+            await book.engine.dispose()
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        await ws.close()
+        await daemon
+        book = await open_book(db)
+        try:
+            return accepted.id, frame, refused, await notification_attempts(book, accepted.id)
+        finally:
+            await book.engine.dispose()
+
+    nid, frame, refused, attempts = asyncio.run(go())
+    assert (frame["notification_id"], frame["content"]) == (nid, {"title": "deploy done"})
+    assert refused
+    assert [(a["channel"], a["status"]) for a in attempts] == [("websocket", "success")]
