@@ -21,7 +21,7 @@ audit_app = typer.Typer(help="Check an audit bundle offline: no database, no set
 app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(audit_app, name="audit")
 
-CONFIG_HELP = "Settings file (TOML) whose [audit] chain_key names the chain key (env or file)"
+CONFIG_HELP = "Settings file (TOML) whose \\[audit] chain_key names the chain key (env or file)"
 
 
 def chain_key(config: Path | None):  # type: ignore[no-untyped-def]

@@ -264,7 +264,7 @@ def verify_cmd(
                                     help="also check the heads a checkpoint covers (truncation, erasure, rewrites)"),
     public_key: Path = typer.Option(None, "--public-key", metavar="FILE",
                                     help="the Ed25519 public key the checkpoint must be signed with"),
-    config: Path = typer.Option(None, "--config", help="settings file whose [audit] chain_key keys the chain"),
+    config: Path = typer.Option(None, "--config", help="settings file whose \\[audit] chain_key keys the chain"),
 ) -> None:
     """Check every row against its facts and every fact against its chain and policy; exit 1 on a finding.
 
