@@ -256,7 +256,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     settings = resolve_settings(settings, config_path)
     registry = resolve_registry(settings.app) if registry is None else registry
     require_builtins(registry, "the daemon")
-    book = await open_book(settings.db, registry=registry, limits=settings.book_limits())
+    book = await open_book(settings.db, registry=registry, limits=settings.book_limits(),
+                           chain_key=settings.audit.key())
     leader = None
     built = Built()
     try:

@@ -22,6 +22,8 @@ from statebook.lifecycle.inputs import DEFAULT_LIMITS, Limits
 from statebook.lifecycle.schema import metadata
 from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.codec import dumps
+from statebook.lifecycle.chain import key_chain
+from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
@@ -197,8 +199,13 @@ async def open_book(
     create: bool = True,
     must_exist: bool = False,
     limits: Limits | None = None,
+    chain_key: ChainKey | None = None,
 ) -> Book:
     """Connect, create the schema when asked, and return a :class:`Book` over ``registry``.
+
+    ``chain_key`` (settings ``[audit] chain_key``) keys the fact chain (specs/audit.md): with ``create``
+    the switch-over is recorded if the database has none, and a database keyed with another key raises
+    :class:`~statebook.lifecycle.chain.ChainKeyMismatch`; without ``create`` (a reader) nothing is written.
 
     ``limits`` bounds the JSON its commands may store (default :class:`Limits`; the settings'
     ``[limits]`` section gives one). ``registry`` defaults to the built-in one. Either way its statuses are checked against the
@@ -213,7 +220,11 @@ async def open_book(
             async with engine.connect() as conn:
                 await conn.execution_options(**{READ_ONLY_OPTION: True})  # SQLite: no write lock for a look
                 await conn.run_sync(check_statuses, registry)
+        book = Book(engine, registry, clock or SYSTEM_CLOCK, limits=limits if limits is not None else DEFAULT_LIMITS,
+                    chain_key=chain_key)
+        if chain_key is not None and create:
+            await key_chain(book)
     except BaseException:
         await engine.dispose()
         raise
-    return Book(engine, registry, clock or SYSTEM_CLOCK, limits=limits if limits is not None else DEFAULT_LIMITS)
+    return book

@@ -23,10 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import InitSettingsSource, TomlConfigSettingsSource
 
+from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import Limits, text
 from statebook.outbox.bounds import dispatch_limits
 
+from .channels.secrets import SecretRef
 from .errors import ConfigError
 
 CENTURY_SECONDS = 100 * 366 * 86400.0
@@ -228,6 +230,17 @@ class LimitsSettings(_Section):
         return Limits(json_depth=self.json_depth, json_bytes=self.json_bytes)
 
 
+class AuditSettings(_Section):
+    """History an auditor can check (specs/audit.md): ``chain_key = {env = "VAR"}`` or ``{file = "/path"}``
+    keys the fact chain with HMAC-SHA256; the key lives outside the database and never in this file."""
+
+    chain_key: SecretRef | None = None
+
+    def key(self) -> ChainKey | None:
+        """The chain key it names, read now (:class:`SecretError` naming where, never the value)."""
+        return None if self.chain_key is None else ChainKey(self.chain_key.reveal().encode())
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", allow_inf_nan=False,
@@ -243,6 +256,7 @@ class Settings(BaseSettings):
     launcher: LauncherSettings = LauncherSettings()
     limits: LimitsSettings = LimitsSettings()
     notifications: NotificationSettings = NotificationSettings()
+    audit: AuditSettings = AuditSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, *_: Any, **__: Any):  # type: ignore[override]

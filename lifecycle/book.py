@@ -17,6 +17,7 @@ from functools import cached_property
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .clock import SYSTEM_CLOCK, Clock
+from .chainkey import ChainKey
 from .inputs import DEFAULT_LIMITS, Limits
 from .policy import Lifecycle, Registry
 from .store import Store, store_for
@@ -41,6 +42,18 @@ class Book:
     """Callbacks run with an entity type after a transaction that wrote it commits (wake-ups)."""
     limits: Limits = field(default=DEFAULT_LIMITS, compare=False)
     """Bounds on the JSON a command may store (:mod:`.inputs`)."""
+    chain_key: ChainKey | None = field(default=None, compare=False, repr=False)
+    """The key of a keyed chain (:mod:`.chain`): every fact this book writes is hashed with HMAC-SHA256
+    under it, and verify requires it of every fact after the database's switch-over."""
+
+    @property
+    def chain_secret(self) -> bytes | None:
+        """The chain key's bytes, for the hash of each fact written (None: a plain chain)."""
+        return None if self.chain_key is None else self.chain_key.secret
+
+    def with_chain_key(self, key: ChainKey | None) -> Book:
+        """This book writing (and verifying) with ``key``; see :func:`.chain.key_chain` for the switch-over."""
+        return replace(self, chain_key=key)
 
     @cached_property
     def store(self) -> Store:

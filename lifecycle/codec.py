@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 from collections.abc import Callable
@@ -38,3 +39,10 @@ def digest(*parts: str) -> str:
     """SHA-256 (hex) of the parts, each followed by ``\\x1f``, as UTF-8."""
     text = "\x1f".join(parts)
     return hashlib.sha256((f"{text}\x1f" if parts else text).encode()).hexdigest()
+
+
+def keyed_digest(key: bytes, *parts: str) -> str:
+    """HMAC-SHA256 (hex) under ``key`` of the bytes :func:`digest` hashes: without the key no one can
+    compute it, so a fact hashed this way cannot be forged by someone who can only write the database."""
+    text = "\x1f".join(parts)
+    return hmac.digest(key, (f"{text}\x1f" if parts else text).encode(), "sha256").hex()

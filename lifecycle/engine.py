@@ -108,7 +108,7 @@ async def _create(book: Book, entity_type: str, items: Sequence[NewEntity], if_a
         if len(data) < len(columns):
             # The fact records every data column (L7): those not given hold their declared default.
             data = {**defaults, **data}
-        plans.append(plan_create(lc, data, item, at))
+        plans.append(plan_create(lc, data, item, at, book.chain_secret))
     store = book.store
     if len(plans) == 1:  # the common single create: no de-duplication or grouping to do
         tried, groups = plans, [plans]
@@ -255,7 +255,7 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
             if not matches(c, row):
                 outcomes[c.entity_id] = conflict(entity_type, c.entity_id, row)
                 continue
-            writes.append((c, plan_transition(lc, c, row, at)))  # type: ignore[arg-type]
+            writes.append((c, plan_transition(lc, c, row, at, book.chain_secret)))  # type: ignore[arg-type]
         trusted = set(unseen)
         for group in _groups(writes, lambda cw: _update_shape(cw[1])):
             for chunk in _chunks(group):
@@ -417,7 +417,7 @@ async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, rea
                 outcomes[entity_id] = conflict(entity_type, entity_id, row)
                 continue
             _check_purgeable(lc, entity_id, row["status"], force)
-            writes.append(plan_purge(lc, entity_id, row, reason, actor, at, force))
+            writes.append(plan_purge(lc, entity_id, row, reason, actor, at, force, book.chain_secret))
         for chunk in _chunks(writes):
             deleted = await store.delete(unit, lc.table, chunk)
             for w in chunk:

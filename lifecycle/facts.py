@@ -8,13 +8,13 @@ previous hash, so editing or deleting a fact breaks the chain visibly.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
 
-from .codec import digest, dumps, dumps_tree, loads
+from .codec import digest, dumps, dumps_tree, keyed_digest, loads
 from .inputs import integer
 from .schema import metadata
 from .store import store_for
@@ -124,8 +124,10 @@ class Fact:
 
     @classmethod
     def from_stored(cls, values: Sequence[Any]) -> Fact:
-        """A fact from its ``STORED_FIELDS`` values as the driver returns them (JSON fields as text)."""
-        return cls(**{k: decoded(v) if k in JSON_FIELDS else v for k, v in zip(STORED_FIELDS, values)})
+        """A fact from its ``STORED_FIELDS`` values as the driver returns them (JSON fields as text),
+        and its ``seq`` when one more value follows them (verify reads it: the keyed chain needs it)."""
+        fact = cls(**{k: decoded(v) if k in JSON_FIELDS else v for k, v in zip(STORED_FIELDS, values)})
+        return replace(fact, seq=values[len(STORED_FIELDS)]) if len(values) > len(STORED_FIELDS) else fact
 
 
 def stored_column(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
@@ -148,15 +150,16 @@ def decoded(value: Any) -> Any:
         return value
 
 
-def fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
+def fact_hash(content: Mapping[str, Any], prev_hash: str, key: bytes | None = None) -> str:
     """The chain hash of a fact: covers its content and the previous fact's hash.
 
     The digest of: the previous hash, the canonical JSON array of the ``SCALAR_FIELDS``, and the
     canonical text of each of the ``JSON_FIELDS`` — the text those columns store, so an audit can
     hash the stored bytes without decoding them. The parts are joined with ``\\x1f``, which
     canonical JSON never contains unescaped, so no two contents give the same bytes.
+    With a chain ``key`` (:mod:`.chain`) it is the HMAC-SHA256 of the same bytes under that key.
     """
-    return _hash_of(content, prev_hash, [dumps(content[k]) for k in JSON_FIELDS])
+    return _hash_of(content, prev_hash, [dumps(content[k]) for k in JSON_FIELDS], key)
 
 
 def legacy_fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
@@ -170,8 +173,10 @@ def legacy_fact_hash(content: Mapping[str, Any], prev_hash: str) -> str:
 _scalars = itemgetter(*SCALAR_FIELDS)
 
 
-def _hash_of(content: Mapping[str, Any], prev_hash: str, json_texts: Sequence[str]) -> str:
+def _hash_of(content: Mapping[str, Any], prev_hash: str, json_texts: Sequence[str], key: bytes | None = None) -> str:
     scalars = dumps_tree(list(_scalars(content)))  # no container, so no cycle to look for
+    if key is not None:
+        return keyed_digest(key, prev_hash, scalars, *json_texts)
     return digest(prev_hash, scalars, *json_texts)
 
 
@@ -189,14 +194,15 @@ def _stored_text(value: Any) -> str:
     return _EMPTY[type(value)] if not value and type(value) in _EMPTY else dumps(value)
 
 
-def stored_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
+def stored_values(content: dict[str, Any], prev_hash: str, key: bytes | None = None) -> dict[str, Any]:
     """:func:`insert_values` with the ``JSON_FIELDS`` already as the canonical text they store — the
-    text the hash was taken over, serialised once (the engine's statements bind them as text)."""
+    text the hash was taken over, serialised once (the engine's statements bind them as text).
+    ``key``: the book's chain key (the hash is then an HMAC, :mod:`.chain`)."""
     texts = [_stored_text(content[k]) for k in JSON_FIELDS]
     stored = dict(content)
     stored.update(zip(JSON_FIELDS, texts))
     stored["prev_hash"] = prev_hash
-    stored["hash"] = _hash_of(content, prev_hash, texts)
+    stored["hash"] = _hash_of(content, prev_hash, texts, key)
     return stored
 
 

@@ -127,17 +127,17 @@ def projection(content: Mapping[str, Any], fact: Mapping[str, Any]) -> dict[str,
     }
 
 
-def plan_create(lc: Lifecycle, data: Mapping[str, Any], item: NewEntity, at: float) -> RowWrite:
+def plan_create(lc: Lifecycle, data: Mapping[str, Any], item: NewEntity, at: float, key: bytes | None = None) -> RowWrite:
     """The insert of a new row (``data`` holds its id) and its creation fact (previous status NULL)."""
     content = fact_content(
         lc, entity_id=data["id"], prev_fact_id=GENESIS_ID, previous=None, status=item.status, version=1,
         reason=item.reason, actor=item.actor, at=at, patch=data, metadata=item.metadata or {},
     )
-    fact = stored_values(content, GENESIS_ID)
+    fact = stored_values(content, GENESIS_ID, key)
     return RowWrite(data["id"], {**data, **projection(content, fact)}, fact)
 
 
-def plan_transition(lc: Lifecycle, cmd: Command, row: Mapping[str, Any], at: float) -> RowWrite:
+def plan_transition(lc: Lifecycle, cmd: Command, row: Mapping[str, Any], at: float, key: bytes | None = None) -> RowWrite:
     """The compare-and-set update of ``row`` (as read) to ``cmd.target``, and its fact."""
     keyed = cmd.idempotency_key is not None
     content = fact_content(
@@ -145,20 +145,20 @@ def plan_transition(lc: Lifecycle, cmd: Command, row: Mapping[str, Any], at: flo
         version=row["version"] + 1, reason=cmd.reason, actor=cmd.actor, at=at, patch=cmd.patch,
         metadata=cmd.metadata, idempotency_key=cmd.idempotency_key, command_digest=cmd.digest() if keyed else None,
     )
-    fact = stored_values(content, row["chain_hash"])
+    fact = stored_values(content, row["chain_hash"], key)
     return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact, _expect(row, cmd.guards),
                     tuple(cmd.guards))
 
 
 def plan_purge(lc: Lifecycle, entity_id: str, row: Mapping[str, Any], reason: Reason, actor: Actor, at: float,
-               forced: bool) -> RowWrite:
+               forced: bool, key: bytes | None = None) -> RowWrite:
     """The compare-and-set delete of ``row`` and its tombstone fact (status NULL)."""
     content = fact_content(
         lc, entity_id=entity_id, prev_fact_id=row["last_fact_id"], previous=row["status"], status=None,
         version=row["version"] + 1, reason=reason, actor=actor, at=at, patch={},
         metadata={"forced": True} if forced else {},
     )
-    fact = stored_values(content, row["chain_hash"])
+    fact = stored_values(content, row["chain_hash"], key)
     return RowWrite(entity_id, {}, fact, _expect(row, {}))
 
 

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 
 from .book import Book
 from .codec import dumps
-from .facts import GENESIS, Fact, decoded, fact_hash, facts_table, legacy_fact_hash, stored_columns
+from .chain import Rule, against_checkpoint, chain_rule, switch_problems
+from .facts import GENESIS, Fact, decoded, facts_table, stored_columns
 from .inputs import KEY_CHARS, integer, text, timestamp
 from .policy import Lifecycle
 from .screen import Screen, Suspect
@@ -113,6 +114,8 @@ class Report:
     entities: int = 0
     facts: int = 0
     findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What could not be checked and is no finding (keyed hashes verified without the key)."""
 
     @property
     def ok(self) -> bool:
@@ -120,7 +123,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "entities": self.entities, "facts": self.facts,
-                "findings": [asdict(f) for f in self.findings]}
+                "findings": [asdict(f) for f in self.findings], "notes": list(self.notes)}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -193,8 +196,9 @@ def _judge_move(lc: Lifecycle, f: Fact) -> tuple[str, str] | None:
             "never allowed it")
 
 
-def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str, Any] | None) -> list[Finding]:
-    """Every check of one entity: shape, chain, edges, fold == row (every column)."""
+def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str, Any] | None,
+                 rule: Rule = Rule()) -> list[Finding]:
+    """Every check of one entity: shape, chain (hashed as ``rule`` says: plain, or keyed), edges, fold == row."""
     found: list[Finding] = []
 
     def flag(kind: str, detail: str, fact: Fact | None = None) -> None:
@@ -212,12 +216,11 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
             flag("malformed_fact", f"fact {f.id!r}: {'; '.join(bad)}", f)
         if f.prev_fact_id != prev_id or f.prev_hash != prev_hash:
             flag("broken_chain", f"fact {f.id} links to {f.prev_fact_id or 'genesis'!r}, expected {prev_id or 'genesis'!r} (a fact is missing or reordered)", f)
-        try:
-            # Facts written before the stored-text hash carry the earlier definition.
-            intact = f.hash in (fact_hash(f.content(), f.prev_hash), legacy_fact_hash(f.content(), f.prev_hash))
-        except (TypeError, ValueError, OverflowError):  # a value no fact could have been hashed with
-            intact = False
-        if not intact:
+        intact = rule.intact(f)
+        if intact is False and rule.keyed(f):
+            flag("hash_mismatch", f"fact {f.id} does not match its keyed hash: forged without the chain key, edited "
+                 "after it was written, or written with another key", f)
+        elif intact is False:
             flag("hash_mismatch", f"fact {f.id} does not match its hash (edited after it was written)", f)
         if f.previous_status != prev_status and f.prev_fact_id == prev_id:
             flag("status_discontinuity", f"fact {f.id} starts from {f.previous_status!r} but the entity was {prev_status!r}", f)
@@ -260,6 +263,7 @@ async def verify(
     *,
     progress: Callable[[int, int], None] | None = None,
     processes: int | None = None,
+    checkpoint: Mapping[str, Any] | None = None,
 ) -> Report:
     """Check every entity (or one type): row == fold(facts), edges allowed, chains intact.
 
@@ -269,19 +273,40 @@ async def verify(
     what is wrong. On a SQLite file with many facts, ``processes`` more processes (default: one
     per other core) screen ranges of entities alongside this one; ``processes=0``: none.
     ``progress(done_facts, total_facts)`` is called about every 5,000 facts and at the end.
+
+    A keyed chain (:mod:`.chain`): with ``book.chain_key`` every fact after the recorded switch-over
+    must carry its HMAC and the facts before it must give the recorded root; a wrong key, a missing or
+    forged record is one finding and nothing else is checked. ``checkpoint`` (a checkpoint's JSON,
+    its signature already checked by the caller): the heads it covers must be intact (``chain.against_checkpoint``).
     """
     lifecycles = [book.policy(entity_type)] if entity_type else list(book.registry)
     if processes is not None:
         integer("processes", processes, low=0, high=256)
     report = Report()
-    report.entities, report.facts, report.findings = await sweep(
-        book, lifecycles, _judge, progress=progress, processes=processes)
+    rule, problems, report.notes, switch = await chain_rule(book)
+    report.findings = [Finding(*p) for p in problems]
+    if rule is None:
+        return report
+    report.entities, report.facts, found = await sweep(
+        book, lifecycles, _judge_by(rule), progress=progress, processes=processes, key=rule.key,
+        keyed_after=rule.keyed_after)
+    report.findings += found
+    if switch is not None and rule.key is not None:
+        report.findings += [Finding(*p) for p in await switch_problems(book, switch)]
+    if checkpoint is not None:
+        report.findings += [Finding(*p) for p in await against_checkpoint(book, checkpoint)]
     if entity_type is None:
         report.findings += await _unregistered(book)
     return report
 
 
-def _judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect]) -> list[Finding]:
+def _judge_by(rule: Rule) -> Callable[[Lifecycle, Screen, Iterable[Suspect]], list[Finding]]:
+    def judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect]) -> list[Finding]:
+        return _judge(lc, screen, suspects, rule)
+    return judge
+
+
+def _judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect], rule: Rule = Rule()) -> list[Finding]:
     """The findings for entities that failed the screen: the full check on their decoded values."""
     found: list[Finding] = []
     for entity_id, facts, row in suspects:
@@ -290,7 +315,7 @@ def _judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect]) -> list[F
                 name: decoded(v) if name in screen.json_columns else v for name, v in zip(screen.columns, row)}
             if type(entity_id) is not str:  # damage stored a blob as the id (L12b)
                 entity_id = repr(entity_id)
-            found += check_entity(lc, entity_id, [Fact.from_stored(f) for f in facts], values)
+            found += check_entity(lc, entity_id, [Fact.from_stored(f) for f in facts], values, rule)
         except Exception as exc:  # noqa: BLE001 - damage of any shape is a finding, never a crash (L12b)
             found.append(Finding("unreadable", lc.entity_type, entity_id if type(entity_id) is str else repr(entity_id),
                                  f"the entity could not be checked ({type(exc).__name__}: {exc})"))
@@ -326,3 +351,7 @@ async def _unregistered(book: Book) -> list[Finding]:
                     f"table {name!r} has the lifecycle columns and {rows} row(s), but no registered lifecycle "
                     "manages it, so they were not checked"))
     return found
+
+
+stream_facts = _stream_facts
+"""Every fact (of one type, or all) in (type, id, version) order, streamed: ``async for fact in stream_facts(book, None)``."""

@@ -17,6 +17,7 @@ milliseconds, without SQLAlchemy. The backend names the function it runs (``File
 from __future__ import annotations
 
 import hashlib
+import hmac
 import importlib
 import json
 import pickle
@@ -43,6 +44,7 @@ Suspect = tuple[str, list[Sequence[Any]], Sequence[Any] | None]
 """An entity that failed the screen: its id, its facts and its row as read (the row may be None)."""
 
 _sha256 = hashlib.sha256
+_hmac = hmac.digest
 _scan = json.JSONDecoder().scan_once
 
 
@@ -71,9 +73,11 @@ class Screen:
         fingerprint: str = "",
         earlier: Mapping[str, tuple[Mapping[tuple[str, str], frozenset[str]], Collection[str]]] | None = None,
         strict: bool = False,
+        key: bytes | None = None,
+        keyed_after: int | None = None,
     ) -> None:
         self.spec = (entity_type, tuple(fields), scalars, tuple(columns), tuple(json_columns), dict(moves),
-                     tuple(initial), dict(defaults or {}), fingerprint, dict(earlier or {}), strict)
+                     tuple(initial), dict(defaults or {}), fingerprint, dict(earlier or {}), strict, key, keyed_after)
         """The arguments again, as plain data: how a worker process gets the screen."""
         self.entity_type = entity_type
         self.fields = tuple(fields)
@@ -84,12 +88,18 @@ class Screen:
         self.initial = frozenset(initial)
         self.fingerprint = fingerprint
         self.strict = strict
+        self.key = key
+        """The chain key (``chain.Rule``): facts with ``seq > keyed_after`` carry an HMAC under it (None: unchecked)."""
+        self.keyed_after = keyed_after
         self.policies = {fp: (dict(m), frozenset(i)) for fp, (m, i) in (earlier or {}).items()}
         self.policies[fingerprint] = (self.moves, self.initial)
         at = {name: i for i, name in enumerate(self.fields)}
         self.entity_at = at["entity_id"]
-        if self.fields[scalars:] != ("evidence_refs", "patch", "metadata", "prev_hash", "hash"):
+        if self.fields[scalars:scalars + 5] != ("evidence_refs", "patch", "metadata", "prev_hash", "hash") or (
+                self.fields[scalars + 5:] not in ((), ("seq",))):
             raise ValueError(f"unexpected fact field order {self.fields}")
+        if keyed_after is not None and self.fields[-1] != "seq":
+            raise ValueError("a keyed chain is screened with each fact's seq (the last field)")
         index = {name: i for i, name in enumerate(self.columns)}
         self.id_index = index["id"]
         self.projection = tuple((index[col], at[field]) for col, field in PROJECTION if col in index)
@@ -130,8 +140,9 @@ class Screen:
         """True when the entity is certainly intact; False sends it to the full check."""
         ID, PREV_ID, PREVIOUS, STATUS, VERSION, ACTOR, POLICY = self._at
         n = self.scalars
-        evidence, patch_at, metadata, prev_hash_at, hash_at = n, n + 1, n + 2, n + 3, n + 4
+        evidence, patch_at, metadata, prev_hash_at, hash_at, seq_at = n, n + 1, n + 2, n + 3, n + 4, n + 5
         allowed = self._allowed
+        key, keyed_after = self.key, self.keyed_after
         prev_id = prev_hash = ""
         prev_status: str | None = None
         version = 0
@@ -144,8 +155,12 @@ class Screen:
                     return False
                 # facts.fact_hash, over the stored text of the JSON columns.
                 text = f"{prev_hash}\x1f{dumps_tree(f[:n])}\x1f{f[evidence]}\x1f{f[patch_at]}\x1f{f[metadata]}\x1f"
-                if _sha256(text.encode()).hexdigest() != f[hash_at]:
-                    return False
+                if keyed_after is None or f[seq_at] <= keyed_after:
+                    if _sha256(text.encode()).hexdigest() != f[hash_at]:
+                        return False
+                elif key is not None:  # chain.Rule: keyed after the switch-over (without the key: unchecked)
+                    if _hmac(key, text.encode(), "sha256").hex() != f[hash_at]:
+                        return False
                 status = f[STATUS]
                 verdict = allowed.get((f[POLICY], prev_status, status, f[ACTOR]))
                 if verdict is None:

@@ -48,6 +48,9 @@ CHUNK_FACTS = 5_000
 """Facts per range of entity ids (progress is reported as each range is done)."""
 MAX_PROCESSES = 7
 
+SCREENED_FIELDS = (*STORED_FIELDS, "seq")
+"""The fact columns verify reads: the stored fields and the seq (the keyed chain's rule needs it)."""
+
 Judge = Callable[[Lifecycle, Screen, Iterable[Suspect]], list[Any]]
 
 
@@ -58,8 +61,11 @@ async def sweep(
     *,
     progress: Callable[[int, int], None] | None = None,
     processes: int | None = None,
+    key: bytes | None = None,
+    keyed_after: int | None = None,
 ) -> tuple[int, int, list[Any]]:
-    """Screen every entity of ``lifecycles``: (entities, facts, what ``judge`` found)."""
+    """Screen every entity of ``lifecycles``: (entities, facts, what ``judge`` found). ``key`` and
+    ``keyed_after``: the keyed chain's rule (``chain.Rule``) the screen hashes by."""
     store = book.store
     async with _snapshot(book) as conn:
         t = facts_table
@@ -74,7 +80,7 @@ async def sweep(
             workers = _workers(total, processes) if file is not None else 0
             chunks: list[_Chunk] = []
             for lc in lifecycles:
-                screen = screen_of(lc)
+                screen = screen_of(lc, key, keyed_after)
                 ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if file else [(None, None)]
                 chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
         run = _Run(store, conn, chunks, judge, total, progress, file)
@@ -101,15 +107,15 @@ def _workers(total: int, processes: int | None) -> int:
     return max(processes, 0) if sys.executable else 0
 
 
-def screen_of(lc: Lifecycle) -> Screen:
-    """The screen for ``lc``: its current policy, the policies it accepts, its table's defaults."""
+def screen_of(lc: Lifecycle, key: bytes | None = None, keyed_after: int | None = None) -> Screen:
+    """The screen for ``lc``: its current policy, the policies it accepts, its table's defaults, the chain's rule."""
     columns = lc.table.columns  # names as plain str (SQLAlchemy's str subclass would not unpickle in a worker)
     earlier = {str(p.fingerprint): (_moves(p), tuple(p.initial)) for p in lc.accepted if p.fingerprint != lc.fingerprint}
     return Screen(
-        str(lc.entity_type), STORED_FIELDS, len(SCALAR_FIELDS), [str(c.name) for c in columns],
+        str(lc.entity_type), SCREENED_FIELDS, len(SCALAR_FIELDS), [str(c.name) for c in columns],
         [str(c.name) for c in columns if isinstance(c.type, sa.JSON)], _moves(lc), lc.initial,
         defaults={str(k): v for k, v in row_defaults(lc.table).items()}, fingerprint=str(lc.fingerprint),
-        earlier=earlier, strict=lc.accepts is not None,
+        earlier=earlier, strict=lc.accepts is not None, key=key, keyed_after=keyed_after,
     )
 
 
@@ -150,7 +156,7 @@ class _Chunk:
     def queries(self, store: Store) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """(facts, rows) in id order: code point order (``Store.in_id_order``), as Merge compares ids."""
         t, table = facts_table, self.lc.table
-        facts = sa.select(*(stored_column(t.c[k]) for k in STORED_FIELDS)).where(t.c.entity_type == self.lc.entity_type)
+        facts = sa.select(*(stored_column(t.c[k]) for k in SCREENED_FIELDS)).where(t.c.entity_type == self.lc.entity_type)
         rows = sa.select(*(stored_column(c) for c in table.columns))
         if self.lo is not None:
             facts, rows = facts.where(t.c.entity_id >= self.lo), rows.where(table.c.id >= self.lo)

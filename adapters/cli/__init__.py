@@ -10,6 +10,7 @@ from . import dispatch as _dispatch  # noqa: F401,E402
 from . import notify as _notify  # noqa: F401,E402
 from . import channels as _channels  # noqa: F401,E402
 from . import schedule as _schedule  # noqa: F401,E402
+from . import audit as _audit  # noqa: F401,E402
 
 
 def main() -> None:

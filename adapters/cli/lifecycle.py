@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -78,6 +79,8 @@ def print_report(report: Report) -> None:
         for f in report.findings:
             table.add_row(f.kind, f.entity_type, f.entity_id, escape(f.detail))
         console.print(table)
+    for note in report.notes:
+        console.print(f"note: {escape(note)}", highlight=False)
 
 
 # -- lifecycle ls / show / graph --------------------------------------------------------------
@@ -163,9 +166,14 @@ async def _facts(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
     return facts
 
 
-def _damage(book: Book, entity_type: str, entity_id: str, facts: list[Fact]) -> str | None:
-    """The first chain finding of these facts (the checks verify runs), or None when they chain."""
-    found = [f for f in check_entity(book.policy(entity_type), entity_id, facts, None) if f.kind in CHAIN_DAMAGE]
+async def _damage(book: Book, entity_type: str, entity_id: str, facts: list[Fact]) -> str | None:
+    """The first chain finding of these facts (the checks verify runs), or None when they chain. On a
+    keyed chain the facts after the switch-over are checked for their links only (no key here)."""
+    from statebook.lifecycle.chain import Rule, read_switch
+
+    switch = await read_switch(book)
+    rule = Rule() if switch is None else Rule(None, switch.keyed_after)
+    found = [f for f in check_entity(book.policy(entity_type), entity_id, facts, None, rule) if f.kind in CHAIN_DAMAGE]
     if not found:
         return None
     return (f"the history of {entity_type} {entity_id!r} is damaged ({found[0].kind}: {found[0].detail}); "
@@ -174,7 +182,7 @@ def _damage(book: Book, entity_type: str, entity_id: str, facts: list[Fact]) -> 
 
 async def _history(book: Book, entity_type: str, entity_id: str) -> tuple[list[Fact], str | None]:
     facts = await _facts(book, entity_type, entity_id)
-    return facts, _damage(book, entity_type, entity_id, facts)
+    return facts, await _damage(book, entity_type, entity_id, facts)
 
 
 @app.command("history")
@@ -196,7 +204,7 @@ def history_cmd(
 
 async def _replay(book: Book, entity_type: str, entity_id: str, when: float | None) -> dict[str, Any] | None:
     facts = await _facts(book, entity_type, entity_id)
-    damage = _damage(book, entity_type, entity_id, facts)
+    damage = await _damage(book, entity_type, entity_id, facts)
     if damage:
         raise DamagedHistory(damage)  # a state folded over a gap would be a wrong answer
     defaults = row_defaults(book.policy(entity_type).table)
@@ -223,9 +231,11 @@ PROGRESS_FROM_FACTS = 5000
 """Below this many facts verify is quick; the progress bar only appears for longer runs."""
 
 
-async def _verify(book: Book, entity_type: str | None, show_progress: bool) -> Report:
+async def _verify(book: Book, entity_type: str | None, show_progress: bool, checkpoint: Any = None,
+                  key: Any = None) -> Report:
+    book = book.with_chain_key(key)
     if not show_progress:
-        return await verify(book, entity_type)
+        return await verify(book, entity_type, checkpoint=checkpoint)
     columns = (TextColumn("verifying facts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     bar = Progress(*columns, console=err_console, transient=True)
     task = bar.add_task("verify", total=None)
@@ -237,7 +247,7 @@ async def _verify(book: Book, entity_type: str | None, show_progress: bool) -> R
             bar.update(task, completed=done, total=total)
 
     try:
-        return await verify(book, entity_type, progress=tick)
+        return await verify(book, entity_type, progress=tick, checkpoint=checkpoint)
     finally:
         if bar.live.is_started:
             bar.stop()
@@ -250,11 +260,31 @@ def verify_cmd(
         help="check one entity type only (without it, facts and managed tables of types the registry does not "
              "declare are findings)"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    checkpoint: Path = typer.Option(None, "--checkpoint", metavar="FILE",
+                                    help="also check the heads a checkpoint covers (truncation, erasure, rewrites)"),
+    public_key: Path = typer.Option(None, "--public-key", metavar="FILE",
+                                    help="the Ed25519 public key the checkpoint must be signed with"),
+    config: Path = typer.Option(None, "--config", help="settings file whose \\[audit] chain_key keys the chain"),
 ) -> None:
     """Check every row against its facts and every fact against its chain and policy; exit 1 on a finding.
 
-    What it cannot check is a finding too: unregistered types, damaged facts (specs/lifecycle.md L12a/b)."""
-    report = run(with_book(_verify)(entity_type, err_console.is_terminal and not as_json))
+    What it cannot check is a finding too: unregistered types, damaged facts (specs/lifecycle.md L12a/b).
+    With the chain key configured ([audit] chain_key) keyed hashes are checked; --checkpoint FILE checks
+    the history it covers (specs/audit.md)."""
+    from statebook.adapters.audit import read_checkpoint
+    from statebook.lifecycle.replay import Finding
+
+    from .audit import chain_key
+
+    key = chain_key(config)
+    body, problems, notes = (None, [], []) if checkpoint is None else read_checkpoint(checkpoint, public_key)
+    if checkpoint is None and public_key is not None:
+        raise fail("--public-key checks a checkpoint's signature: give --checkpoint FILE too")
+    if problems:
+        report = Report(findings=[Finding("bad_checkpoint", "", "", p) for p in problems])
+    else:
+        report = run(with_book(_verify)(entity_type, err_console.is_terminal and not as_json, body, key))
+    report.notes += notes
     if as_json:
         typer.echo(_dump(report.to_json(), indent=2))
     else:

@@ -1,0 +1,154 @@
+"""Audit bundles and checkpoint files (specs/audit.md A7-A9): signed, checked offline, every line covered."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conformance.support import new_task, prepare, start, task_registry
+
+from statebook.adapters.audit import (
+    checkpoint_document, export_bundle, keygen, read_checkpoint, replay_bundle, verify_bundle, write_json)
+from statebook.adapters.db import connect
+from statebook.lifecycle import Book, FakeClock, verify
+from statebook.lifecycle.chain import checkpoint
+
+
+@pytest.fixture
+async def book(tmp_path):
+    engine = connect(f"sqlite:///{tmp_path / 'audit.db'}")
+    await prepare(engine, FakeClock())
+    book = Book(engine, task_registry(), FakeClock())
+    for entity_id in ("a1", "b2", "c3"):
+        await new_task(book, entity_id)
+        await start(book, entity_id)
+    try:
+        yield book
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+def keys(tmp_path) -> tuple[Path, Path]:
+    private = tmp_path / "signing.pem"
+    return private, keygen(private)
+
+
+def _edit_fact(d: Path) -> None:
+    lines = (d / "facts.jsonl").read_text().splitlines(keepends=True)
+    fact = json.loads(lines[1])
+    fact["actor_id"] = "mallory"
+    lines[1] = json.dumps(fact, sort_keys=True) + "\n"
+    (d / "facts.jsonl").write_text("".join(lines))
+
+
+def _delete_line(d: Path) -> None:
+    lines = (d / "facts.jsonl").read_text().splitlines(keepends=True)
+    (d / "facts.jsonl").write_text("".join(lines[:-1]))
+
+
+def _reorder(d: Path) -> None:
+    lines = (d / "facts.jsonl").read_text().splitlines(keepends=True)
+    lines[0], lines[1] = lines[1], lines[0]
+    (d / "facts.jsonl").write_text("".join(lines))
+
+
+def _edit_json(name: str, key: str, change) -> object:  # type: ignore[no-untyped-def]
+    def edit(d: Path) -> None:
+        document = json.loads((d / name).read_text())
+        change(document[key])
+        (d / name).write_text(json.dumps(document))
+    return edit
+
+
+EDITS = {
+    "fact": _edit_fact,
+    "deleted_line": _delete_line,
+    "reordered_line": _reorder,
+    "manifest": _edit_json("manifest.json", "manifest", lambda m: m["counts"]["task"].update(facts=5)),
+    "checkpoint": _edit_json("checkpoint.json", "checkpoint", lambda c: c.update(max_seq=c["max_seq"] + 1)),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+async def test_a_bundle_edited_in_any_line_fails(book, keys, tmp_path, edit):
+    """A fact, a deleted or a reordered line, the manifest, the checkpoint: each edit fails audit verify."""
+    private, public = keys
+    d = tmp_path / "bundle"
+    await export_bundle(book, d, private_key=private)
+    assert verify_bundle(d, public).ok, verify_bundle(d, public).findings
+    EDITS[edit](d)
+    report = verify_bundle(d, public)
+    assert not report.ok
+    assert not verify_bundle(d, None).ok  # the digests catch a lone edit even without the key
+
+
+async def test_a_consistent_rewrite_needs_the_signing_key(book, keys, tmp_path):
+    """Recomputing every digest after an edit passes the unsigned check, not the signature."""
+    private, public = keys
+    d = tmp_path / "bundle"
+    await export_bundle(book, d, private_key=private)
+    EDITS["manifest"](d)
+    document = json.loads((d / "manifest.json").read_text())
+    document["manifest"]["counts"]["task"]["facts"] = 6  # back to the truth, but the signature is over the first
+    document["manifest"]["created_at"] += 1
+    (d / "manifest.json").write_text(json.dumps(document))
+    assert verify_bundle(d, None).ok
+    assert any("signature" in f for f in verify_bundle(d, public).findings)
+
+
+async def test_replay_from_a_bundle_and_as_of(book, tmp_path):
+    """audit replay folds one entity's facts from the bundle alone, and at a time."""
+    d = tmp_path / "bundle"
+    await export_bundle(book, d)
+    state = replay_bundle(d, "task", "b2")
+    assert state is not None and state["status"] == "working" and state["attempt"] == 1
+    first = json.loads((d / "facts.jsonl").read_text().splitlines()[0])
+    assert replay_bundle(d, "task", "a1", first["at"] - 1) is None
+
+
+async def test_a_signed_checkpoint_file_detects_tampering(book, keys, tmp_path):
+    """verify --checkpoint: an edited checkpoint fails its signature; an intact one verifies the database."""
+    private, public = keys
+    path = tmp_path / "cp.json"
+    write_json(path, checkpoint_document(await checkpoint(book), private))
+    body, problems, _ = read_checkpoint(path, public)
+    assert not problems and (await verify(book, checkpoint=body)).ok
+    document = json.loads(path.read_text())
+    document["checkpoint"]["heads"] = document["checkpoint"]["heads"][1:]
+    document["checkpoint"]["entities"] -= 1
+    from statebook.lifecycle.chain import merkle_root
+
+    document["checkpoint"]["root"] = merkle_root(document["checkpoint"]["heads"])
+    path.write_text(json.dumps(document))
+    _, problems, _ = read_checkpoint(path, public)
+    assert problems and "signature" in problems[0]
+
+
+async def test_a_bundle_verifies_in_a_clean_environment(book, keys, tmp_path):
+    """`statebook audit verify` and `audit replay` in a subprocess with no settings, no database URL and a
+    working directory without a database: only the package and the public key."""
+    private, public = keys
+    d = tmp_path / "bundle"
+    await export_bundle(book, d, private_key=private)
+    clean = tmp_path / "elsewhere"
+    clean.mkdir()
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(clean)}
+    cli = [sys.executable, "-c", "from statebook.adapters.cli import main; main()"]
+    done = subprocess.run([*cli, "audit", "verify", str(d), "--public-key", str(public), "--json"], cwd=clean, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
+    assert not list(clean.iterdir())  # no database was created
+    replayed = subprocess.run([*cli, "audit", "replay", str(d), "task", "c3"], cwd=clean, env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["status"] == "working"
+    _edit_fact(d)
+    failed = subprocess.run([*cli, "audit", "verify", str(d), "--public-key", str(public)], cwd=clean, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "finding" in failed.stdout
