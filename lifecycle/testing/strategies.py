@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from ..policy import Lifecycle
 from ..reasons import Actor
-from ..schema import LIFECYCLE_COLUMNS, data_columns, row_defaults
+from ..schema import LIFECYCLE_COLUMNS, data_columns
 from .model import TransitionCmd
 
 __all__ = [
@@ -62,13 +62,12 @@ def creation_values(lc: Lifecycle) -> st.SearchStrategy[dict[str, Any]]:
     A column with a foreign key is left out when it may be (NULL or a default), else this raises
     ``ValueError`` naming it: override ``LifecycleMachine.creation_values`` for such a table.
     """
-    defaults = row_defaults(lc.table)
     required, optional = [], []
     for name in data_columns(lc.table):
         column = lc.table.c[name]
         if name in LIFECYCLE_COLUMNS or column.primary_key:
             continue
-        may_omit = column.nullable or name in defaults or column.server_default is not None
+        may_omit = column.nullable or column.default is not None or column.server_default is not None
         if column.foreign_keys:
             if not may_omit:
                 raise ValueError(
