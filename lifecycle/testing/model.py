@@ -1,14 +1,18 @@
-"""Reference model for the lifecycle state-machine test (tests/stateful/test_lifecycle_machine.py).
+"""The reference model: what the engine must answer, derived from the registry alone.
 
-The oracle is built from the registry, not from the engine: every lifecycle becomes a
-``transitions.Machine`` whose states are its statuses and which has one trigger per accepted edge
-(``<source>__to__<target>``). An edge's actor gate and its required patch and guard fields are the
-trigger's conditions. ``ReferenceModel.predict_*`` says what the engine must answer to a command —
-rejected (and by which rules), conflict, applied, replayed, idempotency mismatch, not found — and
-``apply_*`` moves the model when the engine applied it.
+Every lifecycle becomes a ``transitions.Machine`` whose states are its statuses, with one trigger per
+allowed move (``<source>__to__<target>``, implicit same-status moves included); an edge's actor gate
+and its required patch and guard fields are the trigger's conditions. :class:`ReferenceModel` holds
+those machines plus the entities and idempotency keys seen so far, and predicts the engine's answer
+to a command — rejected (by which rules), conflict, applied, replayed, idempotency mismatch, not found.
+It never looks at the engine, so it is an independent oracle for users' own properties::
 
-Also here: the ``ticket`` test lifecycle (its own table on its own MetaData), the registry that
-holds it next to the built-ins, and value strategies for every patchable column.
+    model = ReferenceModel(registry)
+    model.allowed("order", "placed", "paid", actor_type="customer")            # -> True / False
+    entity = model.apply_create("order", "o-1", "placed", values, "order.placed.new", "", fact_id, now)
+    model.predict_transition(TransitionCmd("order", "o-1", "paid", "order.paid.card", "",
+                                           Actor("customer", "c"), ("placed",)))
+    # -> Prediction(kind='applied', status='paid', version=2)
 """
 
 from __future__ import annotations
@@ -19,140 +23,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
-from hypothesis import strategies as st
 from transitions import Machine
 from transitions.core import EventData
 
-from statebook.adapters.registry import builtin_registry
-from statebook.lifecycle import Actor, Lifecycle, Registry, edges, managed_table
-from statebook.lifecycle.policy import Edge
+from ..facts import Fact
+from ..policy import Edge, Lifecycle, Registry
+from ..reasons import Actor
+from ..schema import row_defaults
 
-# -- the test lifecycle ------------------------------------------------------------------------
+__all__ = [
+    "Entity", "KeyUse", "Prediction", "ReferenceModel", "TransitionCmd", "build_machine", "trigger_name",
+]
 
-TEST_META = sa.MetaData()
-"""Kept apart from statebook's MetaData so the schema helpers never see the test table."""
-
-TICKET_STATUSES = ("draft", "open", "review", "done", "rejected")
-
-tickets = managed_table(
-    "stateful_tickets",
-    sa.Column("id", sa.String(32), primary_key=True),
-    sa.Column("title", sa.Text, nullable=False),
-    sa.Column("assignee", sa.Text, nullable=True),
-    sa.Column("revision", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("notes", sa.JSON, nullable=True),
-    sa.Column("score", sa.Float, nullable=True),
-    meta=TEST_META,
-)
-
-TICKET = Lifecycle(
-    entity_type="ticket",
-    table=tickets,
-    statuses=TICKET_STATUSES,
-    initial={"draft", "open"},
-    terminal={"done", "rejected"},
-    edges=(
-        *edges("draft", "open"),
-        *edges("draft", "rejected", actors="operator"),
-        *edges("open", "review", patch="assignee"),
-        *edges("open", "rejected"),
-        # A declared self-edge wins over the implicit one same_status="allow" gives.
-        *edges("review", "review", guard="revision"),
-        *edges("review", "open"),
-        *edges("review", "done", actors="reviewer", guard="revision", patch="revision"),
-        *edges("review", "rejected", actors="reviewer"),
-        *edges("done", "open", actors="operator", patch="revision"),
-        *edges("rejected", "draft", actors="operator"),
-    ),
-    patch_fields={"assignee", "revision", "notes", "score"},
-    reason_prefixes={"ticket"},
-    reasons={
-        "ticket.draft.created", "ticket.open.created", "ticket.draft.edited", "ticket.open.submitted",
-        "ticket.open.edited", "ticket.review.requested", "ticket.review.revised", "ticket.open.returned",
-        "ticket.done.approved", "ticket.rejected.declined", "ticket.open.reopened", "ticket.draft.revived",
-        "ticket.purged.operator",
-    },
-    same_status="allow",
-    description="Test lifecycle: gated terminal exits, a declared self-edge, implicit same-status moves.",
-)
-
-ENTITY_TYPES = ("ticket", "dispatch", "schedule_run")
-
-PURGE_REASONS = {
-    "ticket": "ticket.purged.operator",
-    "dispatch": "dispatch.purged.operator",
-    "schedule_run": "schedule_run.purged.operator",
-}
-
-ACTORS = (
-    Actor("system", "delivery"),
-    Actor("system", "launcher"),
-    Actor("operator", "alice"),
-    Actor("reviewer", "bob"),
-    Actor("consumer", "hook"),
-)
+_MISSING = object()
 
 
-def make_registry() -> Registry:
-    """The built-ins plus ``ticket``, sealed."""
-    registry = builtin_registry(seal=False)
-    registry.register(TICKET)
-    return registry.seal()
-
-
-
-
-def creation_values(entity_type: str, now: float) -> dict[str, Any]:
-    """Realistic data columns for a new entity of each lifecycle."""
-    if entity_type == "dispatch":
-        return {
-            "kind": "webhook", "deliver_to": "https://hooks.example.test/in", "payload": {},
-            "next_attempt_at": now, "created_at": now, "attempt": 0, "max_attempts": 8, "ack_required": 0,
-        }
-    if entity_type == "schedule_run":
-        return {
-            "schedule_id": None, "trigger_context": {}, "action_kind": "command", "action_args": [],
-            "fired_at": now, "created_at": now, "chain_depth": 0,
-        }
-    return {"title": "fix the flaky test", "revision": 0, "notes": {}}
-
-
-# -- column values -----------------------------------------------------------------------------
-
-
-def is_json(column: sa.Column) -> bool:
-    return isinstance(column.type, sa.JSON)
-
-
-def guardable(lc: Lifecycle) -> list[str]:
-    """Patch fields a guard may compare: JSON columns have no equality operator on PostgreSQL."""
-    return sorted(f for f in lc.patch_fields if not is_json(lc.table.c[f]))
-
-
-def column_values(column: sa.Column) -> st.SearchStrategy[Any]:
-    """Values the column accepts on both backends (exact floats, int4 integers, plain text)."""
-    kind = column.type
-    if isinstance(kind, sa.JSON):
-        base: st.SearchStrategy[Any] = st.sampled_from([{}, {"n": 1}, ["a", "b"], []])
-    elif isinstance(kind, sa.Integer):
-        base = st.integers(-3, 12)
-    elif isinstance(kind, sa.Float):
-        base = st.integers(0, 4_000).map(lambda i: 1_700_000_000.0 + i / 4)
-    else:
-        base = st.text(alphabet="abxyz-", max_size=5)
-    return st.one_of(st.none(), base) if column.nullable else base
-
-
-def column_default(column: sa.Column) -> Any:
-    """The value a row gets for a column its creation did not mention."""
-    default = column.server_default
-    if default is None:
-        return None
-    text = str(getattr(default, "arg", default))
-    return int(text) if isinstance(column.type, sa.Integer) else text
-
-
-# -- the machine -------------------------------------------------------------------------------
+def trigger_name(source: str, target: str) -> str:
+    """The trigger of the move ``source -> target`` in a lifecycle's machine."""
+    return f"{source}__to__{target}"
 
 
 @dataclass(frozen=True)
@@ -171,10 +59,6 @@ class Gate:
         return self.edge.requires_guard <= set(kw["guards"])
 
 
-def trigger_name(source: str, target: str) -> str:
-    return f"{source}__to__{target}"
-
-
 def _gates(edge: Edge) -> list[Gate]:
     gates = [Gate("actor", edge)] if edge.actors else []
     if edge.requires_patch:
@@ -185,11 +69,12 @@ def _gates(edge: Edge) -> list[Gate]:
 
 
 def build_machine(lc: Lifecycle) -> Machine:
-    """A ``transitions.Machine`` for one lifecycle: statuses as states, one trigger per edge."""
-    machine = Machine(
-        model=None, states=list(lc.statuses), initial=None, auto_transitions=False, send_event=True,
-        name=lc.entity_type,
-    )
+    """A ``transitions.Machine`` for one lifecycle: statuses as states, one trigger per allowed move.
+
+    Triggers take ``actor_type``, ``patch`` and ``guards`` keyword arguments (the gates' inputs).
+    """
+    machine = Machine(model=None, states=list(lc.statuses), initial=None, auto_transitions=False,
+                      send_event=True, name=lc.entity_type)
     declared = set()
     for edge in lc.edges:
         declared.add((edge.source, edge.target))
@@ -202,12 +87,9 @@ def build_machine(lc: Lifecycle) -> Machine:
     return machine
 
 
-# -- commands and predictions -----------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class TransitionCmd:
-    """One transition command as a caller would issue it."""
+    """One transition command as a caller would issue it (the arguments of ``transition``)."""
 
     entity_type: str
     entity_id: str
@@ -249,6 +131,7 @@ class Prediction:
 
     @property
     def writes(self) -> bool:
+        """Whether the command writes a fact."""
         return self.kind == "applied"
 
 
@@ -283,30 +166,41 @@ class KeyUse:
 
 
 class ReferenceModel:
-    """The oracle: lifecycles as machines, plus the entities and idempotency keys seen so far."""
+    """The oracle: lifecycles as machines, plus the entities and idempotency keys seen so far.
 
-    def __init__(self, registry: Registry, entity_types: tuple[str, ...] = ENTITY_TYPES) -> None:
-        self.lifecycles = {t: registry.get(t) for t in entity_types}
+    ``entity_types`` limits it to some lifecycles of ``registry`` (default: all of them).
+    """
+
+    def __init__(self, registry: Registry, entity_types: tuple[str, ...] | None = None) -> None:
+        types = entity_types if entity_types is not None else tuple(lc.entity_type for lc in registry)
+        self.lifecycles = {t: registry.get(t) for t in types}
         self.machines = {t: build_machine(lc) for t, lc in self.lifecycles.items()}
         self.entities: dict[tuple[str, str], Entity] = {}
         self.keys: dict[tuple[str, str, str], KeyUse] = {}
 
     # -- reading ------------------------------------------------------------------------------
     def live(self) -> list[Entity]:
+        """The entities not purged."""
         return [e for e in self.entities.values() if not e.purged]
 
-    def accepts(self, entity_type: str, source: str | None, target: str | None, actor_type: str,
-                patch: Mapping[str, Any]) -> bool:
-        """Whether a recorded fact follows an edge the machine has (guards are not recorded)."""
+    def allowed(self, entity_type: str, source: str | None, target: str | None, *, actor_type: str,
+                patch: Mapping[str, Any] | tuple[str, ...] = (), guards: Mapping[str, Any] | tuple[str, ...] = (),
+                check_guards: bool = True) -> bool:
+        """Whether the machine has the move ``source -> target`` for this actor type, patch and guards."""
         if source is None or target is None:
             return False
         machine = self.machines[entity_type]
         found = machine.get_transitions(trigger_name(source, target), source=source, dest=target)
-        probe = EventData(None, None, machine, None, (), {"actor_type": actor_type, "patch": patch,
-                                                          "guards": ()})
+        probe = EventData(None, None, machine, None, (), {"actor_type": actor_type, "patch": patch, "guards": guards})
         return bool(found) and all(
-            c.check(probe) for c in found[0].conditions if c.func.rule != "guard"
+            c.check(probe) for c in found[0].conditions if check_guards or c.func.rule != "guard"
         )
+
+    def accepts(self, fact: Fact) -> bool:
+        """Whether a recorded (non-creation, non-tombstone) fact follows an allowed move; guards are
+        not recorded, so they are not judged."""
+        return self.allowed(fact.entity_type, fact.previous_status, fact.status, actor_type=fact.actor_type,
+                            patch=fact.patch, check_guards=False)
 
     def violations(self, cmd: TransitionCmd) -> frozenset[str]:
         """Every policy rule the command breaks, whatever the entity's current status."""
@@ -319,6 +213,8 @@ class ReferenceModel:
             rules.add("status")
         if (set(cmd.patch) | set(cmd.guards)) - lc.patch_fields:
             rules.add("patch")
+        elif any(isinstance(lc.table.c[g].type, sa.JSON) for g in cmd.guards):
+            rules.add("guard")
         if "status" in rules:
             return frozenset(rules)
         probe = EventData(None, None, machine, None, (),
@@ -333,6 +229,7 @@ class ReferenceModel:
 
     # -- transitions --------------------------------------------------------------------------
     def predict_transition(self, cmd: TransitionCmd) -> Prediction:
+        """What ``transition`` must answer to ``cmd`` now."""
         rules = self.violations(cmd)
         if rules:
             return Prediction("rejected", rules)
@@ -353,8 +250,9 @@ class ReferenceModel:
         return Prediction("applied", status=cmd.target, version=entity.version + 1)
 
     def apply_transition(self, cmd: TransitionCmd, fact_id: str, at: float) -> None:
+        """Move the model: the engine applied ``cmd`` as fact ``fact_id`` at time ``at``."""
         entity = self.entities[cmd.key]
-        moved = self.machines[cmd.entity_type].events[trigger_name(entity.state, cmd.target)].trigger(
+        moved = self.machines[cmd.entity_type].events[trigger_name(entity.state or "", cmd.target)].trigger(
             entity, actor_type=cmd.actor.type, patch=cmd.patch, guards=cmd.guards
         )
         assert moved, f"the reference machine refused {cmd} although the oracle predicted it applies"
@@ -369,6 +267,7 @@ class ReferenceModel:
 
     # -- create and purge ---------------------------------------------------------------------
     def predict_create(self, entity_type: str, entity_id: str, status: str, reason_code: str) -> Prediction:
+        """What ``create`` must answer."""
         lc = self.lifecycles[entity_type]
         rules = {"reason"} if reason_code not in lc.reasons else set()
         if status not in lc.initial:
@@ -381,10 +280,11 @@ class ReferenceModel:
 
     def apply_create(self, entity_type: str, entity_id: str, status: str, values: Mapping[str, Any],
                      reason_code: str, reason_summary: str, fact_id: str, at: float) -> Entity:
+        """Add the entity ``create`` made: its row is the declared defaults, ``values`` and the lifecycle columns."""
         lc = self.lifecycles[entity_type]
         entity = Entity(lc, entity_id)
         entity.version = 1
-        entity.data = {f: column_default(lc.table.c[f]) for f in lc.patch_fields}
+        entity.data = dict(row_defaults(lc.table))
         entity.data.update(values, id=entity_id)
         entity.data.update(
             status=status, version=1, updated_at=at, status_reason_code=reason_code,
@@ -396,6 +296,7 @@ class ReferenceModel:
 
     def predict_purge(self, entity_type: str, entity_id: str, reason_code: str, expected: str | None,
                       force: bool) -> Prediction:
+        """What ``purge`` must answer."""
         lc = self.lifecycles[entity_type]
         if reason_code not in lc.reasons:
             return Prediction("rejected", frozenset({"reason"}))
@@ -409,10 +310,32 @@ class ReferenceModel:
         return Prediction("applied", status=None, version=entity.version + 1)
 
     def apply_purge(self, entity_type: str, entity_id: str) -> None:
+        """Move the model: the entity was purged (its row deleted, a tombstone appended)."""
         entity = self.entities[(entity_type, entity_id)]
         self.machines[entity_type].remove_model(entity)
         entity.purged = True
         entity.version += 1
 
-
-_MISSING = object()
+    # -- facts written by someone else --------------------------------------------------------
+    def absorb(self, fact: Fact, row: Mapping[str, Any] | None) -> Entity:
+        """Take in a fact the model did not predict — written by the application's own code — so the
+        model follows it. ``row`` is the entity's row (or fold) after the fact. Whether the move was
+        allowed is judged elsewhere (:meth:`accepts`); here the model only catches up."""
+        key = (fact.entity_type, fact.entity_id)
+        entity = self.entities.get(key)
+        machine = self.machines[fact.entity_type]
+        if entity is None:
+            entity = Entity(self.lifecycles[fact.entity_type], fact.entity_id)
+            self.entities[key] = entity
+            if fact.status is not None:
+                machine.add_model(entity, initial=fact.status)
+        elif fact.status is None and not entity.purged:
+            machine.remove_model(entity)
+        entity.version = fact.version
+        if fact.status is None:
+            entity.purged = True
+        else:
+            entity.state = fact.status
+        if row is not None:  # the chain hash is checked by the chain invariant, not predicted
+            entity.data = {c: v for c, v in row.items() if c != "chain_hash"}
+        return entity
