@@ -1,0 +1,1 @@
+"""The kit users run in their CI: strategies, a ready state machine, storage case suites (needs statebook[testing])."""
