@@ -166,3 +166,32 @@ def test_loading_the_plugin_imports_nothing_heavy():
             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_users_storage_conformance_subclass_runs_every_case(project: pytest.Pytester):
+    """The kit's storage cases, subclassed the way the README shows, on the user's own SQLite set-up."""
+    project.makepyfile(test_storage='''
+        import sqlalchemy as sa
+        from statebook.adapters.db import open_book
+        from statebook.lifecycle.testing.cases import StorageConformance
+
+        class TestOurSQLite(StorageConformance):
+            async def make_book(self, registry, clock):
+                book = await open_book(f"sqlite:///{self.path}", registry=registry, clock=clock)
+                async with book.engine.connect() as conn:  # the user's own pragma, checked to be in force
+                    await conn.exec_driver_sql("PRAGMA cache_size=-4000")
+                return book
+
+            import pytest
+
+            @pytest.fixture(autouse=True)
+            def _path(self, tmp_path):
+                self.path = tmp_path / "ours.db"
+
+        class TestForgotten(StorageConformance):
+            pass
+    ''')
+    result = project.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    outcomes = result.parseoutcomes()
+    assert outcomes["passed"] >= 40 and outcomes["errors"] == outcomes["passed"], outcomes
+    result.stdout.fnmatch_lines(["*TestForgotten must define 'async def make_book(self, registry, clock)'*"])
