@@ -9,6 +9,7 @@ from . import lifecycle as _lifecycle  # noqa: F401,E402
 from . import dispatch as _dispatch  # noqa: F401,E402
 from . import notify as _notify  # noqa: F401,E402
 from . import schedule as _schedule  # noqa: F401,E402
+from . import check as _check  # noqa: F401,E402
 
 
 def main() -> None:
