@@ -6,7 +6,7 @@ Fixtures, every one prefixed ``statebook_`` so they never shadow a project's own
 - ``statebook_registry`` — the application's registry (``--statebook-app module:attr``), else the built-in one;
 - ``statebook_sqlite_book`` — a fresh Book on a SQLite file in the test's temporary directory;
 - ``statebook_pg_book`` — a Book on PostgreSQL (``--statebook-pg-url URL`` or ``$STATEBOOK_TEST_PG_URL``), its
-  tables emptied before each test; skipped, with the reason, when no URL is given;
+  tables emptied before and after each test; skipped, with the reason, when no URL is given;
 - ``statebook_book`` — the test once with each of the two.
 
 Hypothesis profiles ``ci`` and ``deep`` are registered; pick one with Hypothesis's ``--hypothesis-profile``.
@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover - statebook installed without the [testi
 PG_URL_ENV = "STATEBOOK_TEST_PG_URL"
 NO_PG_REASON = (
     "statebook_pg_book needs a PostgreSQL database: pass --statebook-pg-url postgresql://USER@HOST/DB "
-    f"or set {PG_URL_ENV} (every table statebook manages there is emptied before each test)"
+    f"or set {PG_URL_ENV} (every table statebook manages there is emptied before and after each test)"
 )
 NO_ASYNCIO_REASON = "{name} is async and needs pytest-asyncio: pip install 'statebook[testing]'"
 
@@ -49,7 +49,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("statebook")
     group.addoption("--statebook-pg-url", metavar="URL", default=None,
                     help=f"PostgreSQL for statebook_pg_book / statebook_book (default ${PG_URL_ENV}); "
-                         "its statebook tables are emptied before each test: use a scratch database")
+                         "its statebook tables are emptied before and after each test: use a scratch database")
     group.addoption("--statebook-app", metavar="MODULE:ATTR", default=None,
                     help="the application's Registry (or a callable returning one) for statebook_registry "
                          "and the book fixtures (default: statebook's built-in lifecycles)")
@@ -138,13 +138,14 @@ async def statebook_sqlite_book(tmp_path: Any, statebook_registry: Registry,
 @_async_fixture
 async def statebook_pg_book(statebook_pg_url: str, statebook_registry: Registry,
                             statebook_clock: FakeClock) -> AsyncIterator[Book]:
-    """A Book on the PostgreSQL database, every table of statebook and of the registry emptied first."""
+    """A Book on the PostgreSQL database, every table of statebook and of the registry emptied before and after."""
     from statebook.adapters.db import open_book
 
     book = await open_book(statebook_pg_url, registry=statebook_registry, clock=statebook_clock)
     try:
         await empty_tables(book)
         yield book
+        await empty_tables(book)  # a shared database is left as it was found: verify there stays clean
     finally:
         await book.engine.dispose()
 
