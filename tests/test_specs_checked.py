@@ -1,4 +1,5 @@
-"""Every "Checked by:" list in specs/ names test files that exist and tests defined in them.
+"""Every "Checked by:" list in specs/ names test files (in tests/ or the kit's lifecycle/testing/) that exist
+and tests defined in them.
 
 A rule is only as good as the test named under it; a renamed or moved test would otherwise leave the
 spec pointing at nothing.
@@ -10,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATH = re.compile(r"(tests/[\w/]+\.py)")
+PATH = re.compile(r"((?:tests|lifecycle/testing)/[\w/]+\.py)")  # the kit's case suites ship in the package
 NAME = re.compile(r"`(test_\w+)`")
 
 

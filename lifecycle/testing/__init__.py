@@ -6,6 +6,8 @@
   whether a command is accepted, and what the engine answers.
 - :mod:`.machine`: :class:`LifecycleMachine`, the ready ``RuleBasedStateMachine`` you subclass with
   your registry, a book factory, your rules and your invariants (see its module docstring).
+- :mod:`.cases`: :class:`~.cases.StorageConformance`, storage-level cases you subclass with your own
+  book factory to check your database set-up (roles, extensions, pragmas).
 
 This package imports Hypothesis; nothing else in statebook imports this package.
 """

@@ -11,7 +11,6 @@ pytest.register_assert_rewrite(
     "conformance.support",
     "conformance.cases_commands",
     "conformance.cases_batch",
-    "conformance.cases_idempotency",
     "conformance.cases_audit",
     "conformance.cases_concurrency",
     "conformance.cases_driver",

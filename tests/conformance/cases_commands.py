@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from statebook.lifecycle import (
     Book,
@@ -22,10 +21,10 @@ from statebook.lifecycle import (
     transition,
     verify,
 )
-from statebook.lifecycle.errors import ConstraintViolation, DuplicateEntity
-from statebook.lifecycle.facts import facts_table
-from statebook.lifecycle.facts import fact_hash
+from statebook.lifecycle.errors import DuplicateEntity
 from statebook.lifecycle.schema import LIFECYCLE_COLUMNS
+
+from statebook.lifecycle.testing.cases import Boom
 
 from .support import (
     BLOCKED,
@@ -39,19 +38,13 @@ from .support import (
     RETRIED,
     STARTED,
     SYSTEM,
-    TASK,
     count_facts,
-    execute,
     new_task,
     row,
     start,
     task_values,
     tasks,
 )
-
-
-class Boom(Exception):
-    """Raised by a caller after its transition, to prove the rollback."""
 
 
 class CommandCases:
@@ -69,30 +62,6 @@ class CommandCases:
         assert set(first.patch) == {c.name for c in tasks.columns} - set(LIFECYCLE_COLUMNS)
         current = await row(book, "t9")
         assert {k: current[k] for k in first.patch} == first.patch
-
-    async def test_create_writes_the_row_and_its_first_fact(self, book: Book):
-        """L5 / L7 / L8: create inserts the full row and one creation fact (previous status NULL) together."""
-        outcome = await new_task(book, "t1")
-        assert (outcome.kind, outcome.status, outcome.version) == ("applied", "open", 1)
-        facts = await history(book, "task", "t1")
-        assert len(facts) == 1
-        first = facts[0]
-        assert first.id == outcome.fact_id
-        assert (first.previous_status, first.status, first.version) == (None, "open", 1)
-        assert (first.prev_fact_id, first.prev_hash) == ("", "")
-        assert (first.actor_type, first.actor_id) == ("system", "worker-1")
-        assert (first.reason_code, first.reason_summary) == ("task.open.created", "filed by the suite")
-        assert list(first.evidence_refs) == ["ticket:1"]
-        assert first.metadata == {"source": "suite"}
-        assert first.patch == {**task_values(), "id": "t1"}, "a creation fact records every data column"
-        assert first.policy_fingerprint == TASK.fingerprint
-        assert first.hash == fact_hash(first.content(), "")
-        current = await row(book, "t1")
-        assert current == {**task_values(), "id": "t1", "status": "open", "version": 1,
-                           "updated_at": book.clock.now(), "status_reason_code": "task.open.created",
-                           "status_reason_summary": "filed by the suite", "last_fact_id": first.id,
-                           "chain_hash": first.hash}
-        assert (await verify(book)).ok
 
     async def test_create_generates_an_id_when_none_is_given(self, book: Book):
         """L5: without an id, create picks one and reports it."""
@@ -160,47 +129,6 @@ class CommandCases:
         assert await row(book, "t1") is None and await count_facts(book) == 3
 
     # -- transition: applied, conflict, rejected --------------------------------------------------
-
-    async def test_applied_transition_appends_a_fact_and_projects_the_row(self, book: Book):
-        """L6 / L7: an applied transition bumps the version, patches declared columns and records why."""
-        await new_task(book, "t1")
-        book.clock.advance(5)
-        outcome = await transition(book, "task", "t1", "working", expected="open", guards={"attempt": 0},
-                                   patch={"attempt": 1, "owner": "bob"}, reason=STARTED, actor=SYSTEM,
-                                   metadata={"host": "h1"})
-        assert (outcome.kind, outcome.status, outcome.version) == ("applied", "working", 2)
-        first, second = await history(book, "task", "t1")
-        assert (second.prev_fact_id, second.prev_hash) == (first.id, first.hash)
-        assert (second.previous_status, second.status, second.version) == ("open", "working", 2)
-        assert second.patch == {"attempt": 1, "owner": "bob"} and second.metadata == {"host": "h1"}
-        assert second.at == book.clock.now()
-        current = await row(book, "t1")
-        assert current["attempt"] == 1 and current["owner"] == "bob" and current["score"] == 1.5
-        assert current["last_fact_id"] == second.id and current["chain_hash"] == second.hash
-        assert current == await replay(book, "task", "t1")
-
-    async def test_wrong_expected_status_is_a_conflict_that_writes_nothing(self, book: Book):
-        """L4: the compare-and-set fails when the row is not in an expected status; nothing is written."""
-        await new_task(book, "t1")
-        await start(book, "t1")
-        before, facts = await row(book, "t1"), await count_facts(book)
-        outcome = await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
-        assert (outcome.kind, outcome.status, outcome.version, outcome.fact_id) == ("conflict", "working", 2, None)
-        assert await row(book, "t1") == before and await count_facts(book) == facts
-
-    async def test_guard_mismatch_is_a_conflict_that_writes_nothing(self, book: Book):
-        """L4: every guard column must equal its expected value, or the command is a conflict."""
-        await new_task(book, "t1")
-        await start(book, "t1")
-        before = await row(book, "t1")
-        stale = await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 0},
-                                 patch={"attempt": 1}, reason=RETRIED, actor=SYSTEM)
-        assert stale.kind == "conflict"
-        assert await row(book, "t1") == before and await count_facts(book) == 2
-        fresh = await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 1},
-                                 patch={"attempt": 2}, reason=RETRIED, actor=SYSTEM)
-        assert (fresh.kind, fresh.version) == ("applied", 3)
-        assert (await row(book, "t1"))["attempt"] == 2
 
     async def test_a_guard_can_expect_an_unset_column(self, book: Book):
         """L4: a guard of None means "still NULL" (a NULL-safe comparison), in one and in many commands."""
@@ -318,51 +246,6 @@ class CommandCases:
         assert (await verify(book)).ok
 
     # -- atomicity -------------------------------------------------------------------------------
-
-    async def test_caller_transaction_that_fails_rolls_back_row_and_fact(self, book: Book):
-        """L5: a transition joined to the caller's transaction is undone with it, with the caller's own write."""
-        await new_task(book, "t1")
-        before = await row(book, "t1")
-        with pytest.raises(Boom):
-            async with book.begin() as tx:
-                await tx.conn.execute(sa.update(tasks).where(tasks.c.id == "t1").values(score=99.0))
-                assert (await start(tx, "t1")).applied
-                raise Boom
-        assert await row(book, "t1") == before
-        assert await count_facts(book) == 1
-        async with book.begin() as tx:
-            await tx.conn.execute(sa.update(tasks).where(tasks.c.id == "t1").values(score=99.0))
-            await start(tx, "t1")
-        after = await row(book, "t1")
-        assert (after["status"], after["score"]) == ("working", 99.0)
-
-    async def test_create_and_purge_roll_back_with_the_caller(self, book: Book):
-        """L5: create and purge are atomic with the caller's transaction too."""
-        with pytest.raises(Boom):
-            async with book.begin() as tx:
-                await new_task(tx, "t1")
-                raise Boom
-        assert await row(book, "t1") is None and await count_facts(book) == 0
-        await new_task(book, "t2")
-        await transition(book, "task", "t2", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
-        before = await row(book, "t2")
-        with pytest.raises(Boom):
-            async with book.begin() as tx:
-                assert (await purge(tx, "task", "t2", reason=PURGED, actor=OPERATOR)).applied
-                raise Boom
-        assert await row(book, "t2") == before and await count_facts(book) == 2
-
-    async def test_failed_fact_append_undoes_the_row_update(self, book: Book):
-        """L5 / L8: when the fact cannot be appended (a planted fork holds its chain slot), the row is not moved."""
-        await new_task(book, "t1")
-        (first,) = await history(book, "task", "t1")
-        planted = {**first.content(), "id": "planted", "previous_status": "open", "status": "rejected",
-                   "version": 2, "prev_fact_id": first.id, "prev_hash": first.hash, "hash": "x" * 64}
-        await execute(book, sa.insert(facts_table).values(planted))
-        before = await row(book, "t1")
-        with pytest.raises(ConstraintViolation):  # ours, not the driver's (L18)
-            await start(book, "t1")
-        assert await row(book, "t1") == before
 
     async def test_on_commit_runs_after_commit_only(self, book: Book):
         """L5: wake-up callbacks see committed work only: called after commit, never after a rollback."""

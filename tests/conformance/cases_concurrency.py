@@ -14,10 +14,12 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statebook.lifecycle import Book, EntityNotFound, Fact, create, history, purge, transition, verify
+from statebook.lifecycle import Book, EntityNotFound, Fact, history, purge, transition, verify
 from statebook.lifecycle.facts import Cursor, tail
 
-from .support import CREATED, PURGED, REFUSED, STARTED, SYSTEM, new_task, row, start, task_values
+from statebook.lifecycle.testing.cases import ClaimCases
+
+from .support import PURGED, REFUSED, SYSTEM, new_task, row, start
 
 MakeEngine = Callable[[], AsyncEngine]
 
@@ -78,20 +80,9 @@ class TailCases:
         assert ids(seen) + [late.fact_id] == ids(await history(book, "task", "t1"))
 
 
-class RaceCases:
-    """L14: racing writers on one compare-and-set — exactly one wins, whatever the backend."""
-
-    RACERS = 20
-
-    async def test_racers_on_one_compare_and_set(self, book: Book, more_engines: MakeEngine):
-        """L14: many concurrent identical transitions (each on its own connection): one applied, the rest conflict."""
-        await new_task(book, "t1")
-        racer = Book(more_engines(), book.registry, book.clock)
-        outcomes = await asyncio.gather(*(start(racer, "t1") for _ in range(self.RACERS)))
-        assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": self.RACERS - 1}
-        assert len(await history(book, "task", "t1")) == 2
-        assert (await row(book, "t1"))["attempt"] == 1
-        assert (await verify(book)).ok
+class RaceCases(ClaimCases):
+    """L14: racing writers on one compare-and-set — exactly one wins, whatever the backend (the package's
+    ClaimCases, and more)."""
 
     async def test_racing_retries_of_one_keyed_command(self, book: Book, more_engines: MakeEngine):
         """L9 / L14 / L15: the same command with the same idempotency key sent by many racers at once is applied
@@ -115,30 +106,6 @@ class RaceCases:
         assert len({o.fact_id for o in outcomes}) == 1
         assert len(await history(book, "task", "t1")) == 2
 
-    async def test_keyed_retry_while_the_first_is_uncommitted_replays(self, book: Book, more_engines: MakeEngine):
-        """L9 / L14: a keyed command is retried on another connection while the first one's transaction is still
-        open, and its target is still one of the command's expected statuses (so a re-read alone would match
-        again). When the first commits, the retry is that outcome replayed — never a second fact, never an
-        error from the idempotency index."""
-        await new_task(book, "t1")
-
-        def keyed(on: Book):
-            return transition(on, "task", "t1", "working", expected=("open", "working"), guards={"attempt": 0},
-                              reason=STARTED, actor=SYSTEM, idempotency_key="k-1")
-
-        holder = Book(more_engines(), book.registry, book.clock)
-        retrier = Book(more_engines(), book.registry, book.clock)
-        async with holder.begin() as tx:
-            first = await keyed(tx)
-            retry = asyncio.create_task(keyed(retrier))
-            await asyncio.sleep(0.3)  # let the retry reach the row (it must wait there, not decide)
-            assert not retry.done(), "the retry must wait for the open transaction"
-        second = await retry
-        assert first.applied and not first.replayed
-        assert second.applied and second.replayed and second.fact_id == first.fact_id
-        assert len(await history(book, "task", "t1")) == 2
-        assert (await verify(book)).ok
-
     async def test_purges_racing_transitions_never_half_write(self, book: Book, more_engines: MakeEngine):
         """L5 / L14: purges and transitions of the same rows, racing on separate connections: each pair ends
         with exactly one winner — the row purged (the transition then a conflict or EntityNotFound) or moved
@@ -161,19 +128,6 @@ class RaceCases:
         for moved, dropped in results:
             assert (moved == "applied") != (dropped == "applied"), (moved, dropped)
         assert (await verify(book)).ok
-
-    async def test_racing_creates_of_one_id(self, book: Book, more_engines: MakeEngine):
-        """L14 / L5: concurrent if_absent creates of one id: one applied, the others conflict, one fact."""
-        racer = Book(more_engines(), book.registry, book.clock)
-        outcomes = await asyncio.gather(*(
-            create(racer, "task", values=task_values(f"copy {n}"), status="open", reason=CREATED, actor=SYSTEM,
-                   entity_id="t1", if_absent=True)
-            for n in range(self.RACERS)
-        ))
-        assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": self.RACERS - 1}
-        assert len(await history(book, "task", "t1")) == 1
-        assert (await verify(book)).ok
-
 
 class ConcurrentWriterCases:
     """Backends where many transactions write at once (PostgreSQL)."""

@@ -22,17 +22,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statebook.adapters.db import connect, reset_schema
-from statebook.lifecycle import Book, FakeClock
+from statebook.adapters.db import connect, create_schema, reset_schema
+from statebook.lifecycle import Book, Clock, FakeClock, Registry
+from statebook.lifecycle.testing.cases import StorageConformance
 
 from .cases_audit import AuditCases
 from .cases_batch import BatchCases, PurgeManyCases
 from .cases_commands import CommandCases
 from .cases_concurrency import ConcurrentWriterCases, RaceCases, SerialWriterCases, TailCases
 from .cases_driver import DriverCases
-from .cases_idempotency import IdempotencyCases
 from .cases_inputs import InputCases
-from .support import prepare, task_registry, tasks
+from .support import task_registry, tasks
 
 from ack_token_cases import AckTokenCases  # noqa: E402  (tests/outbox, on sys.path from conftest)
 from argv_transport_cases import ArgvTransportCases  # noqa: E402
@@ -78,23 +78,32 @@ POOL_SIZE = 25
 """Room for the racing cases: every racer holds its own connection."""
 
 
-class ConformanceFixtures:
-    @pytest.fixture
-    def clock(self) -> FakeClock:
-        return FakeClock()
+class ConformanceFixtures(StorageConformance):
+    """The storage cases users run (statebook.lifecycle.testing.cases) on our fixture ``db_url``, with the
+    built-ins in the registry, every statebook table emptied around each test, and ``rival``/``more_engines``
+    for the outbox's and scheduler's cases."""
 
-    @pytest.fixture
-    async def book(self, db_url: str, clock: FakeClock) -> AsyncIterator[Book]:
-        engine = connect(db_url, pool_size=POOL_SIZE)
+    @pytest.fixture(autouse=True)
+    def _url(self, db_url: str) -> None:
+        self.db_url = db_url
+
+    async def make_book(self, registry: Registry, clock: Clock) -> Book:
+        engine = connect(self.db_url, pool_size=POOL_SIZE)
         try:
-            await prepare(engine, clock)
-            yield Book(engine, task_registry(), clock)
-            # A shared PostgreSQL database outlives the test: leave no task rows or facts behind.
-            await reset_schema(engine)
-            async with engine.begin() as conn:
-                await conn.execute(sa.delete(tasks))
-        finally:
+            await create_schema(engine, clock, registry=registry)  # the task table's CHECK from its lifecycle
+        except BaseException:
             await engine.dispose()
+            raise
+        return Book(engine, registry, clock)
+
+    def conformance_registry(self) -> Registry:
+        return task_registry()
+
+    async def empty_book(self, book: Book) -> None:
+        # A shared PostgreSQL database outlives the test: leave no task rows or facts behind.
+        await reset_schema(book.engine)
+        async with book.engine.begin() as conn:
+            await conn.execute(sa.delete(tasks))
 
     @pytest.fixture
     async def rival(self, book: Book, db_url: str, clock: FakeClock) -> AsyncIterator[Book]:
@@ -120,10 +129,10 @@ class ConformanceFixtures:
 
 
 class LifecycleConformance(
-    ConformanceFixtures, CommandCases, IdempotencyCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases,
+    ConformanceFixtures, CommandCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases,
     DriverCases, InputCases
 ):
-    """Every backend-neutral case (L3-L14). Add ConcurrentWriterCases or SerialWriterCases for your backend."""
+    """Every backend-neutral case (L3-L14), the storage cases users run among them. Add ConcurrentWriterCases or SerialWriterCases for your backend."""
 
 
 class OutboxConformance(
