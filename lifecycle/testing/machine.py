@@ -40,7 +40,7 @@ its model follow, so its own commands stay predictable afterwards::
                     assert "paid" in [f.status for f in facts], key
 
     def test_shop():
-        ShopMachine.run()                               # profile from HYPOTHESIS_PROFILE: ci | deep
+        ShopMachine.run_as_test()                       # profile from HYPOTHESIS_PROFILE: ci | deep
 
 Class attributes: ``registry`` (required), ``entity_types`` (the lifecycles tracked; default all),
 ``actors``, ``max_entities``/``max_moving`` (how many entities the machine's own rules make).
