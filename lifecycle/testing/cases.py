@@ -610,4 +610,7 @@ class InputBoundCases:
 
 class StorageConformance(StorageFixtures, AtomicityCases, ConflictCases, IdempotencyCases, ClaimCases, ChainCases,
                          InputBoundCases):
-    """Every storage case: subclass it, define :meth:`~StorageFixtures.make_book`, and pytest runs them all."""
+    """Every storage case: subclass it, define :meth:`~StorageFixtures.make_book`, and pytest runs them all
+    (the cases carry pytest-asyncio's mark, so a project in its default strict mode runs them too)."""
+
+    pytestmark = pytest.mark.asyncio
