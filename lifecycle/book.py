@@ -14,10 +14,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from sqlalchemy.exc import PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .clock import SYSTEM_CLOCK, Clock
 from .chainkey import ChainKey
+from .errors import StorageUnavailable
 from .inputs import DEFAULT_LIMITS, Limits
 from .policy import Lifecycle, Registry
 from .store import Store, store_for
@@ -85,13 +87,18 @@ class Book:
                 yield self
             return
         touched: set[str] = set()
-        async with self.store.begin() as conn:
-            conn.info[TOUCHED] = touched
-            try:
-                yield replace(self, conn=conn)
-            finally:
-                if not conn.invalidated:  # a statement cancelled mid-flight invalidates the connection,
-                    conn.info.pop(TOUCHED, None)  # and touching its info would reconnect (outside any greenlet)
+        try:
+            async with self.store.begin() as conn:
+                conn.info[TOUCHED] = touched
+                try:
+                    yield replace(self, conn=conn)
+                finally:
+                    if not conn.invalidated:  # a statement cancelled mid-flight invalidates the connection,
+                        conn.info.pop(TOUCHED, None)  # and touching its info would reconnect (outside any greenlet)
+        except PendingRollbackError as exc:
+            # The connection was lost (invalidated) inside the transaction: the server rolled it back.
+            raise StorageUnavailable("the connection was lost inside the transaction; nothing of it was committed: "
+                                     "retry", orig=exc) from exc
         for entity_type in touched:
             self.committed(entity_type)
 

@@ -66,7 +66,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from ..book import Book
 from ..clock import FakeClock
 from ..engine import Outcome, create, purge
-from ..errors import DuplicateEntity, EntityNotFound, IdempotencyMismatch, StatebookError, TransitionRejected
+from ..errors import (
+    DuplicateEntity, EntityNotFound, IdempotencyMismatch, StatebookError, StorageUnavailable, TransitionRejected,
+)
 from ..policy import Lifecycle, Registry
 from ..reasons import Actor, Reason
 from ..replay import read_row, verify
@@ -568,6 +570,12 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         assert isinstance(exc, ConnectionDropped), f"a dropped connection gave {exc!r}"
         event(f"dropped connection ({'before' if before else 'after'} the write): {type(exc.error).__name__}")
         assert exc.error is not None, f"COMMIT on a closed connection raised nothing (engine answered {exc.outcome})"
+        # The command's own refusal, or the lost connection as StorageUnavailable: never the driver's or
+        # SQLAlchemy's error leaking out of statebook's family.
+        assert isinstance(exc.error, StatebookError), (
+            f"a lost connection raised {type(exc.error).__name__}, outside statebook's errors: {exc.error}")
+        if not isinstance(exc.error, StorageUnavailable):
+            event(f"dropped connection: the command's own answer came first ({type(exc.error).__name__})")
         if not before:
             if exc.outcome is not None:
                 self.expect("inside the dropped transaction", pred, exc.outcome, None)

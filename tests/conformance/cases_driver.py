@@ -123,6 +123,29 @@ class DriverCases:
         assert await snapshot(book) == ({}, 0)
         assert woken == []
 
+    @pytest.mark.parametrize("when", ["before", "after"])
+    async def test_a_connection_lost_inside_a_transaction_is_storage_unavailable_and_writes_nothing(
+            self, book: Book, when: str):
+        """L5: a transaction whose connection is lost (invalidated) before or after its writes raises
+        statebook's StorageUnavailable — not the library's own error — nothing of it committed, no commit
+        hook ran, and the book works afterwards."""
+        from statebook.lifecycle.errors import StorageUnavailable
+
+        woken: list[str] = []
+        book.on_commit.append(woken.append)
+        with pytest.raises(StorageUnavailable, match="nothing of it was committed"):
+            async with book.begin() as tx:
+                assert tx.conn is not None
+                if when == "before":
+                    await tx.conn.invalidate()
+                await create_many(tx, "task", [fresh("a")])
+                if when == "after":
+                    await tx.conn.invalidate()
+        assert await snapshot(book) == ({}, 0)
+        assert woken == []
+        await new_task(book, "t2")
+        assert await count_facts(book) == 1
+
     async def test_create_many_commits_with_the_callers_transaction(self, book: Book):
         """L5 / L7: driver statements and SQLAlchemy statements of one caller transaction commit together."""
         async with book.begin() as tx:
