@@ -76,7 +76,7 @@ from . import strategies as sbst
 from .checks import Checks, Snapshot, read_snapshot
 from .faults import AmbiguousCommit, CallerAborted, ConnectionDropped, commit_then_fail, drop_connection, \
     join_then_abort, send
-from .model import Entity, Prediction, ReferenceModel, TransitionCmd
+from .model import Entity, KeyUse, Prediction, ReferenceModel, TransitionCmd
 
 __all__ = ["PROFILES", "LifecycleMachine", "machine_settings", "register_profiles"]
 
@@ -169,6 +169,11 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         self.before: Snapshot | None = None
         self.writes: dict[Key, int] = {}
         self._tracked_step = False
+        # Entities and keys a real race touched: which claimant won is the database's choice, so what
+        # Hypothesis draws next must not depend on them (it needs the same draws for the same choices).
+        # They stay checked by every invariant; the machine's own rules just stop drawing them.
+        self.raced: set[Key] = set()
+        self.raced_keys: set[str] = set()
 
     # -- what subclasses provide ----------------------------------------------------------------
     async def make_book(self) -> Book:
@@ -266,9 +271,17 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         seen = self.views.get(actor, {}).get(entity.key)
         return seen if seen is not None else self.observe_now(actor, entity)
 
+    def drawable(self) -> list[Entity]:
+        """The entities the machine's rules draw from: every one but those a race settled."""
+        return [e for e in self.model.entities.values() if e.key not in self.raced]
+
+    def stable_keys(self) -> list[KeyUse]:
+        """The applied keyed commands the rules may retry: not those of a race."""
+        return [use for key, use in self.model.keys.items() if key[2] not in self.raced_keys]
+
     def pick(self, data: st.DataObject, prefer: str) -> Entity:
         """Any entity (purged ones too), but mostly a live non-terminal one (or a terminal one to purge)."""
-        every = list(self.model.entities.values())
+        every = self.drawable()
         live = [e for e in every if not e.purged and (e.state in e.lc.terminal) == (prefer == "terminal")]
         if live and data.draw(st.integers(0, 99)) < 75:
             return data.draw(st.sampled_from(live))
@@ -367,8 +380,8 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
             self.create_one(lc, self.new_id(lc.entity_type), status, sbst.reasons_for(lc, status)[0],
                             self.creation_values(data, lc))
 
-    @precondition(lambda self: len(self.model.entities) < self.max_entities
-                  and sum(e.state not in e.lc.terminal for e in self.model.live()) < self.max_moving)
+    @precondition(lambda self: len(self.drawable()) < self.max_entities
+                  and sum(not e.purged and e.state not in e.lc.terminal for e in self.drawable()) < self.max_moving)
     @rule(data=st.data())
     def create_entity(self, data: st.DataObject) -> None:
         """L3, L5, L11: create starts an entity in an initial status with one creation fact; a
@@ -385,6 +398,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
             entity_id = self.new_id(lc.entity_type)
         self.create_one(lc, entity_id, status, code, self.creation_values(data, lc))
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data())
     def act(self, data: st.DataObject) -> None:
         """L3, L4, L9: an actor moves an entity as it last saw it; policy violations are rejected,
@@ -394,6 +408,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         entity = self.pick(data, "moving")
         self.issue("transition", self.draw_command(data, actor, entity, self.draw_key(data)))
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data())
     def act_on_fresh_view(self, data: st.DataObject) -> None:
         """L3, L4, L10: an actor rereads an entity and moves it at once (mostly valid commands, so
@@ -404,6 +419,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         self.observe_now(actor, entity)
         self.issue("fresh transition", self.draw_command(data, actor, entity, self.draw_key(data), careful=True))
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data())
     def race_two_actors(self, data: st.DataObject) -> None:
         """L4: two actors read the same entity, then both write; the second one, guarding the fields
@@ -421,6 +437,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         self.issue("race: first writer", a)
         self.issue("race: second writer", b)
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data(), claimants=st.integers(2, 4))
     def race_claimants(self, data: st.DataObject, claimants: int) -> None:
         """L4, L9: several claimants read one entity and write at once — concurrent tasks, each in its
@@ -439,7 +456,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
             cmds = []
             for actor in data.draw(st.lists(st.sampled_from(self.actors), min_size=claimants, max_size=claimants)):
                 seen = self.observe_now(actor, entity)
-                cmd = self.draw_command(data, actor, entity, self.draw_key(data), careful=True)
+                cmd = self.draw_command(data, actor, entity, f"kit-race-{next(self.ids)}", careful=True)
                 relied_on = {f: seen.get(f) for f in cmd.patch if f in sbst.guardable(entity.lc)}
                 cmds.append(replace(cmd, guards={**relied_on, **cmd.guards}))
             label = "race: claimants"
@@ -454,31 +471,34 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
             return list(await asyncio.gather(*(one(c) for c in cmds)))
 
         self.linearize(label, cmds, self.run(race()))
+        self.raced.add(entity.key)
+        self.raced_keys.update(c.idempotency_key for c in cmds if c.idempotency_key is not None)
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data())
     def observe(self, data: st.DataObject) -> None:
         """An actor rereads an entity: its view becomes current; reading writes nothing."""
         self._step()
         actor = data.draw(st.sampled_from(self.actors))
-        self.observe_now(actor, data.draw(st.sampled_from(list(self.model.entities.values()))))
+        self.observe_now(actor, data.draw(st.sampled_from(self.drawable())))
 
-    @precondition(lambda self: self.model.keys)
+    @precondition(lambda self: self.stable_keys())
     @rule(data=st.data())
     def retry_applied_command(self, data: st.DataObject) -> None:
         """L9: a committed command retried with its idempotency key returns the original outcome
         (replayed=True, same fact) and writes nothing — also after the entity moved on or was purged."""
         self._step()
-        use = data.draw(st.sampled_from(list(self.model.keys.values())))
+        use = data.draw(st.sampled_from(self.stable_keys()))
         assert self.model.predict_transition(use.cmd).kind == "replayed"
         self.issue("retry", use.cmd)
 
-    @precondition(lambda self: self.model.keys)
+    @precondition(lambda self: self.stable_keys())
     @rule(data=st.data(), change=st.sampled_from(["summary", "patch", "actor", "target", "expected"]))
     def reuse_key_for_another_command(self, data: st.DataObject, change: str) -> None:
         """L9: the same key with a different command raises IdempotencyMismatch (or the policy
         refuses it first) and writes nothing."""
         self._step()
-        cmd = data.draw(st.sampled_from(list(self.model.keys.values()))).cmd
+        cmd = data.draw(st.sampled_from(self.stable_keys())).cmd
         lc = self.model.lifecycles[cmd.entity_type]
         other_actors = [a for a in self.actors or () if a != cmd.actor]
         extra = [s for s in lc.statuses if s not in cmd.expected]
@@ -498,6 +518,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         assert self.model.predict_transition(other).kind in ("mismatch", "rejected")
         self.issue("key reuse", other)
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data())
     def ambiguous_commit_then_retry(self, data: st.DataObject) -> None:
         """L5, L9: the transaction commits but the caller sees an error; retrying the same command
@@ -518,6 +539,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
             assert retried is not None and out is not None
             assert retried.replayed and retried.fact_id == out.fact_id, (out, retried)
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data(), what=st.sampled_from(["transition", "create"]))
     def caller_rolls_back(self, data: st.DataObject, what: str) -> None:
         """L5: an operation joined to the caller's transaction rolls back with it: nothing is
@@ -535,7 +557,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
                               actor=self.creator, entity_id=entity_id)
 
             def redo() -> None:
-                if len(self.model.entities) < self.max_entities:
+                if len(self.drawable()) < self.max_entities:
                     self.create_one(lc, entity_id, status, code, values)
         else:
             actor = data.draw(st.sampled_from(self.actors))
@@ -555,6 +577,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         if pred.writes:
             redo()
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data(), before=st.booleans())
     def drop_connection_mid_transaction(self, data: st.DataObject, before: bool) -> None:
         """L5: the connection of a ``book.begin()`` block is closed before COMMIT (after the engine's
@@ -584,6 +607,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         # The model does not move: nothing committed (checked by the invariants); the book still works.
         self.issue("redo after a dropped connection", cmd)
 
+    @precondition(lambda self: self.drawable())
     @rule(data=st.data())
     def purge_entity(self, data: st.DataObject) -> None:
         """L11: purging a purgeable (terminal) entity deletes its row and appends a tombstone; a
