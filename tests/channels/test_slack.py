@@ -137,3 +137,18 @@ def test_a_secret_that_cannot_be_sent_is_refused_when_built_without_showing_it(t
 
     with pytest.raises(ConfigError, match="notifications.slack"):
         build_channels(load_settings(None, notifications={"slack": section}).notifications)
+
+
+def test_a_secret_file_that_never_ends_is_refused_by_its_size(tmp_path):
+    """N43: a device or a huge file as the secret file: a bounded read and a one-line error (was an
+    unbounded read: /dev/zero hung the daemon's start and ate memory)."""
+    import os
+
+    from statebook.adapters.channels.secrets import MAX_SECRET_BYTES, SecretError
+
+    endless = "/dev/zero" if os.path.exists("/dev/zero") else None
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (10 * 1024 * 1024))
+    for path in filter(None, (endless, big)):
+        with pytest.raises(SecretError, match=f"larger than {MAX_SECRET_BYTES}"):
+            SecretRef(file=path).reveal()
