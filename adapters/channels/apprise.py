@@ -106,7 +106,7 @@ class AppriseChannel:
         for position, url in enumerate(urls, start=1):
             if not self._apprise.add(url):
                 raise AppriseUnavailable(f"Apprise does not understand URL {position} of {len(urls)} "
-                                         f"(scheme {url.split('://', 1)[0][:20]!r})")
+                                         f"({_shown_scheme(url)})")
         self._count = len(urls)
         self._timeout = "timeout" in inspect.signature(apprise.Apprise.notify).parameters  # Apprise >= 2
         logger = logging.getLogger("apprise")
@@ -138,6 +138,21 @@ class AppriseChannel:
         status = getattr(getattr(result, "status", None), "name", None)  # Apprise >= 2: FAILURE, TIMEOUT, PARTIAL
         return Observation(ProviderOutcome.UNKNOWN, "apprise reported a failure" + (f" ({status.lower()})" if status else "")
                            + "; it cannot tell a refusal from a failure")
+
+
+def _shown_scheme(url: str) -> str:
+    """A refused URL's scheme when it is one Apprise knows, else no part of it: a URL pasted without
+    its scheme (``user:token@host``) or a token where the scheme goes would otherwise show its start."""
+    scheme = url.split("://", 1)[0] if "://" in url else None
+    try:
+        from apprise.manager_plugins import NotificationManager
+
+        known = set(NotificationManager().schemas())
+    except (ImportError, AttributeError):  # an Apprise without its plugin manager: show nothing
+        known = set()
+    if scheme is not None and scheme.lower() in known:
+        return f"scheme {scheme!r}"
+    return "an unknown scheme" if scheme is not None else "no scheme://"
 
 
 def _secret_parts(urls: Sequence[str]) -> tuple[str, ...]:

@@ -98,10 +98,12 @@ class EmailConfig(BaseModel):
     def _template(cls, value: str | dict[str, str]) -> str | dict[str, str]:
         if isinstance(value, str):
             try:
-                fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+                fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(value)
+                          if name is not None]
             except ValueError as exc:
                 raise ValueError(f"the address template {value!r} is not a format string: {exc}") from None
-            if fields != {"recipient"}:
+            # a conversion or a format spec ({recipient!r}, {recipient:>99999999999}) fails or pads at send time
+            if {f for f, _, _ in fields} != {"recipient"} or any(spec or conversion for _, spec, conversion in fields):
                 raise ValueError(f"the address template names {{recipient}} and nothing else; got {value!r}")
         return value
 
@@ -146,6 +148,7 @@ class EmailChannel:
         self._local_hostname = local_hostname
         self._secrets = _secret_forms(config.username, password)
         self._domain = config.sender.rsplit("@", 1)[1]
+        self._context = self._tls_context()  # read once, at build: an unreadable ca_file is an error at start
 
     def __repr__(self) -> str:
         c = self.config
@@ -283,9 +286,16 @@ class EmailChannel:
         return max(0.001, guard.remaining() - MARGIN_SECONDS)
 
     def _tls(self) -> ssl.SSLContext | None:
+        return self._context
+
+    def _tls_context(self) -> ssl.SSLContext | None:
         if self.config.ca_file is None:
             return None
-        return ssl.create_default_context(cafile=str(self.config.ca_file))
+        try:
+            return ssl.create_default_context(cafile=str(self.config.ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            why = "no certificate in it" if isinstance(exc, ssl.SSLError) else exc.strerror or type(exc).__name__
+            raise ValueError(f"ca_file {self.config.ca_file} cannot be used: {why}") from None
 
     # -- details, scrubbed ------------------------------------------------------------------------
     def _text(self, text: str) -> str:

@@ -87,6 +87,28 @@ def redact_logs(secrets: Iterable[str]) -> None:
             logger.addFilter(_FILTER)
 
 
+# -- what is sent ----------------------------------------------------------------------------------
+def checked_url(value: str, what: str) -> str:
+    """``value`` when it is an ``http(s)://`` URL with a host that httpx can send to; ValueError naming
+    ``what`` but never the value (a webhook URL is a secret) — checked when the channel is built, so a
+    line break in a secret file is an error at start instead of an exception out of every send."""
+    try:
+        url = httpx.URL(value)
+    except (httpx.InvalidURL, TypeError):
+        raise ValueError(f"{what} is not a URL (a stray character or line break in it?)") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"{what} is not an http:// or https:// URL with a host")
+    return value
+
+
+def checked_header(value: str, what: str) -> str:
+    """``value`` when it can go into an HTTP header as it is (printable ASCII, no whitespace); ValueError
+    naming ``what``, never the value."""
+    if not value.isascii() or any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise ValueError(f"{what} holds whitespace, a line break or a non-ASCII character")
+    return value
+
+
 # -- answers ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Outgoing:

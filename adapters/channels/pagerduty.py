@@ -25,7 +25,7 @@ from statebook.lifecycle.codec import dumps, loads
 from statebook.outbox.notifications import Delivery, Guard, Observation
 from statebook.outbox.transport import TransportResult
 
-from .http import MAX_TRIES, Answer, HttpSender, Outgoing, clock_or_system, provider_text, status_verdict, text_of
+from .http import MAX_TRIES, Answer, HttpSender, Outgoing, checked_url, clock_or_system, provider_text, status_verdict, text_of
 from .secrets import SecretRef, mask
 
 EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -61,7 +61,7 @@ class PagerDutyChannel:
         if severity not in SEVERITIES:
             raise ValueError(f"severity: one of {', '.join(SEVERITIES)}, got {severity!r}")
         self.routing_key = routing_key
-        self.url = url
+        self.url = checked_url(url, "the PagerDuty url")
         self.source = source
         self.severity = severity
         self.clock = clock_or_system(clock)
@@ -104,7 +104,7 @@ class PagerDutyFollowTransport:
     def __init__(self, *, routing_key: str, url: str = EVENTS_URL, timeout: float = FOLLOW_TIMEOUT_SECONDS,
                  trust_env: bool = True) -> None:
         self.routing_key = routing_key
-        self.url = url
+        self.url = checked_url(url, "the PagerDuty url")
         self.timeout = timeout
         self.sender = HttpSender(secrets=(routing_key,), trust_env=trust_env)
 

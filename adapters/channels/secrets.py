@@ -47,7 +47,8 @@ class SecretRef(BaseModel):
             return value.strip()
         assert self.file is not None
         try:
-            data = self.file.read_bytes()[: MAX_SECRET_BYTES + 1]
+            with self.file.open("rb") as handle:  # bounded: a device (/dev/zero) or a huge file never ends
+                data = handle.read(MAX_SECRET_BYTES + 1)
         except OSError as exc:
             raise SecretError(f"cannot read the secret file {self.file}: {exc.strerror}") from None
         if len(data) > MAX_SECRET_BYTES:

@@ -26,7 +26,8 @@ from statebook.lifecycle.clock import Clock
 from statebook.lifecycle.codec import dumps
 from statebook.outbox.notifications import Delivery, Guard, Observation, ProviderOutcome
 
-from .http import MAX_TRIES, Answer, HttpSender, Outgoing, clock_or_system, code, rate_limited, status_verdict, text_of
+from .http import (MAX_TRIES, Answer, HttpSender, Outgoing, checked_header, checked_url, clock_or_system, code, rate_limited,
+                   status_verdict, text_of)
 from .secrets import SecretRef, mask
 
 SLACK_API = "https://slack.com/api"
@@ -47,9 +48,9 @@ class SlackChannel:
                  trust_env: bool = True, clock: Clock | None = None) -> None:
         if (webhook_url is None) == (bot_token is None):
             raise ValueError("a Slack channel posts through exactly one of a webhook URL or a bot token")
-        self.webhook_url = webhook_url
-        self.bot_token = bot_token
-        self.api_url = api_url.rstrip("/")
+        self.webhook_url = webhook_url and checked_url(webhook_url, "the Slack webhook_url")
+        self.bot_token = bot_token and checked_header(bot_token, "the Slack bot_token")
+        self.api_url = checked_url(api_url, "the Slack api_url").rstrip("/")
         self.channel = channel
         self.channels = dict(channels or {})
         self.clock = clock_or_system(clock)

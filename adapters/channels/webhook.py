@@ -30,7 +30,7 @@ from statebook.lifecycle.clock import Clock
 from statebook.lifecycle.codec import dumps
 from statebook.outbox.notifications import Delivery, Guard, Observation
 
-from .http import MAX_TRIES, Answer, HttpSender, Outgoing, clock_or_system, status_verdict
+from .http import MAX_TRIES, Answer, HttpSender, Outgoing, checked_url, clock_or_system, status_verdict
 from .secrets import SecretRef, mask
 
 TIMESTAMP_HEADER = "X-Statebook-Timestamp"
@@ -85,7 +85,7 @@ class WebhookChannel:
                  clock: Clock | None = None) -> None:
         if not secret:
             raise ValueError("a signed webhook needs a signing secret")
-        self.url = url
+        self.url = checked_url(url, "the webhook url")
         self.secret = secret
         self.clock = clock_or_system(clock)
         self.secrets = (url, secret)

@@ -153,6 +153,14 @@ def test_the_repr_names_schemes_not_urls_and_bad_urls_are_refused_without_showin
     assert SECRET not in str(caught.value) and "URL 1 of 1" in str(caught.value)
 
 
+@pytest.mark.parametrize("url", [f"u:{SECRET}@example.org", f"{SECRET}", f"json:{SECRET}@host/x", f"{SECRET}://host"])
+def test_a_url_without_a_readable_scheme_is_refused_without_showing_any_of_it(url):
+    """N43: a URL pasted without its scheme (or with a token where the scheme goes) shows no part of itself."""
+    with pytest.raises(AppriseUnavailable) as caught:
+        channel(url)
+    assert SECRET[:6] not in str(caught.value) and "URL 1 of 1" in str(caught.value), str(caught.value)
+
+
 def test_a_missing_extra_is_a_clear_error(monkeypatch):
     import builtins
 

@@ -268,11 +268,23 @@ def test_settings_refuse_what_cannot_work():
     base = {"host": "smtp.example.org", "sender": "a@example.org"}
     for bad, says in [({"to": "{user}@x.org"}, "{recipient}"), ({"tls": True, "starttls": True}, "exclude"),
                       ({"password": {"env": "X"}}, "username"), ({"sender": "not an address"}, "sender"),
-                      ({"username": "u", "password": "literal"}, "password")]:
+                      ({"username": "u", "password": "literal"}, "password"),
+                      ({"to": "{recipient!r}@x.org"}, "{recipient}"), ({"to": "{recipient:>99999999999}"}, "{recipient}")]:
         with pytest.raises(ValueError, match=says):
             EmailConfig(**(base | bad))
     assert EmailConfig(**base, tls=True).build()._port() == 465
     assert EmailConfig(**base, starttls=True).build()._port() == 587
+
+
+def test_a_ca_file_that_cannot_be_read_is_refused_when_the_channel_is_built(tmp_path):
+    """Like a secret (N43): an unreadable file is an error at start, not an exception out of every send."""
+    base = {"host": "smtp.example.org", "sender": "a@example.org", "local_hostname": "c", "starttls": True}
+    for ca_file in (tmp_path / "missing.pem", tmp_path):
+        with pytest.raises(ValueError, match="ca_file"):
+            EmailConfig(**base, ca_file=ca_file).build()
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(ValueError, match="ca_file"):
+        EmailConfig(**base, ca_file=tmp_path / "junk.pem").build()
 
 
 def test_a_content_header_cannot_inject_headers():

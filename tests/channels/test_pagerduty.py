@@ -106,3 +106,13 @@ def test_the_config_builds_the_channel_and_the_follow_transport(monkeypatch):
     assert ROUTING_KEY not in repr(channel) and ROUTING_KEY not in repr(transport)
     with pytest.raises(ValueError):
         PagerDutyConfig(routing_key=SecretRef(env="X"), severity="urgent")
+
+
+@pytest.mark.parametrize("url", ["https://events.example/v2/enqueue\n", "ftp://events.example/v2", "not a url"])
+def test_a_url_that_cannot_be_sent_to_is_refused_when_built(url, monkeypatch):
+    monkeypatch.setenv("PD_ADV_KEY", ROUTING_KEY)
+    config = PagerDutyConfig(routing_key=SecretRef(env="PD_ADV_KEY"), url=url)
+    for build in (config.build, config.build_follow):
+        with pytest.raises(ValueError, match="PagerDuty url") as caught:
+            build()
+        assert ROUTING_KEY not in str(caught.value)

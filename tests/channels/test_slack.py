@@ -112,3 +112,43 @@ def test_the_config_reveals_its_secret_once_and_refuses_ambiguity(monkeypatch):
         SlackConfig(bot_token=SecretRef(env="B"))
     with pytest.raises(ValueError, match="extra"):
         SlackConfig(webhook_url=SecretRef(env="A"), token="literal")
+
+
+@pytest.mark.parametrize("section", [
+    {"webhook_url": {"file": "hook"}},
+    {"bot_token": {"file": "token"}, "channel": "C1"},
+    {"bot_token": {"env": "SLACK_ADV_TOKEN"}, "channel": "C1", "api_url": "ftp://slack.example/api"},
+])
+def test_a_secret_that_cannot_be_sent_is_refused_when_built_without_showing_it(tmp_path, monkeypatch, section):
+    """N43: a line break inside a secret file (or a URL httpx cannot send to) is an error at start, naming
+    the setting and never the value; before, it passed and every send raised httpx's InvalidURL."""
+    from statebook.adapters.errors import ConfigError
+    from statebook.adapters.settings import load_settings
+
+    (tmp_path / "hook").write_text(f"http://127.0.0.1:9/services/{HOOK_TOKEN}\nsecond line\n")
+    (tmp_path / "token").write_text(f"{BOT_TOKEN}\n{BOT_TOKEN}\n")
+    monkeypatch.setenv("SLACK_ADV_TOKEN", BOT_TOKEN)
+    monkeypatch.chdir(tmp_path)
+    config = SlackConfig.model_validate(section)
+    with pytest.raises(ValueError, match="Slack") as caught:
+        config.build()
+    assert HOOK_TOKEN not in str(caught.value) and BOT_TOKEN not in str(caught.value)
+    from statebook.adapters.channels.configure import build_channels
+
+    with pytest.raises(ConfigError, match="notifications.slack"):
+        build_channels(load_settings(None, notifications={"slack": section}).notifications)
+
+
+def test_a_secret_file_that_never_ends_is_refused_by_its_size(tmp_path):
+    """N43: a device or a huge file as the secret file: a bounded read and a one-line error (was an
+    unbounded read: /dev/zero hung the daemon's start and ate memory)."""
+    import os
+
+    from statebook.adapters.channels.secrets import MAX_SECRET_BYTES, SecretError
+
+    endless = "/dev/zero" if os.path.exists("/dev/zero") else None
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (10 * 1024 * 1024))
+    for path in filter(None, (endless, big)):
+        with pytest.raises(SecretError, match=f"larger than {MAX_SECRET_BYTES}"):
+            SecretRef(file=path).reveal()

@@ -82,3 +82,15 @@ def test_the_config_reads_both_secrets(monkeypatch, tmp_path):
     channel = WebhookConfig(url=SecretRef(env="TEST_HOOK_URL"), secret=SecretRef(file=tmp_path / "secret")).build()
     assert (channel.secret, channel.url, channel.persistent) == (SECRET, f"https://hooks.example/{URL_TOKEN}", True)
     assert SECRET not in repr(channel) and URL_TOKEN not in repr(channel)
+
+
+def test_a_url_secret_with_a_line_break_is_refused_when_built_without_showing_it(tmp_path):
+    """N43: the URL is a secret; one httpx cannot send to is an error at start, never shown."""
+    import pytest
+
+    (tmp_path / "url").write_text("http://127.0.0.1:9/hook?token=urlSECRETtoken0123\nsecond\n")
+    (tmp_path / "key").write_text("signingSECRET0123456789")
+    config = WebhookConfig(url=SecretRef(file=tmp_path / "url"), secret=SecretRef(file=tmp_path / "key"))
+    with pytest.raises(ValueError, match="webhook url") as caught:
+        config.build()
+    assert "urlSECRETtoken" not in str(caught.value)
