@@ -140,8 +140,10 @@ def read_checkpoint(path: Path, public_key: Path | None) -> tuple[dict[str, Any]
     if problems:
         return None, problems, []
     problems = signature_problems(body, document.get("signature"), public_key, "checkpoint")
-    notes = [] if public_key is not None or not document.get("signature") else [
-        "the checkpoint's signature was not checked: give --public-key"]
+    notes = [] if public_key is not None else [
+        "the checkpoint's signature was not checked: give --public-key" if document.get("signature") else
+        "the checkpoint is not signed: it was checked against its own root only (sign it with --sign, check "
+        "it with --public-key)"]
     return body, problems, notes
 
 

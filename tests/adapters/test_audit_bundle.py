@@ -244,3 +244,15 @@ async def test_a_checkpoint_of_the_wrong_shape_is_bad_checkpoint(book, tmp_path,
         path.write_text(json.dumps(document))
     body, problems, _ = read_checkpoint(path, None)
     assert body is None and problems, problems
+
+
+async def test_an_unchecked_checkpoint_says_so(book, keys, tmp_path):
+    """Without --public-key a checkpoint is checked against its own root only; the notes say so whether or not
+    it carries a signature (a forger rewriting it consistently would simply leave the signature out)."""
+    private, _ = keys
+    for signer in (private, None):
+        path = tmp_path / f"cp-{signer is None}.json"
+        write_json(path, checkpoint_document(await checkpoint(book), signer))
+        body, problems, notes = read_checkpoint(path, None)
+        assert body is not None and not problems
+        assert any("--public-key" in n for n in notes), notes
