@@ -256,3 +256,18 @@ async def test_an_unchecked_checkpoint_says_so(book, keys, tmp_path):
         body, problems, notes = read_checkpoint(path, None)
         assert body is not None and not problems
         assert any("--public-key" in n for n in notes), notes
+
+
+def test_a_chain_key_that_cannot_be_read_is_a_configuration_error(monkeypatch, tmp_path):
+    """[audit] chain_key naming an unset variable or a missing file: a one-line refusal (exit 2) naming where,
+    not an internal error."""
+    from statebook.adapters.cli.funnel import REFUSED, classify
+    from statebook.adapters.errors import ConfigError
+    from statebook.adapters.settings import AuditSettings
+
+    monkeypatch.delenv("STATEBOOK_TEST_UNSET_KEY", raising=False)
+    for ref in ({"env": "STATEBOOK_TEST_UNSET_KEY"}, {"file": str(tmp_path / "no-such-key")}):
+        with pytest.raises(ConfigError) as refused:
+            AuditSettings(chain_key=ref).key()
+        code, line = classify(refused.value)
+        assert code == REFUSED and "chain_key" in line and "internal error" not in line, line
