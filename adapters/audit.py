@@ -133,15 +133,17 @@ def read_checkpoint(path: Path, public_key: Path | None) -> tuple[dict[str, Any]
         document = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         return None, [f"{path} is not JSON"], []
     body = document.get("checkpoint") if isinstance(document, dict) else None
     problems = checkpoint_problems(body)
     if problems:
         return None, problems, []
     problems = signature_problems(body, document.get("signature"), public_key, "checkpoint")
-    notes = [] if public_key is not None or not document.get("signature") else [
-        "the checkpoint's signature was not checked: give --public-key"]
+    notes = [] if public_key is not None else [
+        "the checkpoint's signature was not checked: give --public-key" if document.get("signature") else
+        "the checkpoint is not signed: it was checked against its own root only (sign it with --sign, check "
+        "it with --public-key)"]
     return body, problems, notes
 
 
@@ -244,7 +246,7 @@ def _read_document(path: Path, key: str, report: BundleReport) -> tuple[Any, Any
     except OSError as exc:
         report.findings.append(f"{path.name}: cannot be read ({exc.strerror})")
         return None, None
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         report.findings.append(f"{path.name}: not JSON")
         return None, None
     if not isinstance(document, dict) or not isinstance(document.get(key), dict):
@@ -255,14 +257,16 @@ def _read_document(path: Path, key: str, report: BundleReport) -> tuple[Any, Any
 
 def _facts(path: Path, report: BundleReport) -> Iterator[tuple[int, Fact]]:
     names = set(Fact.__dataclass_fields__)
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # lines as _digest counts them; a line that is not UTF-8 is one finding
         for n, line in enumerate(f, start=1):
             try:
-                value = json.loads(line)
+                value = json.loads(line.decode("utf-8"))
                 if not isinstance(value, dict) or set(value) != names:
                     raise ValueError("not a fact's fields")
+                if not (type(value["entity_type"]) is str and type(value["entity_id"]) is str):
+                    raise ValueError("its entity_type and entity_id must be text")
                 yield n, Fact(**value)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
                 report.findings.append(f"{FACTS_FILE} line {n}: not a fact ({exc})")
 
 

@@ -28,7 +28,7 @@ from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import Limits, text
 from statebook.outbox.bounds import dispatch_limits
 
-from .channels.secrets import SecretRef
+from .channels.secrets import SecretError, SecretRef
 from .errors import ConfigError
 
 CENTURY_SECONDS = 100 * 366 * 86400.0
@@ -237,8 +237,13 @@ class AuditSettings(_Section):
     chain_key: SecretRef | None = None
 
     def key(self) -> ChainKey | None:
-        """The chain key it names, read now (:class:`SecretError` naming where, never the value)."""
-        return None if self.chain_key is None else ChainKey(self.chain_key.reveal().encode())
+        """The chain key it names, read now (:class:`ConfigError` naming where, never the value)."""
+        if self.chain_key is None:
+            return None
+        try:
+            return ChainKey(self.chain_key.reveal().encode())
+        except SecretError as exc:  # a ValueError, not ours: the CLI would call it an internal error
+            raise ConfigError(f"[audit] chain_key: {exc}") from None
 
 
 class Settings(BaseSettings):

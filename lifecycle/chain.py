@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from .book import Book
 
 CHECKPOINT_FORMAT = "statebook-checkpoint/1"
+MAX_BIGINT = 2**63 - 1
+"""The highest seq a database holds: a checkpoint's counts above it are no counts (and no query parameter)."""
 
 chain_table = sa.Table(
     "statebook_chain",
@@ -302,8 +304,9 @@ def checkpoint_problems(body: Any) -> list[str]:
         return [f"not a statebook checkpoint (format {CHECKPOINT_FORMAT!r} expected)"]
     try:
         heads_ = [tuple(h) for h in body["heads"]]
-        shaped = all(len(h) == 4 and type(h[2]) is int for h in heads_)
-        if not shaped or not all(type(body[k]) is int for k in ("facts", "max_seq", "entities")):
+        shaped = all(len(h) == 4 and [type(x) for x in h] == [str, str, int, str] for h in heads_)
+        counts = all(type(body[k]) is int and 0 <= body[k] <= MAX_BIGINT for k in ("facts", "max_seq", "entities"))
+        if not shaped or not counts or not (body.get("entity_type") is None or type(body["entity_type"]) is str):
             return ["the checkpoint's fields do not have their types"]
     except (KeyError, TypeError):
         return ["the checkpoint lacks a field (heads, facts, max_seq, entities, root)"]

@@ -152,3 +152,122 @@ async def test_a_bundle_verifies_in_a_clean_environment(book, keys, tmp_path):
     failed = subprocess.run([*cli, "audit", "verify", str(d), "--public-key", str(public)], cwd=clean, env=env,
                             capture_output=True, text=True, timeout=120)
     assert failed.returncode == 1 and "finding" in failed.stdout
+
+
+def _consistent(d: Path, facts: bytes) -> None:
+    """``facts`` as the bundle's facts.jsonl, the manifest's digests recomputed (unsigned): what a forger writes."""
+    import hashlib
+
+    (d / "facts.jsonl").write_bytes(facts)
+    document = json.loads((d / "manifest.json").read_text())
+    document["manifest"]["files"]["facts.jsonl"] = {"sha256": hashlib.sha256(facts).hexdigest(),
+                                                    "lines": len(facts.splitlines(keepends=True))}
+    document["signature"] = None
+    (d / "manifest.json").write_text(json.dumps(document))
+
+
+def _with_field(name: str, value: object):  # type: ignore[no-untyped-def]
+    def damage(lines: list[bytes]) -> bytes:
+        fact = json.loads(lines[2])
+        fact[name] = value
+        return b"".join([*lines[:2], json.dumps(fact).encode() + b"\n", *lines[3:]])
+    return damage
+
+
+DAMAGE = {
+    "not_utf8": lambda lines: b"".join([lines[0], b"\xff\xfe{}\n", *lines[1:]]),
+    "nested_too_deep": lambda lines: b"".join([lines[0], b"[" * 100_000 + b"]" * 100_000 + b"\n", *lines[1:]]),
+    "entity_id_a_list": _with_field("entity_id", ["b2"]),
+    "entity_type_an_object": _with_field("entity_type", {"task": 1}),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+async def test_a_damaged_bundle_is_a_finding_never_a_crash(book, tmp_path, damage):
+    """Bytes that are not UTF-8, JSON nested past the parser's depth, a fact whose type or id is not text:
+    each is a finding of `audit verify` (exit 1) and a refusal of `audit replay`, never an internal error."""
+    from typer.testing import CliRunner
+
+    from statebook.adapters.cli import app
+
+    d = tmp_path / "bundle"
+    await export_bundle(book, d)
+    _consistent(d, DAMAGE[damage]((d / "facts.jsonl").read_bytes().splitlines(keepends=True)))
+    report = verify_bundle(d)
+    assert not report.ok and any("facts.jsonl line" in f for f in report.findings), report.findings
+    for args in (["audit", "verify", str(d)], ["audit", "replay", str(d), "task", "a1"]):
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code == 1 and "internal error" not in done.output, done.output
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "checkpoint.json"])
+async def test_a_damaged_bundle_document_is_a_finding(book, tmp_path, name):
+    """A manifest or checkpoint nested past the JSON parser's depth is 'not JSON', like any other garbage."""
+    d = tmp_path / "bundle"
+    await export_bundle(book, d)
+    (d / name).write_text("[" * 100_000 + "]" * 100_000)
+    report = verify_bundle(d)
+    assert not report.ok and any(f.startswith(f"{name}: not JSON") for f in report.findings), report.findings
+
+
+def _heads_edit(change):  # type: ignore[no-untyped-def]
+    def edit(body: dict) -> None:
+        from statebook.lifecycle.chain import merkle_root
+
+        change(body)
+        body["root"] = merkle_root(body["heads"])
+    return edit
+
+
+CHECKPOINT_DAMAGE = {
+    "max_seq_past_bigint": lambda c: c.update(max_seq=10**30),
+    "max_seq_below_bigint": lambda c: c.update(max_seq=-10**30),
+    "entity_type_an_int": lambda c: c.update(entity_type=5),
+    "entity_type_a_list": lambda c: c.update(entity_type=["task"]),
+    "head_hash_an_int": _heads_edit(lambda c: c["heads"][0].__setitem__(3, 5)),
+    "head_id_a_list": _heads_edit(lambda c: c["heads"][0].__setitem__(1, ["a1"])),
+    "nested_too_deep": None,
+}
+
+
+@pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
+async def test_a_checkpoint_of_the_wrong_shape_is_bad_checkpoint(book, tmp_path, damage):
+    """An unsigned checkpoint consistent with its root but with fields no checkpoint has (a seq past BIGINT,
+    a type or head that is not text) is `bad_checkpoint`, never an error of the database or an internal one."""
+    path = tmp_path / "cp.json"
+    write_json(path, checkpoint_document(await checkpoint(book), None))
+    if CHECKPOINT_DAMAGE[damage] is None:
+        path.write_text('{"checkpoint": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        document = json.loads(path.read_text())
+        CHECKPOINT_DAMAGE[damage](document["checkpoint"])
+        path.write_text(json.dumps(document))
+    body, problems, _ = read_checkpoint(path, None)
+    assert body is None and problems, problems
+
+
+async def test_an_unchecked_checkpoint_says_so(book, keys, tmp_path):
+    """Without --public-key a checkpoint is checked against its own root only; the notes say so whether or not
+    it carries a signature (a forger rewriting it consistently would simply leave the signature out)."""
+    private, _ = keys
+    for signer in (private, None):
+        path = tmp_path / f"cp-{signer is None}.json"
+        write_json(path, checkpoint_document(await checkpoint(book), signer))
+        body, problems, notes = read_checkpoint(path, None)
+        assert body is not None and not problems
+        assert any("--public-key" in n for n in notes), notes
+
+
+def test_a_chain_key_that_cannot_be_read_is_a_configuration_error(monkeypatch, tmp_path):
+    """[audit] chain_key naming an unset variable or a missing file: a one-line refusal (exit 2) naming where,
+    not an internal error."""
+    from statebook.adapters.cli.funnel import REFUSED, classify
+    from statebook.adapters.errors import ConfigError
+    from statebook.adapters.settings import AuditSettings
+
+    monkeypatch.delenv("STATEBOOK_TEST_UNSET_KEY", raising=False)
+    for ref in ({"env": "STATEBOOK_TEST_UNSET_KEY"}, {"file": str(tmp_path / "no-such-key")}):
+        with pytest.raises(ConfigError) as refused:
+            AuditSettings(chain_key=ref).key()
+        code, line = classify(refused.value)
+        assert code == REFUSED and "chain_key" in line and "internal error" not in line, line
