@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conformance.support import SYSTEM, FINISHED, new_task, prepare, start, task_registry, tasks
+from conformance.support import SYSTEM, FINISHED, new_task, prepare, start, task_registry
 
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, FakeClock, transition, verify

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 from http_scenarios import http_scenario, running
-from http_server import serve
 
 from statebook.adapters.channels.contract import ChannelContract, RecordingGuard
 from statebook.adapters.channels.secrets import SecretRef
