@@ -42,6 +42,7 @@ from .db import open_book
 from .errors import ConfigError
 from .github import GitHubPoller
 from .leader import leadership_for
+from .metrics import REFRESH_SECONDS, Metrics
 from .pgnotify import listen
 from .registry import require_builtins, resolve_registry
 from .settings import Settings
@@ -223,7 +224,46 @@ def status_line(engine: SchedulerEngine) -> str:
             f"skipped {st['skipped']} | deferred {st['deferred']} | next fire in {wait}")
 
 
+DELIVERED = ("delivered", "acked")
+"""Dispatch statuses the run's story ends on: a dispatch whose send went through."""
+
+
+async def run_summary(book: Book, daemon_id: str, engine: SchedulerEngine, delivery: Delivery,
+                      notifying: list[_InTask]) -> dict[str, Any]:
+    """What this run did: the scheduler's decisions, this daemon's runs by status, its deliveries by
+    outcome (the workers' counters), and a dispatch of its runs that was delivered, with its full history."""
+    t, r = dispatch_outbox, schedule_runs
+    async with book.read() as conn:
+        runs = dict((await conn.execute(sa.select(r.c.status, sa.func.count()).where(r.c.daemon_id == daemon_id)
+                                        .group_by(r.c.status))).all())
+        mine = sa.select(r.c.id).where(r.c.daemon_id == daemon_id).scalar_subquery()
+        delivered = (await conn.execute(
+            sa.select(t.c.id).where(t.c.status.in_(DELIVERED), t.c.schedule_run_id.in_(mine))
+            .order_by(t.c.updated_at.desc(), t.c.id).limit(1))).scalar()
+        if delivered is None:  # none of this run's: the latest delivered one in the database
+            delivered = (await conn.execute(sa.select(t.c.id).where(t.c.status.in_(DELIVERED))
+                                            .order_by(t.c.updated_at.desc(), t.c.id).limit(1))).scalar()
+    deliveries = {"dispatch": dict(delivery.worker.totals)}
+    for part in notifying:
+        if isinstance(part, NotificationDelivery):
+            deliveries["notification"] = dict(part.worker.totals)
+    return {
+        "daemon_id": daemon_id,
+        "scheduler": {k: engine.stats[k] for k in ("ticks", "fired", "skipped", "deferred", "errors")},
+        "runs": {k: int(v) for k, v in runs.items()},
+        "deliveries": deliveries,
+        "delivered_dispatch": delivered,
+        "delivered_history": [_fact_line(f) for f in (await history(book, "dispatch", delivered) if delivered else [])],
+    }
+
+
+def _fact_line(f: Any) -> dict[str, Any]:
+    return {"at": f.at, "from": f.previous_status, "to": f.status, "reason": f.reason_code,
+            "summary": f.reason_summary, "actor": f"{f.actor_type}:{f.actor_id}", "version": f.version}
+
+
 async def summary(book: Book) -> dict[str, Any]:
+    """The whole database's counts by status, the latest dispatch's history, and a verify."""
     out: dict[str, Any] = {}
     async with book.read() as conn:
         parts = [("schedules", schedules), ("runs", schedule_runs), ("dispatches", dispatch_outbox)]
@@ -247,11 +287,26 @@ async def summary(book: Book) -> dict[str, Any]:
     return out
 
 
+def _process_counters(engine: SchedulerEngine, delivery: Delivery, notifying: list[_InTask],
+                      leader: Any) -> dict[str, Any]:
+    """The in-process counters ``/metrics`` shows beside the snapshot (read from memory only)."""
+    deliveries = {"dispatch": dict(delivery.worker.totals)}
+    for part in notifying:
+        if isinstance(part, NotificationDelivery):
+            deliveries["notification"] = dict(part.worker.totals)
+    return {"scheduler": dict(engine.stats), "deliveries": deliveries,
+            "leader": getattr(leader, "epoch", None) is not None}
+
+
 async def run_daemon(settings: Settings, *, config_path: str | None = None, run_for: float | None = None,
-                     tty: bool = False, registry: Registry | None = None) -> dict[str, Any]:
-    """Run until SIGINT/SIGTERM (or ``run_for`` seconds); returns a summary of the database.
+                     tty: bool = False, registry: Registry | None = None, metrics_port: int | None = None,
+                     metrics_host: str = "127.0.0.1", metrics_every: float = REFRESH_SECONDS) -> dict[str, Any]:
+    """Run until SIGINT/SIGTERM (or ``run_for`` seconds); returns a summary of the database and,
+    under ``run``, of what this run did (:func:`run_summary`).
 
     The book runs ``registry``, else the one ``settings.app`` names (``--app``), else the built-in one.
+    With ``metrics_port`` (0: any free port, logged) ``/metrics`` is served on ``metrics_host`` while the
+    daemon runs; its snapshot is refreshed every ``metrics_every`` seconds in a task of its own.
     """
     settings = resolve_settings(settings, config_path)
     registry = resolve_registry(settings.app) if registry is None else registry
@@ -260,6 +315,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                            chain_key=settings.audit.key())
     leader = None
     built = Built()
+    metrics: Metrics | None = None
+    refresher: asyncio.Task[None] | None = None
     try:
         daemon_id = new_daemon_id()
         leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
@@ -287,6 +344,11 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             loop.add_signal_handler(sig, stop.set)
         log.info("daemon %s started on %s (tick %gs, %d slots)", engine.daemon_id, book.engine.url.render_as_string(),
                  settings.scheduler.tick_seconds, settings.scheduler.max_concurrent)
+        if metrics_port is not None:
+            metrics = Metrics(book, lambda: _process_counters(engine, delivery, notifying, leader))
+            await metrics.refresh()  # the first scrape already has figures
+            metrics.serve(metrics_host, metrics_port)
+            refresher = asyncio.create_task(metrics.refresh_every(metrics_every), name="statebook-metrics")
         await engine.start()
         delivery.start()
         for part in notifying:
@@ -296,6 +358,11 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                 await asyncio.wait_for(stop.wait(), run_for)
         finally:
             log.info("stopping: cancelling in-flight runs and delivery")
+            if refresher is not None:
+                refresher.cancel()
+                await asyncio.gather(refresher, return_exceptions=True)
+            if metrics is not None:
+                await asyncio.to_thread(metrics.close)  # shutdown waits for the server's poll: not on the loop
             await engine.stop()
             for part in notifying:
                 await part.stop()
@@ -304,8 +371,15 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                 loop.remove_signal_handler(sig)
             if tty:
                 print()
-        return await summary(book)
+        this_run = await run_summary(book, daemon_id, engine, delivery, notifying)
+        log.info("run of daemon %s ended: fired %d, skipped %d, deferred %d", daemon_id, this_run["scheduler"]["fired"],
+                 this_run["scheduler"]["skipped"], this_run["scheduler"]["deferred"],
+                 extra={"event": "daemon_stopped", "daemon_id": daemon_id, "runs": this_run["runs"],
+                        "deliveries": this_run["deliveries"]})
+        return {**await summary(book), "run": this_run}
     finally:
+        if metrics is not None:
+            metrics.close()
         await built.aclose()  # the channels' and follow-ups' clients, after the last dispatch pass
         if leader is not None:
             await leader.release()

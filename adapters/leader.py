@@ -59,7 +59,9 @@ class LeaseLeader:
             if await self._heartbeat(now):
                 return True
             if self.epoch is not None:
-                log.warning("daemon %s lost scheduler leadership (epoch %d was taken over)", self.daemon_id, self.epoch)
+                log.warning("daemon %s lost scheduler leadership (epoch %d was taken over)", self.daemon_id, self.epoch,
+                            extra={"event": "leadership", "daemon_id": self.daemon_id, "epoch": self.epoch,
+                                   "leader": False})
                 self.epoch = None
             return await self._take_over(now)
         except Exception as exc:  # noqa: BLE001 - no answer from the database: stand by this tick, fences decide
@@ -111,7 +113,8 @@ class LeaseLeader:
         except IntegrityError:
             return False  # another daemon inserted the first lease row first
         previous = f" from {row.holder} (heartbeat {now - row.heartbeat_at:.1f}s old)" if row is not None else ""
-        log.info("daemon %s took the scheduler lease at epoch %d%s", self.daemon_id, epoch, previous)
+        log.info("daemon %s took the scheduler lease at epoch %d%s", self.daemon_id, epoch, previous,
+                 extra={"event": "leadership", "daemon_id": self.daemon_id, "epoch": epoch, "leader": True})
         self.epoch = epoch
         self.valid_until = now + self.lease_seconds
         return True
@@ -163,6 +166,10 @@ class LeaseLeader:
                                                lease.c.epoch == self.epoch)
                         .values(heartbeat_at=self.book.clock.now() - 2 * self.lease_seconds))
                 await tx.conn.execute(sa.delete(d).where(d.c.daemon_id == self.daemon_id))
+            if self.epoch is not None:
+                log.info("daemon %s released the scheduler lease (epoch %d)", self.daemon_id, self.epoch,
+                         extra={"event": "leadership", "daemon_id": self.daemon_id, "epoch": self.epoch,
+                                "leader": False})
         except Exception as exc:  # noqa: BLE001 - the lease lapses by itself
             log.warning("could not release the scheduler lease (%s); it lapses after %gs", exc, self.lease_seconds)
         finally:

@@ -223,10 +223,14 @@ async def run_leases(
                 log.warning("dispatch %s attempt %s not sent: less than its %gs transport timeout was left "
                             "of the lease; releasing it for a later claim", lease.dispatch_id, lease.attempt,
                             lease.timeout)
-        for outcome in await _record_group(book, done, clock, actor):
+        for (lease, result), outcome in zip(done, await _record_group(book, done, clock, actor), strict=True):
             key = _COUNTED.get(outcome or "")
             if key:
                 counts[key] += 1
+            if outcome is not None and outcome != "released":
+                log.info("dispatch %s (%s) attempt %s: %s", lease.dispatch_id, lease.kind, lease.attempt, outcome,
+                         extra={"dispatch_id": lease.dispatch_id, "attempt": lease.attempt,
+                                         "outcome": outcome, "kind": lease.kind})
 
     async def more(n: int) -> Claimed[Lease]:
         assert refill is not None

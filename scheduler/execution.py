@@ -185,4 +185,6 @@ class Executor:
         if out.conflict:
             log.info("run %s was already ended elsewhere (now %s); kept that ending", run_id, out.status)
             return out.status or status
+        log.info("run %s of %s ended %s (%s)", run_id, schedule.get("name", "-"), status, summary[:200],
+                 extra={"run_id": run_id, "schedule": schedule.get("name"), "outcome": status, "reason": code})
         return status

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
@@ -41,37 +40,64 @@ def _settings(config: str | None) -> Any:
 def run_cmd(
     config: str = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     run_for: float = typer.Option(None, "--for", help="Stop after this many seconds and print a summary."),
-    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR (statebook's loggers)."),
+    log_format: str = typer.Option("text", "--log-format", help="text (one readable line) or json (one object a line)."),
+    metrics_port: int = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0: any free one, logged)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
 ) -> None:
     """Run the scheduler daemon: fire schedules, deliver their dispatches, until SIGINT/SIGTERM."""
     from statebook.adapters.daemon import run_daemon
+    from statebook.adapters.logs import FORMATS, configure
 
     if log_level.upper() not in LOG_LEVELS:
         raise fail(f"--log-level {log_level!r} is not a level; use {', '.join(LOG_LEVELS)}")
+    if log_format not in FORMATS:
+        raise fail(f"--log-format {log_format!r} is not a format; use {' or '.join(FORMATS)}")
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        raise fail(f"--metrics-port {metrics_port} is not a port; use 0 (any free one) to 65535")
     if run_for is not None:
         duration("--for", run_for)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
+    configure(log_format, log_level.upper())
     settings = _settings(config)
     registry = cli_registry(settings.app)
-    result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(), registry=registry))
-    def counted(name: str, by_status: dict[str, int]) -> str:
-        return f"{name} {sum(by_status.values())} ({', '.join(f'{k} {v}' for k, v in sorted(by_status.items())) or 'none'}); "
-
-    notified = result.get("notifications") or {}
-    console.print(  # one line, however narrow the terminal: scripts look for "verify ok"
-        "summary: " + counted("runs", result["runs"]) + counted("dispatches", result["dispatches"])
-        + (counted("notifications", notified) if notified else "")
-        + f"verify {'ok' if result['verify']['ok'] else 'FAILED: ' + str(result['verify']['findings']) + ' finding(s)'}",
-        highlight=False, soft_wrap=True,
-    )
-    if result.get("latest_dispatch"):
-        console.print(f"history of dispatch {result['latest_dispatch']}:", highlight=False)
-        for h in result["latest_history"]:
-            console.print(f"  {format_time(h['at'])} {h['from'] or '-'} -> {h['to']}  {h['reason']}  ({h['actor']})",
-                          highlight=False, soft_wrap=True)
+    result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(), registry=registry,
+                            metrics_port=metrics_port, metrics_host=metrics_host))
+    _story(result)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)
+
+
+def _counted(by_status: dict[str, int]) -> str:
+    """``3 (completed 2, failed 1)``; ``0`` for nothing."""
+    total = sum(by_status.values())
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(by_status.items()) if v)
+    return f"{total} ({parts})" if parts else str(total)
+
+
+def _story(result: dict[str, Any]) -> None:
+    """What this run did, the database's totals, the full history of a delivered dispatch, then verify."""
+    this = result.get("run") or {}
+    sched = this.get("scheduler", {})
+    say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731 - never wrapped or cut
+    say(f"this run: fired {sched.get('fired', 0)}, skipped {sched.get('skipped', 0)}, deferred "
+        f"{sched.get('deferred', 0)}; runs {_counted(this.get('runs', {}))}")
+    for lifecycle, counts in sorted((this.get("deliveries") or {}).items()):
+        outcomes = {k: v for k, v in counts.items() if k not in ("attempted", "claimed")}
+        tried = counts.get("attempted", counts.get("claimed", 0))
+        done = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()) if v) or "none ended"
+        say(f"this run's {lifecycle} deliveries: {tried} attempted; {done}")
+    if this.get("delivered_dispatch"):
+        say(f"history of delivered dispatch {this['delivered_dispatch']}:")
+        for h in this["delivered_history"]:
+            say(f"  v{h['version']} {format_time(h['at'])} {h['from'] or '-'} -> {h['to'] or '(purged)'}  {h['reason']}"
+                f"  ({h['actor']}) {h['summary']}")
+    else:
+        say("no dispatch was delivered yet")
+    notified = result.get("notifications") or {}
+    verdict = "ok" if result["verify"]["ok"] else f"FAILED: {result['verify']['findings']} finding(s)"
+    say(  # one line, however narrow the terminal: scripts look for "verify ok"
+        f"database: runs {_counted(result['runs'])}; dispatches {_counted(result['dispatches'])}; "
+        + (f"notifications {_counted(notified)}; " if notified else "") + f"verify {verdict}")
 
 
 # -- schedules ----------------------------------------------------------------------------------

@@ -742,8 +742,13 @@ async def deliver_due_notifications(
         decided = [(lease, result) for lease, result in done if result.outcome is not None]
         counts["stopped"] += len(done) - len(decided)
         if decided:
-            for outcome in await finalize_all(book, decided, now=clock.now()):
+            for (lease, result), outcome in zip(decided, await finalize_all(book, decided, now=clock.now()), strict=True):
                 counts[{"retry": "retried", None: "stopped"}.get(outcome, outcome)] += 1  # type: ignore[index]
+                if outcome is not None and outcome != "conflict":
+                    log.info("notification %s attempt %s: %s%s", lease.notification_id, lease.attempt, outcome,
+                             f" via {result.delivered_channel}" if result.delivered_channel else "",
+                             extra={"notification_id": lease.notification_id, "attempt": lease.attempt,
+                                    "outcome": outcome, "channel": result.delivered_channel})
 
     await run_in_slots([], attempt, record, concurrency=concurrency, counts=counts, refill=more, budget=limit,
                        what="notification attempt", overlap=True)
