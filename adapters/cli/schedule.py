@@ -44,6 +44,7 @@ def run_cmd(
     log_format: str = typer.Option("text", "--log-format", help="text (one readable line) or json (one object a line)."),
     metrics_port: int = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0: any free one, logged)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
+    metrics_every: float = typer.Option(5.0, "--metrics-every", help="Seconds between two reads of the metrics snapshot."),
 ) -> None:
     """Run the scheduler daemon: fire schedules, deliver their dispatches, until SIGINT/SIGTERM."""
     from statebook.adapters.daemon import run_daemon
@@ -57,11 +58,14 @@ def run_cmd(
         raise fail(f"--metrics-port {metrics_port} is not a port; use 0 (any free one) to 65535")
     if run_for is not None:
         duration("--for", run_for)
+    if not 0.05 <= metrics_every <= 3600:
+        raise fail(f"--metrics-every {metrics_every:g} is out of range; use 0.05 to 3600 seconds")
     configure(log_format, log_level.upper())
     settings = _settings(config)
     registry = cli_registry(settings.app)
     result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(), registry=registry,
-                            metrics_port=metrics_port, metrics_host=metrics_host))
+                            metrics_port=metrics_port, metrics_host=metrics_host,
+                            metrics_every=metrics_every))
     _story(result)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)
