@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-__all__ = ["FORMATS", "LEVELS", "QUIET", "JsonFormatter", "TextFormatter", "configure"]
+__all__ = ["FORMATS", "LEVELS", "QUIET", "JsonFormatter", "TextFormatter", "configure", "configured"]
 
 FORMATS = ("text", "json")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -67,6 +69,19 @@ class TextFormatter(logging.Formatter):
         return _mask(line)
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes (a test runner swaps it, then closes the old one)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        """The current ``sys.stderr``."""
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
 def configure(format: str = "text", level: str = "INFO", *, stream: TextIO | None = None) -> logging.Handler:
     """Send statebook's records at ``level`` and up to ``stream`` (stderr) as ``format``; the handler.
 
@@ -76,7 +91,7 @@ def configure(format: str = "text", level: str = "INFO", *, stream: TextIO | Non
         raise ValueError(f"log format {format!r}: use {' or '.join(FORMATS)}")
     if level.upper() not in LEVELS:
         raise ValueError(f"log level {level!r}: use {', '.join(LEVELS)}")
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else _Stderr()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if format == "json" else TextFormatter())
     root = logging.getLogger()
@@ -88,3 +103,20 @@ def configure(format: str = "text", level: str = "INFO", *, stream: TextIO | Non
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
     return handler
+
+
+@contextmanager
+def configured(format: str = "text", level: str = "INFO") -> Iterator[logging.Handler]:
+    """:func:`configure` for the length of a command; the loggers are put back as they were afterwards
+    (a command run in-process, as tests do, leaves no handler behind)."""
+    names = ["statebook", *QUIET]
+    root = logging.getLogger()
+    before = (root.level, {n: logging.getLogger(n).level for n in names})
+    handler = configure(format, level)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(before[0])
+        for name, lvl in before[1].items():
+            logging.getLogger(name).setLevel(lvl)

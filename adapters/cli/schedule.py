@@ -48,7 +48,7 @@ def run_cmd(
 ) -> None:
     """Run the scheduler daemon: fire schedules, deliver their dispatches, until SIGINT/SIGTERM."""
     from statebook.adapters.daemon import run_daemon
-    from statebook.adapters.logs import FORMATS, configure
+    from statebook.adapters.logs import FORMATS, configured
 
     if log_level.upper() not in LOG_LEVELS:
         raise fail(f"--log-level {log_level!r} is not a level; use {', '.join(LOG_LEVELS)}")
@@ -60,12 +60,12 @@ def run_cmd(
         duration("--for", run_for)
     if not 0.05 <= metrics_every <= 3600:
         raise fail(f"--metrics-every {metrics_every:g} is out of range; use 0.05 to 3600 seconds")
-    configure(log_format, log_level.upper())
-    settings = _settings(config)
-    registry = cli_registry(settings.app)
-    result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(), registry=registry,
-                            metrics_port=metrics_port, metrics_host=metrics_host,
-                            metrics_every=metrics_every))
+    with configured(log_format, log_level.upper()):
+        settings = _settings(config)
+        registry = cli_registry(settings.app)
+        result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(),
+                                registry=registry, metrics_port=metrics_port, metrics_host=metrics_host,
+                                metrics_every=metrics_every))
     _story(result)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)
