@@ -236,7 +236,7 @@ async def run_summary(book: Book, daemon_id: str, engine: SchedulerEngine, deliv
     async with book.read() as conn:
         runs = dict((await conn.execute(sa.select(r.c.status, sa.func.count()).where(r.c.daemon_id == daemon_id)
                                         .group_by(r.c.status))).all())
-        mine = sa.select(r.c.id).where(r.c.daemon_id == daemon_id).scalar_subquery()
+        mine = sa.select(r.c.id).where(r.c.daemon_id == daemon_id)
         delivered = (await conn.execute(
             sa.select(t.c.id).where(t.c.status.in_(DELIVERED), t.c.schedule_run_id.in_(mine))
             .order_by(t.c.updated_at.desc(), t.c.id).limit(1))).scalar()

@@ -197,6 +197,17 @@ def _due_query(book: Book) -> sa.CompoundSelect | sa.Select[Any]:
     return parts[0] if len(parts) == 1 else sa.union_all(*parts)
 
 
+def _facts_query(dialect: str) -> Any:
+    """Facts by lifecycle and reason code. SQLite would walk the (entity_type, entity_id, version) index,
+    which does not cover reason_code — a row lookup per fact, about twice the cost of reading the table
+    (NOT INDEXED). PostgreSQL's planner already scans the table."""
+    f = facts_table
+    if dialect == "sqlite":
+        return sa.text(f"SELECT entity_type, reason_code, count(*) FROM {f.name} NOT INDEXED "
+                       "GROUP BY entity_type, reason_code")
+    return sa.select(f.c.entity_type, f.c.reason_code, sa.func.count()).group_by(f.c.entity_type, f.c.reason_code)
+
+
 def _latency_query() -> sa.Select[Any]:
     from statebook.outbox.notifications.schema import channel_attempts as a
 
@@ -220,12 +231,10 @@ async def collect_stats(book: Book, *, clock: Clock | None = None) -> Stats:
     transitions: dict[str, dict[str, int]] = {}
     due: dict[str, Due] = {}
     latency: dict[str, Latency] = {}
-    f = facts_table
     async with book.read() as conn:
         for lifecycle, status, n in (await conn.execute(_entities_query(book))).all():
             entities[lifecycle][status] = int(n)
-        rows = await conn.execute(sa.select(f.c.entity_type, f.c.reason_code, sa.func.count())
-                                  .group_by(f.c.entity_type, f.c.reason_code))
+        rows = await conn.execute(_facts_query(book.dialect))
         for lifecycle, reason, n in rows.all():
             transitions.setdefault(lifecycle, {})[reason] = int(n)
         for lifecycle, n, oldest in (await conn.execute(_due_query(book), {"b_now": now})).all():
