@@ -4,8 +4,8 @@ ends with a delivered dispatch's full history and ``verify ok``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -27,11 +27,11 @@ EXE = str(Path(sys.executable).parent / "statebook")
 WAIT = 90.0  # seconds a step may take on a loaded machine before the test gives up (not a timed assert)
 
 
-def settings(tmp_path: Path) -> Path:
+def settings(tmp_path: Path, db: str | None = None) -> Path:
     """A daemon that fires one run soon after it starts, notifies through examples/notify.py, then idles."""
     toml = tmp_path / "statebook.toml"
     toml.write_text(f"""
-db = "sqlite:///{tmp_path / 'metrics.db'}"
+db = "{db or f'sqlite:///{tmp_path / "metrics.db"}'}"
 [scheduler]
 tick_seconds = 0.5
 [launcher]
@@ -79,8 +79,8 @@ def by(found: dict, name: str, *keys: str) -> dict:
 class Daemon:
     """``statebook run`` in a subprocess; its stderr (JSON log lines) read by a thread."""
 
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.proc = subprocess.Popen([EXE, "run", "--config", str(settings(tmp_path)), *args], cwd=tmp_path,
+    def __init__(self, tmp_path: Path, *args: str, db: str | None = None) -> None:
+        self.proc = subprocess.Popen([EXE, "run", "--config", str(settings(tmp_path, db)), *args], cwd=tmp_path,
                                      env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -123,10 +123,26 @@ def scrape(url: str) -> dict:
     return samples(response.text)
 
 
-def test_metrics_of_a_running_daemon_equal_statebook_stats(tmp_path):
+def fresh(db_url: str, backend: str) -> str:
+    """``db_url`` with an empty statebook schema (PostgreSQL is shared by the session's tests)."""
+    if backend == "postgres":
+        from statebook.adapters.db import open_book, reset_schema
+
+        async def reset() -> None:
+            book = await open_book(db_url)
+            await reset_schema(book.engine)
+            await book.engine.dispose()
+
+        asyncio.run(reset())
+    return db_url
+
+
+def test_metrics_of_a_running_daemon_equal_statebook_stats(tmp_path, db_url, backend):
     """O3: the scrape's families equal `statebook stats --json` of the same database; O5: every stderr
     line is JSON; O4: the endpoint is gone once the daemon stops."""
-    daemon = Daemon(tmp_path, "--for", "120", "--metrics-port", "0", "--metrics-every", "0.2", "--log-format", "json")
+    db = fresh(db_url, backend)
+    daemon = Daemon(tmp_path, "--for", "120", "--metrics-port", "0", "--metrics-every", "0.2", "--log-format", "json",
+                    db=db)
     try:
         port = daemon.wait_for(lambda r: "metrics_port" in r)["metrics_port"]
         url = f"http://127.0.0.1:{port}/metrics"
@@ -136,7 +152,7 @@ def test_metrics_of_a_running_daemon_equal_statebook_stats(tmp_path):
             assert time.monotonic() < deadline, "the snapshot never showed the delivery"
             time.sleep(0.2)
         time.sleep(1.0)  # the one run's trailing writes, then a refresh
-        stats = json.loads(subprocess.run([EXE, "--db", f"sqlite:///{tmp_path / 'metrics.db'}", "stats", "--json"],
+        stats = json.loads(subprocess.run([EXE, "--db", db, "stats", "--json"],
                                           capture_output=True, text=True, check=True, env=env(tmp_path)).stdout)
         time.sleep(0.6)  # at least two refreshes after the stats were read: the same, quiet database
         found = scrape(url)
