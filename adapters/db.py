@@ -27,7 +27,7 @@ from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
-from .migrations import HEAD, Stamp, read_stamp, write_head
+from .migrations import HEAD, LEGACY_VERSION, Stamp, read_stamp, write_head
 from .registry import builtin_registry
 from .sqlite import BUSY_TIMEOUT_MS  # one value for the connections and the writer queue
 
@@ -158,6 +158,9 @@ def upgrade_command(app: str | None = None, *, custom: bool = False) -> str:
 def _refusal(stamp: Stamp, command: str) -> ConfigError:
     if stamp.kind == "empty":
         return ConfigError(f"the database has no statebook schema; run: {command}")
+    if stamp.kind == "legacy" and stamp.legacy_version != LEGACY_VERSION:
+        return ConfigError(f"the database has the pre-migration schema version {stamp.legacy_version}, which no "
+                           f"migration adopts (only {LEGACY_VERSION}); create a new database")
     if stamp.kind == "legacy":
         return ConfigError(f"the database has the pre-migration schema (version {stamp.legacy_version}), this "
                            f"statebook expects revision {HEAD}; run: {command}")

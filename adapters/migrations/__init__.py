@@ -120,6 +120,6 @@ def pending(conn: sa.Connection) -> list[str]:
 from .upgrade import UpgradeRefused, check, upgrade  # noqa: E402  (needs the names above)
 
 __all__ = [
-    "BASELINE", "HEAD", "LEGACY_TABLE", "VERSION_TABLE", "Stamp", "UpgradeRefused", "check", "current", "pending",
+    "BASELINE", "HEAD", "LEGACY_TABLE", "LEGACY_VERSION", "VERSION_TABLE", "Stamp", "UpgradeRefused", "check", "current", "pending",
     "read_stamp", "revisions", "upgrade", "write_head",
 ]

@@ -376,3 +376,20 @@ def test_schema_for_is_not_imported_by_the_revisions():
         text = script.read_text()
         assert "import statebook" not in text and "from statebook" not in text, script.name
     assert schema_for  # the live schema is what the comparison uses, not the revisions
+
+
+async def test_a_pre_migration_schema_other_than_2_is_refused_by_open_and_upgrade(tmp_path):
+    """M3: only version 2 is revision 0001's schema; version 1 is refused by both, nothing changed."""
+    from statebook.adapters.errors import ConfigError
+    from statebook.adapters.migrations import UpgradeRefused
+
+    path = tmp_path / "v1.db"
+    shutil.copy(FIXTURES / "schema_v2.sqlite", path)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("UPDATE statebook_schema SET version = 1")
+    with pytest.raises(ConfigError, match="version 1, which no migration adopts.*create a new database"):
+        await open_book(f"sqlite:///{path}", create=False)
+    with pytest.raises(UpgradeRefused, match="only version 2 can be adopted"):
+        await run_upgrade(f"sqlite:///{path}")
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT version FROM statebook_schema").fetchall() == [(1,)]
