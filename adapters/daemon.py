@@ -312,7 +312,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     registry = resolve_registry(settings.app) if registry is None else registry
     require_builtins(registry, "the daemon")
     book = await open_book(settings.db, registry=registry, limits=settings.book_limits(),
-                           chain_key=settings.audit.key())
+                           chain_key=settings.audit.key(), app=settings.app or "")
     leader = None
     built = Built()
     metrics: Metrics | None = None

@@ -27,18 +27,11 @@ from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
+from .migrations import HEAD, LEGACY_VERSION, Stamp, read_stamp, write_head
 from .registry import builtin_registry
 from .sqlite import BUSY_TIMEOUT_MS  # one value for the connections and the writer queue
 
 DEFAULT_URL = "sqlite:///./statebook.db"
-SCHEMA_VERSION = 2
-
-schema_version = sa.Table(
-    "statebook_schema",
-    metadata,
-    sa.Column("version", sa.Integer, primary_key=True),
-    sa.Column("applied_at", sa.Float, nullable=False),
-)
 
 
 def normalize_url(url: str | None = None) -> str:
@@ -153,42 +146,81 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         await_(conn.connection.driver_connection.execute("BEGIN" if readonly else "BEGIN IMMEDIATE"))
 
 
-async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK, *, registry: Registry | None = None) -> None:
-    """Create every table that is missing and record the schema version.
+def upgrade_command(app: str | None = None, *, custom: bool = False) -> str:
+    """The command that upgrades the schema: ``statebook db upgrade``, with ``--app`` for an application's
+    registry (``custom``: a registry was given and ``app`` is None, its module:attr unknown here; ``app=""``
+    says the built-in registry runs)."""
+    if app:
+        return f"statebook --app {app} db upgrade"
+    return "statebook --app MODULE:ATTR db upgrade" if custom and app is None else "statebook db upgrade"
+
+
+def _refusal(stamp: Stamp, command: str) -> ConfigError:
+    if stamp.kind == "empty":
+        return ConfigError(f"the database has no statebook schema; run: {command}")
+    if stamp.kind == "legacy" and stamp.legacy_version != LEGACY_VERSION:
+        return ConfigError(f"the database has the pre-migration schema version {stamp.legacy_version}, which no "
+                           f"migration adopts (only {LEGACY_VERSION}); create a new database")
+    if stamp.kind == "legacy":
+        return ConfigError(f"the database has the pre-migration schema (version {stamp.legacy_version}), this "
+                           f"statebook expects revision {HEAD}; run: {command}")
+    if stamp.kind == "foreign":
+        return ConfigError("the database has statebook tables but no schema stamp this statebook knows; "
+                           "use a database written by statebook")
+    from .migrations import revisions
+
+    if stamp.revision in revisions():
+        return ConfigError(f"the database is at schema revision {stamp.revision}, this statebook expects {HEAD}; "
+                           f"run: {command}")
+    return ConfigError(f"the database is at schema revision {stamp.revision}, newer than this statebook "
+                       f"(expects {HEAD}); upgrade statebook")
+
+
+def ensure_schema(conn: sa.Connection, registry: Registry, *, create: bool, command: str) -> None:
+    """Refuse a database whose schema is not the one this statebook expects; with ``create``, build it.
+
+    Run it with ``await conn.run_sync(ensure_schema, registry, ...)``. An empty database with ``create``
+    gets ``create_all`` of the registry's schema and :data:`~.migrations.HEAD` in the version table; a
+    database at HEAD has its status CHECKs checked against ``registry`` (and, with ``create``, its
+    missing lifecycle tables created). Anything else is a one-line :class:`ConfigError` naming ``command``.
+    """
+    stamp = read_stamp(conn)
+    if stamp.kind == "empty" and create:
+        create_tables(conn, registry)
+        write_head(conn)
+        return
+    if stamp.kind != "revision" or stamp.revision != HEAD:
+        raise _refusal(stamp, command)
+    check_statuses(conn, registry, f": {command}")
+    if create:
+        create_tables(conn, registry)
+
+
+async def create_schema(engine: AsyncEngine, clock: Clock = SYSTEM_CLOCK, *, registry: Registry | None = None,
+                        app: str | None = None) -> None:
+    """Create the schema of an empty database, or check an existing one (:func:`ensure_schema`).
 
     The status CHECKs and partial-index predicates follow ``registry`` (default: the built-in one),
     whose own tables are created too. An existing table whose CHECK refuses a status the registry
-    declares raises :class:`~statebook.lifecycle.errors.SchemaMismatch`, before anything moves.
+    declares raises :class:`~statebook.lifecycle.errors.SchemaMismatch`, before anything moves; a
+    database at another revision is refused with the upgrade command. ``clock`` is kept for callers of
+    the version that stamped a time.
     """
+    custom = registry is not None
     registry = registry if registry is not None else builtin_registry()
     async with engine.begin() as conn:
-        await conn.run_sync(check_statuses, registry)
-        await conn.run_sync(create_tables, registry)
-        found = (await conn.execute(sa.select(sa.func.max(schema_version.c.version)))).scalar()
-        if found is None:
-            await conn.execute(sa.insert(schema_version).values(version=SCHEMA_VERSION, applied_at=clock.now()))
-        elif found > SCHEMA_VERSION:
-            raise ConfigError(
-                f"the database has schema version {found}, newer than this statebook ({SCHEMA_VERSION}); upgrade statebook"
-            )
-        elif found < SCHEMA_VERSION:  # no migrations before the first release (specs/performance.md)
-            raise ConfigError(
-                f"the database has schema version {found}, older than this statebook ({SCHEMA_VERSION}): its facts "
-                "table has another set of indexes; create a new database (there are no migrations before the "
-                "first release)"
-            )
+        await conn.run_sync(ensure_schema, registry, create=True, command=upgrade_command(app, custom=custom))
 
 
 async def reset_schema(engine: AsyncEngine) -> None:
-    """Delete every row of every statebook table (tests and benchmarks only)."""
+    """Delete every row of every statebook table (tests and benchmarks only); the version table stays."""
     async with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            names = ", ".join(t.name for t in metadata.sorted_tables if t.name != schema_version.name)
+            names = ", ".join(t.name for t in metadata.sorted_tables)
             await conn.exec_driver_sql(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
         else:
             for table in reversed(metadata.sorted_tables):
-                if table is not schema_version:
-                    await conn.execute(sa.delete(table))
+                await conn.execute(sa.delete(table))
 
 
 async def open_book(
@@ -200,6 +232,7 @@ async def open_book(
     must_exist: bool = False,
     limits: Limits | None = None,
     chain_key: ChainKey | None = None,
+    app: str | None = None,
 ) -> Book:
     """Connect, create the schema when asked, and return a :class:`Book` over ``registry``.
 
@@ -210,16 +243,20 @@ async def open_book(
     ``limits`` bounds the JSON its commands may store (default :class:`Limits`; the settings'
     ``[limits]`` section gives one). ``registry`` defaults to the built-in one. Either way its statuses are checked against the
     database's tables first (:class:`~statebook.lifecycle.errors.SchemaMismatch` names what to migrate).
+    A database at another schema revision is refused with the command that upgrades it (``app``, the
+    registry's module:attr, goes into that command).
     """
     engine = connect(url, must_exist=must_exist)
+    command = upgrade_command(app, custom=registry is not None)
     registry = registry if registry is not None else builtin_registry()
     try:
         if create:
-            await create_schema(engine, clock or SYSTEM_CLOCK, registry=registry)
+            async with engine.begin() as conn:
+                await conn.run_sync(ensure_schema, registry, create=True, command=command)
         else:
             async with engine.connect() as conn:
                 await conn.execution_options(**{READ_ONLY_OPTION: True})  # SQLite: no write lock for a look
-                await conn.run_sync(check_statuses, registry)
+                await conn.run_sync(ensure_schema, registry, create=False, command=command)
         book = Book(engine, registry, clock or SYSTEM_CLOCK, limits=limits if limits is not None else DEFAULT_LIMITS,
                     chain_key=chain_key)
         if chain_key is not None and create:

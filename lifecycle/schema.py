@@ -195,11 +195,11 @@ def create_tables(conn: sa.Connection, registry: Registry, meta: sa.MetaData = m
 _QUOTED = re.compile(r"'((?:[^']|'')*)'")
 
 
-def check_statuses(conn: sa.Connection, registry: Registry) -> None:
+def check_statuses(conn: sa.Connection, registry: Registry, hint: str = "") -> None:
     """Raise :class:`SchemaMismatch` when an existing table's status CHECK refuses a declared status.
 
     Run it with ``await conn.run_sync(check_statuses, registry)``. A table that does not exist yet,
-    or has no status CHECK, passes.
+    or has no status CHECK, passes. ``hint`` ends the message (how to run the upgrade: the caller knows).
     """
     inspector = sa.inspect(conn)
     existing = set(inspector.get_table_names())  # one query for the default schema
@@ -220,13 +220,9 @@ def check_statuses(conn: sa.Connection, registry: Registry) -> None:
                 raise SchemaMismatch(
                     f"table {name!r} in this database has a status CHECK ({ck}) that does not admit "
                     f"{', '.join(repr(s) for s in missing)}, which lifecycle {lc.entity_type!r} declares; a move "
-                    f"to {'it' if len(missing) == 1 else 'them'} would be refused by the database. Migrate the "
-                    f"constraint to CHECK ({wanted}) before opening this registry — PostgreSQL: ALTER TABLE {name} "
-                    f"DROP CONSTRAINT {ck}, ADD CONSTRAINT {ck} CHECK ({wanted}); SQLite, which cannot alter a "
-                    "CHECK: open a new database file with this registry (open_book creates its schema), copy "
-                    "every table into it (sqlite3 old.db \"ATTACH 'new.db' AS new\" then INSERT INTO new.<table> "
-                    "SELECT * FROM main.<table> for each table but statebook_schema) and use the new file — or "
-                    "remove the status from the lifecycle"
+                    f"to {'it' if len(missing) == 1 else 'them'} would be refused by the database. Run the schema "
+                    f"upgrade for this registry (it makes the constraint CHECK ({wanted})){hint} — or remove the "
+                    "status from the lifecycle"
                 )
 
 

@@ -13,6 +13,7 @@ from . import schedule as _schedule  # noqa: F401,E402
 from . import audit as _audit  # noqa: F401,E402
 from . import check as _check  # noqa: F401,E402
 from . import stats as _stats  # noqa: F401,E402
+from . import db as _db  # noqa: F401,E402
 
 
 def main() -> None:

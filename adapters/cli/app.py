@@ -146,7 +146,12 @@ async def open_cli_book(*, must_exist: bool = True, create: bool = False, limits
     from statebook.adapters.db import open_book
 
     return await open_book(ctx_state.db_url, registry=cli_registry(), must_exist=must_exist, create=create,
-                           limits=limits)
+                           limits=limits, app=cli_app_spec())
+
+
+def cli_app_spec() -> str:
+    """The ``--app`` the command runs with ('' for the built-in registry), for the upgrade command it names."""
+    return ctx_state.app or os.environ.get("STATEBOOK_APP") or ""
 
 
 def with_book(

@@ -223,7 +223,7 @@ def deliver_cmd(
 
     async def go() -> dict[str, int] | None:
         book = await open_book(ctx_state.db_url or settings.db, registry=registry, must_exist=True, create=True,
-                               limits=settings.book_limits())
+                               limits=settings.book_limits(), app=ctx_state.app or settings.app or "")
         try:
             if once:
                 return await deliver_due_dispatches(

@@ -236,7 +236,7 @@ def test_a_bug_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lifecycle_cli, "verify", _explode)
     db = tmp_path / "b.db"
-    sqlite3.connect(db).close()
+    assert invoke("--db", str(db), "db", "upgrade").exit_code == 0  # an empty file is refused (specs/migrations.md M1)
     result = invoke("--db", str(db), "verify")
     assert_one_line(result, 1, "internal error: RuntimeError: boom", "--debug")
     assert "pw@" not in result.stderr
@@ -255,7 +255,7 @@ def test_an_interrupt_exits_130(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lifecycle_cli, "verify", interrupted)
     db = tmp_path / "i.db"
-    sqlite3.connect(db).close()
+    assert invoke("--db", str(db), "db", "upgrade").exit_code == 0
     assert_one_line(invoke("--db", str(db), "verify"), 130, "interrupted")
 
 

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from statebook.adapters.db import SCHEMA_VERSION
+from statebook.adapters.migrations import HEAD, VERSION_TABLE
 import sqlalchemy as sa
 
 from statebook.adapters.db import connect, normalize_url, open_book
@@ -72,24 +72,24 @@ async def test_sqlite_reads_do_not_wait_for_a_writer(tmp_path):
         await book.engine.dispose()
 
 
-async def test_schema_version_is_recorded_once(tmp_path):
+async def test_the_head_revision_is_recorded_once(tmp_path):
     url = f"sqlite:///{tmp_path / 'v.db'}"
     for _ in range(2):
         book = await open_book(url)
         async with book.read() as conn:
-            versions = (await conn.execute(sa.text("SELECT version FROM statebook_schema"))).scalars().all()
+            versions = (await conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}"))).scalars().all()
         await book.engine.dispose()
-    assert versions == [SCHEMA_VERSION]
+    assert versions == [HEAD]
 
 
-async def test_a_database_of_an_older_schema_is_refused_with_what_to_do(tmp_path):
-    """The fact layout of schema 2 has other indexes than 1's; an older file is named, not half-used."""
+async def test_a_database_at_an_older_revision_is_refused_with_what_to_do(tmp_path):
+    """An older revision is named with the command that upgrades it, not half-used."""
     url = f"sqlite:///{tmp_path / 'old.db'}"
     book = await open_book(url)
     async with book.engine.begin() as conn:
-        await conn.execute(sa.text("UPDATE statebook_schema SET version = 1"))
+        await conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '0001'"))
     await book.engine.dispose()
-    with pytest.raises(ConfigError, match="schema version 1, older than this statebook .2.*create a new database"):
+    with pytest.raises(ConfigError, match=f"revision 0001, this statebook expects {HEAD}; run: statebook db upgrade"):
         await open_book(url)
 
 

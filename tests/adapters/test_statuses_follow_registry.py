@@ -207,25 +207,27 @@ async def test_an_existing_check_that_refuses_a_declared_status_is_named(backend
         with pytest.raises(SchemaMismatch) as excinfo:
             await open_book(url, registry=with_cancelled(), create=create_schema)
         message = str(excinfo.value)
-        for fragment in ("'dispatch_outbox'", "'cancelled'", "'dispatch'", "ALTER TABLE dispatch_outbox",
-                         "ck_dispatch_outbox_status", "SQLite, which cannot alter a CHECK", "ATTACH"):
+        for fragment in ("'dispatch_outbox'", "'cancelled'", "'dispatch'", "ck_dispatch_outbox_status",
+                         "Run the schema upgrade", "statebook --app MODULE:ATTR db upgrade"):
             assert fragment in message, f"{fragment!r} missing from {message!r}"
         book = await open_book(url)  # the registry it was built for still opens
         await book.engine.dispose()
-        if backend == "postgres":  # the statement the message gives migrates the constraint
-            statement = message.split("PostgreSQL: ", 1)[1].split("; SQLite", 1)[0]
-            book = await open_book(url, create=False)
-            async with book.engine.begin() as conn:
-                await conn.exec_driver_sql(statement)
+        # the upgrade the message names migrates the constraint, on both backends
+        from statebook.adapters.db import connect
+        from statebook.adapters.migrations import upgrade
+
+        engine = connect(url)
+        async with engine.connect() as conn:
+            await conn.run_sync(upgrade, with_cancelled())
+        await engine.dispose()
+        book = await open_book(url, registry=with_cancelled(), create=create_schema)
+        try:
+            did = await enqueue(book)
+            out = await transition(book, "dispatch", did, "cancelled", expected="pending",
+                                   reason=Reason("dispatch.cancelled.operator"), actor=OPERATOR)
+            assert out.status == "cancelled"
+        finally:
             await book.engine.dispose()
-            book = await open_book(url, registry=with_cancelled(), create=create_schema)
-            try:
-                did = await enqueue(book)
-                out = await transition(book, "dispatch", did, "cancelled", expected="pending",
-                                       reason=Reason("dispatch.cancelled.operator"), actor=OPERATOR)
-                assert out.status == "cancelled"
-            finally:
-                await book.engine.dispose()
 
 
 async def test_the_check_at_open_does_not_wait_for_a_writer(tmp_path):
@@ -260,7 +262,7 @@ async def test_tables_outside_the_registry_keep_their_ddl_events(backend, db_url
                         "WHERE table_name = 'status_transitions' AND column_name = 'tx_id'")).scalar()
                     assert default and "pg_current_xact_id" in default
                 names = set(await conn.run_sync(lambda c: sa.inspect(c).get_table_names()))
-            assert {"dispatch_outbox", "schedules", "schedule_runs", "status_transitions", "statebook_schema"} <= names
+            assert {"dispatch_outbox", "schedules", "schedule_runs", "status_transitions", "statebook_alembic_version"} <= names
         finally:
             await book.engine.dispose()
 
@@ -284,28 +286,24 @@ async def test_a_status_added_to_an_applications_lifecycle_is_named_at_open(back
         assert "CHECK (status IN ('open', 'closed', 'wontfix'))" in message
 
 
-async def test_the_sqlite_recipe_of_the_message_migrates(tmp_path):
-    """L1: on SQLite the message's recipe — a new file with the registry's schema, every table copied — gives a
-    database that opens with the extended registry, still verifies, and admits the new status."""
-    import sqlite3
-
+async def test_the_upgrade_of_the_message_migrates_a_sqlite_file_in_place(tmp_path):
+    """L1: on SQLite the upgrade the message names rebuilds the table with the registry's CHECK: the file
+    then opens with the extended registry, still verifies, and admits the new status."""
+    from statebook.adapters.db import connect
+    from statebook.adapters.migrations import upgrade
     from statebook.lifecycle import history, verify
 
-    old_url, new_path = f"sqlite:///{tmp_path / 'old.db'}", tmp_path / "new.db"
-    book = await open_book(old_url)
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    book = await open_book(url)
     did = await enqueue(book)
     await book.engine.dispose()
-    with pytest.raises(SchemaMismatch, match="ATTACH 'new.db' AS new"):
-        await open_book(old_url, registry=with_cancelled())
-    book = await open_book(f"sqlite:///{new_path}", registry=with_cancelled())
-    await book.engine.dispose()
-    with sqlite3.connect(tmp_path / "old.db", isolation_level=None) as db:
-        db.execute("ATTACH ? AS new", (str(new_path),))
-        names = [r[0] for r in db.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' ORDER BY rowid")]
-        for name in names:
-            if name != "statebook_schema" and not name.startswith("sqlite_"):
-                db.execute(f"INSERT INTO new.{name} SELECT * FROM main.{name}")
-    book = await open_book(f"sqlite:///{new_path}", registry=with_cancelled())
+    with pytest.raises(SchemaMismatch, match="db upgrade"):
+        await open_book(url, registry=with_cancelled())
+    engine = connect(url)
+    async with engine.connect() as conn:
+        await conn.run_sync(upgrade, with_cancelled())
+    await engine.dispose()
+    book = await open_book(url, registry=with_cancelled())
     try:
         assert (await verify(book)).ok
         await transition(book, "dispatch", did, "cancelled", expected="pending",
