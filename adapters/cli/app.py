@@ -286,6 +286,57 @@ def format_time(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+YES_HELP = "Do it without asking (needed when standard input is not a terminal)."
+SHOWN_IDS = 10
+"""A confirmation names at most this many of the rows it will change, then how many more."""
+
+
+def stdin_is_terminal() -> bool:
+    """Whether there is a terminal to ask a question on (tests replace this)."""
+    return sys.stdin.isatty()
+
+
+def require_consent(command: str, yes: bool) -> None:
+    """Before a bulk change, before anything is read or written: without ``--yes`` and with no terminal to
+    ask on, refuse (one line, exit 2)."""
+    if not yes and not stdin_is_terminal():
+        raise fail(f"{command} changes many rows and asks first, but standard input is not a terminal: add --yes "
+                   "to go ahead (--dry-run shows what it would do)")
+
+
+def confirm(what: str, ids: list[str] | None = None, *, yes: bool) -> None:
+    """Say what a bulk command is about to do (``what``; the first ``SHOWN_IDS`` of ``ids``) on standard
+    error and ask; unless ``yes``. Any answer but yes changes nothing: one line, exit 1."""
+    if yes:
+        return
+    err = _console("err_console")
+    err.print(what, highlight=False, soft_wrap=True, markup=False)
+    for shown in (ids or [])[:SHOWN_IDS]:
+        err.print(f"  {shown}", highlight=False, soft_wrap=True, markup=False)
+    if ids and len(ids) > SHOWN_IDS:
+        err.print(f"  ... and {len(ids) - SHOWN_IDS} more", highlight=False)
+    if not typer.confirm("Go ahead?", default=False, err=True):
+        raise fail("nothing was changed", 1)
+
+
+def print_table(table: Table, *, whole: bool = False) -> None:
+    """Print a table on standard output. On a terminal it fits the terminal (long cells wrap) unless
+    ``whole``; anywhere else (a pipe, a file) it is as wide as its widest row, so no row wraps and no id
+    is cut: scripts read them."""
+    out = _console("console")
+    if out.is_terminal and not whole:
+        out.print(table)
+        return
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    natural = Measurement.get(out, out.options.update(width=1_000_000), table).maximum
+    if natural <= out.width:
+        out.print(table)
+        return
+    Console(width=natural, force_terminal=out.is_terminal, no_color=out.no_color, highlight=False).print(table)
+
+
 def emit_json(value: Any) -> None:
     """``value`` as indented JSON on standard output (a listing's ``--json``)."""
     typer.echo(json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False))
