@@ -1,0 +1,52 @@
+"""How long the ``statebook`` command takes to start: the median of N runs of ``statebook --help`` and
+``statebook --version`` (and, for comparison, of a bare ``python -c pass``), as wall-clock milliseconds.
+
+    .venv/bin/python tests/bench/cli_startup.py            # 20 runs each
+    .venv/bin/python tests/bench/cli_startup.py --runs 50 --statebook /path/to/.venv/bin/statebook
+
+The figure is printed, never asserted (specs/cli.md C12: what the root imports is the test).
+``hyperfine --warmup 3 '.venv/bin/statebook --help'`` measures the same thing where hyperfine is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def median_ms(argv: list[str], runs: int) -> float:
+    """The median wall-clock time of ``runs`` runs of ``argv`` (after one warm-up run), in milliseconds."""
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    took = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        took.append((time.perf_counter() - start) * 1000)
+    return statistics.median(took)
+
+
+def main() -> None:
+    """Print one line per measured command."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    default = Path(sys.executable).with_name("statebook")
+    parser.add_argument("--statebook", default=str(default), help=f"the script to time (default {default})")
+    args = parser.parse_args()
+    if not os.access(args.statebook, os.X_OK):
+        raise SystemExit(f"error: {args.statebook} is not an executable statebook script; give --statebook PATH")
+    cases = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "statebook --help": [args.statebook, "--help"],
+        "statebook --version": [args.statebook, "--version"],
+    }
+    for label, argv in cases.items():
+        print(f"{label:22} median {median_ms(argv, args.runs):7.1f} ms over {args.runs} runs")
+
+
+if __name__ == "__main__":
+    main()
