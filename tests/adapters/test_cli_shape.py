@@ -1,4 +1,4 @@
-"""The CLI's shape (specs/cli.md C12-C16): a lazy root, --version and ``python -m statebook``, tables that
+"""The CLI's shape (specs/cli.md C10-C14): a lazy root, --version and ``python -m statebook``, tables that
 neither wrap nor cut ids off a terminal, --json on every listing, and bulk changes that ask first."""
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ LISTING_NAMES = {"ls", "attempts", "dead-letters", "runs", "history"}
 
 
 def invoke(*args: str, input: str | None = None):
+    """``statebook ARGS`` in process (typer's runner: standard input and output are not terminals)."""
     return CliRunner().invoke(app, list(args), env=ENV, input=input)
 
 
 def python(*code_or_args: str) -> subprocess.CompletedProcess[str]:
+    """This interpreter with ``ARGS``, in a fresh process with a bare environment."""
     return subprocess.run([sys.executable, *code_or_args], capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
 
@@ -60,7 +62,7 @@ print(json.dumps(sorted(m for m in sys.modules)))
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], []])
 def test_root_help_and_version_import_no_command_module_nor_sqlalchemy_or_pydantic(args):
-    """C12: `statebook --help` (and --version, and no arguments) imports no command module, no SQLAlchemy,
+    """C10: `statebook --help` (and --version, and no arguments) imports no command module, no SQLAlchemy,
     pydantic, rich or statebook part: what a command needs is imported when it runs."""
     done = python("-c", MODULES_AFTER, json.dumps(args))
     assert done.returncode == 0, done.stderr
@@ -92,7 +94,7 @@ print(json.dumps(found))
 
 
 def test_the_command_table_names_each_command_s_module_and_its_own_help():
-    """C12: each table entry's module, imported alone, defines the command, and the table's help is the
+    """C10: each table entry's module, imported alone, defines the command, and the table's help is the
     command's own short help (no drift); every command the modules register is in the table."""
     for module in sorted({module for module, _help in COMMANDS.values()}):
         done = python("-c", SHORT_HELP, module)
@@ -104,7 +106,7 @@ def test_the_command_table_names_each_command_s_module_and_its_own_help():
 
 
 def test_version_and_python_m_statebook():
-    """C13: `statebook --version` and `python -m statebook --version` print the installed version."""
+    """C11: `statebook --version` and `python -m statebook --version` print the installed version."""
     want = f"statebook {importlib.metadata.version('statebook')}"
     assert invoke("--version").stdout.strip() == want
     done = python("-m", "statebook", "--version")
@@ -117,7 +119,7 @@ def test_version_and_python_m_statebook():
 
 
 def test_tables_through_a_pipe_keep_each_row_and_its_id_whole(tmp_path):
-    """C14: off a terminal (typer's runner, a real pipe) a table row never wraps and an id is never cut,
+    """C12: off a terminal (typer's runner, a real pipe) a table row never wraps and an id is never cut,
     however narrow the terminal would be: each schedule's long name and its id are on one line."""
     db = f"sqlite:///{tmp_path / 'wide.db'}"
     names = [f"nightly-report-for-the-{team}-team-with-a-rather-long-schedule-name" for team in ("a", "b")]
@@ -153,7 +155,7 @@ def walk(command: typer.main.click.Command, path: str = ""):  # type: ignore[nam
 
 
 def test_every_listing_command_takes_json():
-    """C15: every command that lists rows (named ls, attempts, dead-letters, runs, history; a group of
+    """C13: every command that lists rows (named ls, attempts, dead-letters, runs, history; a group of
     commands is not one) has --json."""
     listings = {path: cmd for path, cmd in walk(typer.main.get_command(app))
                 if path.split()[-1] in LISTING_NAMES and not hasattr(cmd, "list_commands")}
@@ -177,7 +179,7 @@ def _seed(url: str) -> dict[str, str]:
 
 
 def test_each_listing_s_json_parses(tmp_path):
-    """C15: the --json of each listing is JSON (history: one object per line) holding the seeded rows."""
+    """C13: the --json of each listing is JSON (history: one object per line) holding the seeded rows."""
     db = f"sqlite:///{tmp_path / 'json.db'}"
     ids = _seed(db)
     made = invoke("--db", db, "schedule", "add", "nightly", "--every", "60", "--command", "/bin/true", "--json")
@@ -249,7 +251,7 @@ BULK = {
 
 @pytest.mark.parametrize("command", sorted(BULK))
 def test_a_bulk_change_without_a_terminal_or_yes_is_refused_and_writes_nothing(seeded, command):
-    """C16: without --yes and with no terminal on standard input, a bulk change is one line, exit 2, and
+    """C14: without --yes and with no terminal on standard input, a bulk change is one line, exit 2, and
     nothing is written (no row, no fact, no retention run)."""
     was = counts(seeded)
     done = invoke("--db", seeded, *BULK[command])
@@ -261,7 +263,7 @@ def test_a_bulk_change_without_a_terminal_or_yes_is_refused_and_writes_nothing(s
 
 @pytest.mark.parametrize("command", sorted(BULK))
 def test_a_bulk_change_answered_no_writes_nothing(seeded, command, monkeypatch):
-    """C16: on a terminal the command says what it will do and asks; 'n' changes nothing (exit 1)."""
+    """C14: on a terminal the command says what it will do and asks; 'n' changes nothing (exit 1)."""
     monkeypatch.setattr(cli_app, "stdin_is_terminal", lambda: True)
     was = counts(seeded)
     done = invoke("--db", seeded, *BULK[command], input="n\n")
@@ -271,7 +273,7 @@ def test_a_bulk_change_answered_no_writes_nothing(seeded, command, monkeypatch):
 
 
 def test_dispatch_purge_names_what_it_will_purge_then_yes_proceeds(seeded, monkeypatch):
-    """C16: the question names how many dispatches and which; 'y' purges them, --yes purges without asking."""
+    """C14: the question names how many dispatches and which; 'y' purges them, --yes purges without asking."""
     monkeypatch.setattr(cli_app, "stdin_is_terminal", lambda: True)
     listed = json.loads(invoke("--db", seeded, "dispatch", "ls", "--json").stdout)
     done = invoke("--db", seeded, *BULK["dispatch purge"], input="y\n")
@@ -284,7 +286,7 @@ def test_dispatch_purge_names_what_it_will_purge_then_yes_proceeds(seeded, monke
 
 
 def test_notify_retain_with_yes_proceeds_without_a_terminal(seeded):
-    """C16: --yes runs the retention (its run is recorded) with no question."""
+    """C14: --yes runs the retention (its run is recorded) with no question."""
     was = counts(seeded)
     done = invoke("--db", seeded, *BULK["notify retain"], "--yes", "--json")
     assert done.exit_code == 0, done.output

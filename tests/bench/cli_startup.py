@@ -4,7 +4,7 @@
     .venv/bin/python tests/bench/cli_startup.py            # 20 runs each
     .venv/bin/python tests/bench/cli_startup.py --runs 50 --statebook /path/to/.venv/bin/statebook
 
-The figure is printed, never asserted (specs/cli.md C12: what the root imports is the test).
+The figure is printed, never asserted (specs/cli.md C10: what the root imports is the test).
 ``hyperfine --warmup 3 '.venv/bin/statebook --help'`` measures the same thing where hyperfine is installed.
 """
 
