@@ -57,12 +57,14 @@ class FunnelGroup(TyperGroup):
     naming the help to read, instead of typer's box, exit 2."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        """Parse the command line; a usage error becomes one line."""
         try:
             return super().make_context(*args, **kwargs)
         except typer.TyperException as exc:
             raise _usage(exc) from None
 
     def invoke(self, ctx: Any) -> Any:
+        """Run the command; whatever it raises becomes one line and an exit code."""
         try:
             return super().invoke(ctx)
         except (typer.Exit, typer.Abort):
@@ -149,6 +151,8 @@ APP_HELP = (
 
 
 class Context:
+    """The root options of the running command (``--db``, ``--app``, ``--debug``) and its registry, once loaded."""
+
     db_url: str | None = None
     app: str | None = None
     debug: bool = False

@@ -161,12 +161,15 @@ class _TestGuard:
         self.retries = 0
 
     def remaining(self) -> float:
+        """Seconds left before the test send's deadline."""
         return max(0.0, self.end - time.monotonic())
 
     async def admit(self) -> None:
+        """Note that the adapter asked to start the send."""
         self.admitted = True
 
     async def guard_provider_attempt(self) -> None:
+        """Count a provider-side retry the adapter asked for."""
         self.retries += 1
 
 

@@ -57,6 +57,7 @@ def operator() -> Actor:
 
 
 def masked(row: dict[str, Any], reveal: bool) -> dict[str, Any]:
+    """``row`` with its ack token (in the row and in the payload) masked, unless ``reveal``."""
     if reveal or not row.get("ack_token"):
         return row
     out = dict(row, ack_token=MASK)

@@ -28,6 +28,7 @@ def mask(message: str) -> str:
 
 
 def first_line(text: str) -> str:
+    """The first non-blank line of ``text``, stripped (``""`` when there is none)."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0] if lines else ""
 

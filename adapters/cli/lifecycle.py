@@ -26,6 +26,8 @@ app.add_typer(lifecycle_app, name="lifecycle")
 
 
 class GraphFormat(str, Enum):
+    """What ``lifecycle graph`` prints: a Mermaid diagram or indented text."""
+
     mermaid = "mermaid"
     text = "text"
 
@@ -64,11 +66,13 @@ def history_table(facts: list[Fact], title: str = "") -> Table:
 
 
 def report_summary(report: Report) -> str:
+    """``verified N entities, M facts: ok`` (or how many findings)."""
     verdict = "ok" if report.ok else f"{len(report.findings)} finding(s)"
     return f"verified {report.entities} entities, {report.facts} facts: {verdict}"
 
 
 def print_report(report: Report) -> None:
+    """A verify report: its summary line, a table of findings, its notes."""
     console.print(report_summary(report), style="green" if report.ok else "red", highlight=False)
     if report.findings:
         table = Table()

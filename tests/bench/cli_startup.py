@@ -1,5 +1,5 @@
 """How long the ``statebook`` command takes to start: the median of N runs of ``statebook --help`` and
-``statebook --version`` (and, for comparison, of a bare ``python -c pass``), as wall-clock milliseconds.
+``statebook --version`` (and, for comparison, of a bare ``python -c pass``): wall-clock and CPU milliseconds.
 
     .venv/bin/python tests/bench/cli_startup.py            # 20 runs each
     .venv/bin/python tests/bench/cli_startup.py --runs 50 --statebook /path/to/.venv/bin/statebook
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -19,15 +20,19 @@ import time
 from pathlib import Path
 
 
-def median_ms(argv: list[str], runs: int) -> float:
-    """The median wall-clock time of ``runs`` runs of ``argv`` (after one warm-up run), in milliseconds."""
+def median_ms(argv: list[str], runs: int) -> tuple[float, float]:
+    """The median wall-clock time and the median CPU time (user + system, steadier on a busy machine) of
+    ``runs`` runs of ``argv`` (after one warm-up run), in milliseconds."""
     subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    took = []
+    wall, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        took.append((time.perf_counter() - start) * 1000)
-    return statistics.median(took)
+        wall.append((time.perf_counter() - start) * 1000)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append((after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) * 1000)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> None:
@@ -45,7 +50,8 @@ def main() -> None:
         "statebook --version": [args.statebook, "--version"],
     }
     for label, argv in cases.items():
-        print(f"{label:22} median {median_ms(argv, args.runs):7.1f} ms over {args.runs} runs")
+        wall, cpu = median_ms(argv, args.runs)
+        print(f"{label:22} median {wall:7.1f} ms wall, {cpu:7.1f} ms CPU over {args.runs} runs")
 
 
 if __name__ == "__main__":
