@@ -13,10 +13,15 @@ PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; t
 venv: $(VENV)/.stamp
 
 # Reinstall only when pyproject.toml changed since the last successful install.
+# Says what it is doing first: the first install takes about a minute and pip itself stays quiet.
 $(VENV)/.stamp: pyproject.toml
-	@test -x $(VENV)/bin/python || { $(PY_OK) $(PYTHON) && $(PYTHON) -m venv $(VENV); }
+	@test -x $(VENV)/bin/python || { $(PY_OK) $(PYTHON) && \
+		echo "installing statebook into $(VENV) (first run, about a minute; later runs skip this)" && \
+		$(PYTHON) -m venv $(VENV); }
 	@$(PY_OK) $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -e ".[test]"
+	@test ! -f $@ || echo "pyproject.toml changed: reinstalling statebook into $(VENV)"
+	@$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[test]"
+	@echo "statebook installed into $(VENV)"
 	@touch $@
 
 run: venv

@@ -29,7 +29,8 @@ from statebook.lifecycle.schema import check_statuses, create_tables
 from .errors import ConfigError
 from .migrations import HEAD, LEGACY_VERSION, Stamp, read_stamp, write_head
 from .registry import builtin_registry
-from .sqlite import BUSY_TIMEOUT_MS  # one value for the connections and the writer queue
+from . import postgres as _postgres  # noqa: F401  (registers the storage backend)
+from .sqlite import BUSY_TIMEOUT_MS  # one value for the connections and the writer queue (and registers it)
 
 DEFAULT_URL = "sqlite:///./statebook.db"
 

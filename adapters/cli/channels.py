@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from .app import app, console, ctx_state, emit_json, fail, run
+from .app import app, console, ctx_state, emit_json, fail, print_table, run
 from .schedule import CONFIG_HELP, _settings
 
 channels_app = typer.Typer(help="Notification channels: list the configured ones, test one with a real send.",
@@ -146,7 +146,7 @@ def ls_cmd(
             f"{k}={v}" for k, v in r["settings"].items() if v is not None)
         table.add_row(r["channel"], "yes" if r["configured"] else "no", kind, str(r["position"] or "-"), guards,
                       bucket, shown)
-    console.print(table)
+    print_table(table)
     if isinstance(buckets, str):
         console.print(f"buckets: {buckets}; they are created by `statebook run` from notifications.rate_limits",
                       highlight=False)
@@ -161,12 +161,15 @@ class _TestGuard:
         self.retries = 0
 
     def remaining(self) -> float:
+        """Seconds left before the test send's deadline."""
         return max(0.0, self.end - time.monotonic())
 
     async def admit(self) -> None:
+        """Note that the adapter asked to start the send."""
         self.admitted = True
 
     async def guard_provider_attempt(self) -> None:
+        """Count a provider-side retry the adapter asked for."""
         self.retries += 1
 
 

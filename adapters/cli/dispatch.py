@@ -34,7 +34,8 @@ from statebook.outbox import (
 )
 from statebook.outbox.schema import DISPATCH_STATUSES
 
-from .app import app, console, emit_json, fail, format_time, parse_time, run, with_book
+from .app import (YES_HELP, app, confirm, console, emit_json, fail, format_time, parse_time, print_table,
+                  require_consent, run, with_book)
 
 dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, purge, deliver.", no_args_is_help=True)
 app.add_typer(dispatch_app, name="dispatch")
@@ -56,6 +57,7 @@ def operator() -> Actor:
 
 
 def masked(row: dict[str, Any], reveal: bool) -> dict[str, Any]:
+    """``row`` with its ack token (in the row and in the payload) masked, unless ``reveal``."""
     if reveal or not row.get("ack_token"):
         return row
     out = dict(row, ack_token=MASK)
@@ -100,7 +102,7 @@ def ls_cmd(
             format_time(r["next_attempt_at"]) if r["status"] in ("pending", "delivering") else "-",
             (r["last_error"] or "")[:60],
         )
-    console.print(table)
+    print_table(table)
 
 
 @dispatch_app.command("show")
@@ -154,8 +156,12 @@ def purge_cmd(
     before: str = typer.Option(None, "--before", help="Bulk: rows last changed before this time (POSIX or ISO-8601)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Bulk: list what would be purged."),
     force: bool = typer.Option(False, "--force", help="Allow purging pending/delivering rows."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Bulk: " + YES_HELP),
 ) -> None:
-    """Delete a dispatch (or, with --before, many) leaving an audited tombstone in its history."""
+    """Delete a dispatch (or, with --before, many) leaving an audited tombstone in its history.
+
+    A bulk purge names how many (and which) dispatches it will purge and asks first, unless --yes;
+    without a terminal to ask on it needs --yes."""
     if dispatch_id is not None:
         if status or before is not None or dry_run:
             raise fail("give either an ID or --status/--before/--dry-run for a bulk purge, not both")
@@ -170,15 +176,25 @@ def purge_cmd(
     if before is None:
         raise fail("give a dispatch ID, or --before TIME (with optional --status) for a bulk purge")
     cutoff = parse_time(before, "--before")
+    if not dry_run:
+        require_consent("dispatch purge --before", yes)
 
-    async def bulk(book: Book) -> list[str]:
-        with progress_bar("purging", enabled=not dry_run) as tick:
+    async def bulk(book: Book, preview: bool) -> list[str]:
+        with progress_bar("purging", enabled=not preview) as tick:
             return await purge_dispatches(
-                book, statuses=status or None, before=cutoff, dry_run=dry_run, force=force, actor=operator(),
+                book, statuses=status or None, before=cutoff, dry_run=preview, force=force, actor=operator(),
                 progress=tick,
             )
 
-    ids = run(with_book(bulk)())
+    if not dry_run and not yes:
+        chosen = run(with_book(bulk)(True))
+        if not chosen:
+            typer.echo("purged 0 dispatch(es): none matches", err=True)
+            return
+        statuses = ", ".join(status) if status else "terminal"
+        confirm(f"this purges {len(chosen)} dispatch(es) ({statuses}, last changed before {format_time(cutoff)}), "
+                "leaving a tombstone in each history:", chosen, yes=yes)
+    ids = run(with_book(bulk)(dry_run))
     for did in ids:
         typer.echo(did)
     typer.echo(f"{'would purge' if dry_run else 'purged'} {len(ids)} dispatch(es)", err=True)

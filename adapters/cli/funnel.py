@@ -9,11 +9,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from statebook.lifecycle import StatebookError
-from statebook.lifecycle.errors import StorageError, UnknownEntityType
-
-from statebook.adapters.errors import DamagedHistory
-
 DONE, FAILED, REFUSED, INTERRUPTED = 0, 1, 2, 130
 
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@")
@@ -33,6 +28,7 @@ def mask(message: str) -> str:
 
 
 def first_line(text: str) -> str:
+    """The first non-blank line of ``text``, stripped (``""`` when there is none)."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0] if lines else ""
 
@@ -61,6 +57,10 @@ def _validation_line(exc: Any) -> str:
 
 def classify(exc: BaseException, *, hint: str = "") -> tuple[int, str]:
     """The exit code and the one line (without ``error:``) for an exception a command raised."""
+    from statebook.adapters.errors import DamagedHistory
+    from statebook.lifecycle import StatebookError
+    from statebook.lifecycle.errors import StorageError, UnknownEntityType
+
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED, "interrupted"
     if isinstance(exc, DamagedHistory):

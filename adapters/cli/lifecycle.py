@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -21,13 +19,15 @@ from statebook.lifecycle.replay import Report, check_entity, fold
 from statebook.lifecycle.schema import row_defaults
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
 
-from .app import app, cli_registry, console, err_console, fail, parse_time, run, with_book
+from .app import app, cli_registry, console, err_console, fail, parse_time, print_table, run, with_book
 
 lifecycle_app = typer.Typer(help="Inspect the declared lifecycles (works without a database).", no_args_is_help=True)
 app.add_typer(lifecycle_app, name="lifecycle")
 
 
 class GraphFormat(str, Enum):
+    """What ``lifecycle graph`` prints: a Mermaid diagram or indented text."""
+
     mermaid = "mermaid"
     text = "text"
 
@@ -66,11 +66,13 @@ def history_table(facts: list[Fact], title: str = "") -> Table:
 
 
 def report_summary(report: Report) -> str:
+    """``verified N entities, M facts: ok`` (or how many findings)."""
     verdict = "ok" if report.ok else f"{len(report.findings)} finding(s)"
     return f"verified {report.entities} entities, {report.facts} facts: {verdict}"
 
 
 def print_report(report: Report) -> None:
+    """A verify report: its summary line, a table of findings, its notes."""
     console.print(report_summary(report), style="green" if report.ok else "red", highlight=False)
     if report.findings:
         table = Table()
@@ -78,7 +80,7 @@ def print_report(report: Report) -> None:
             table.add_column(name, overflow="fold")
         for f in report.findings:
             table.add_row(f.kind, f.entity_type, f.entity_id, escape(f.detail))
-        console.print(table)
+        print_table(table)
     for note in report.notes:
         console.print(f"note: {escape(note)}", highlight=False)
 
@@ -87,24 +89,38 @@ def print_report(report: Report) -> None:
 
 
 @lifecycle_app.command("ls")
-def lifecycle_ls() -> None:
+def lifecycle_ls(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """List the registered lifecycles (the built-in ones, or the --app registry's)."""
+    lifecycles = sorted(cli_registry(), key=lambda lc: lc.entity_type)
+    if as_json:
+        typer.echo(_dump([{"type": lc.entity_type, "table": lc.table_name, "statuses": list(lc.statuses),
+                           "fingerprint": lc.fingerprint} for lc in lifecycles], indent=2))
+        return
     table = Table()
     for name in ("type", "table", "statuses", "fingerprint"):
         table.add_column(name, no_wrap=True)
-    for lc in sorted(cli_registry(), key=lambda lc: lc.entity_type):
+    for lc in lifecycles:
         table.add_row(lc.entity_type, lc.table_name, str(len(lc.statuses)), lc.fingerprint)
-    # Never cut a name or a fingerprint (scripts read them): wider than the terminal when it must be.
-    natural = Measurement.get(console, console.options.update(width=10_000), table).maximum
-    out = console if natural <= console.width else Console(width=natural, force_terminal=console.is_terminal,
-                                                           no_color=console.no_color)
-    out.print(table)
+    print_table(table, whole=True)  # never cut a name or a fingerprint, even on a terminal: scripts read them
 
 
 @lifecycle_app.command("show")
-def lifecycle_show(entity_type: str = typer.Argument(..., metavar="TYPE")) -> None:
+def lifecycle_show(
+    entity_type: str = typer.Argument(..., metavar="TYPE"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
     """Statuses, edges, patch fields and reason codes of one lifecycle."""
     lc = _policy(entity_type)
+    if as_json:
+        typer.echo(_dump({
+            "type": lc.entity_type, "table": lc.table_name, "fingerprint": lc.fingerprint,
+            "description": lc.description or None,
+            "statuses": [{"status": s, "initial": s in lc.initial, "terminal": s in lc.terminal} for s in lc.statuses],
+            "edges": [{"from": e.source, "to": e.target, "implicit": is_implicit(lc, e), "requirements": requirements(e)}
+                      for e in accepted_edges(lc)],
+            "patch_fields": sorted(lc.patch_fields), "reasons": sorted(lc.reasons),
+        }, indent=2))
+        return
     console.print(f"[bold]{lc.entity_type}[/bold] (table {lc.table_name}, fingerprint {lc.fingerprint})")
     if lc.description:
         console.print(escape(lc.description), highlight=False)
@@ -113,13 +129,13 @@ def lifecycle_show(entity_type: str = typer.Argument(..., metavar="TYPE")) -> No
         statuses.add_column(name)
     for s in lc.statuses:
         statuses.add_row(s, "yes" if s in lc.initial else "", "yes" if s in lc.terminal else "")
-    console.print(statuses)
+    print_table(statuses)
     moves = Table(title="edges", title_justify="left")
     for name in ("from", "to", "requirements"):
         moves.add_column(name)
     for e in accepted_edges(lc):
         moves.add_row(e.source, e.target, "same status, patch only" if is_implicit(lc, e) else requirements(e))
-    console.print(moves)
+    print_table(moves)
     console.print("patch fields: " + (", ".join(sorted(lc.patch_fields)) or "none"), highlight=False)
     console.print("reasons:", highlight=False)
     for code in sorted(lc.reasons):
@@ -197,7 +213,7 @@ def history_cmd(
         for f in facts:
             typer.echo(_dump(f.to_json()))
     else:
-        console.print(history_table(facts, f"{entity_type} {entity_id}"))
+        print_table(history_table(facts, f"{entity_type} {entity_id}"))
     if damage:
         raise fail(damage, 1)
 

@@ -20,7 +20,8 @@ from statebook.outbox.notifications import (
 )
 from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
 
-from .app import app, console, emit_json, fail, format_time, parse_time, run, with_book
+from .app import (YES_HELP, app, confirm, console, emit_json, fail, format_time, parse_time, print_table,
+                  require_consent, run, with_book)
 from .dispatch import operator, progress_bar
 
 notify_app = typer.Typer(help="Notifications: list them, show one with its channel attempts, recover failures, "
@@ -56,7 +57,7 @@ def ls_cmd(
         table.add_row(r["id"], r["recipient"], r["mode"], ",".join(r["channels"]), status_text, str(r["cycle"]),
                       f"{r['cycle_attempts']}/{r['max_cycle_attempts']} ({r['attempts']} in all)", due,
                       (r["last_error"] or "")[:60])
-    console.print(table)
+    print_table(table)
 
 
 async def _both(book: Book, notification_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -109,7 +110,7 @@ def attempts_cmd(
                       format_time(a["started_at"]) if a["started_at"] is not None else "-",
                       format_time(a["ended_at"]) if a["ended_at"] is not None else "-", str(a["provider_retries"]),
                       "yes" if a["duplicate_risk"] else "", (a["detail"] or "")[:60])
-    console.print(table)
+    print_table(table)
 
 
 # -- recovery: the dead-letter view, replay, resolve (specs/notifications.md N25-N29) -----------------
@@ -137,7 +138,7 @@ def dead_letters_cmd(
             r["replay_block_reason"] + (f" by {r['replay_blocked_by']}" if r["replay_blocked_by"] else ""))
         table.add_row(r["id"], r["recipient"], str(r["cycle"]), str(r["attempts"]), format_time(r["updated_at"]),
                       replay, (r["last_error"] or "")[:60])
-    console.print(table)
+    print_table(table)
 
 
 @notify_app.command("replay")
@@ -231,10 +232,19 @@ def retain_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would be removed; remove nothing (the run is "
                                                           "recorded)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
 ) -> None:
-    """Explicit retention: remove settled notifications (never unsettled work, dead letters or what they link to)."""
+    """Explicit retention: remove settled notifications (never unsettled work, dead letters or what they link to).
+
+    Says what it will remove and asks first, unless --yes or --dry-run; without a terminal to ask on it
+    needs --yes."""
     cutoff = parse_time(before, "--before")
     seconds = parse_duration(horizon, "--horizon")
+    if not dry_run:
+        require_consent("notify retain", yes)
+        confirm(f"this removes every settled notification last changed before {format_time(cutoff)} and older "
+                f"than {horizon.strip()} (with its attempts and answers; never unsettled work or dead letters); "
+                "`--dry-run` lists them first", yes=yes)
 
     async def go(book: Book) -> RetentionReport:
         with progress_bar("removing", enabled=not dry_run) as tick:

@@ -10,7 +10,8 @@ import typer
 from statebook.lifecycle import Book
 from statebook.lifecycle.inputs import INT32, duration, integer, number
 
-from .app import app, cli_registry, console, ctx_state, emit_json, fail, format_time, parse_time, run, with_book
+from .app import (app, cli_registry, console, ctx_state, emit_json, fail, format_time, parse_time, print_table, run,
+                  with_book)
 
 schedule_app = typer.Typer(help="Create, inspect, pause and fire schedules.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect or cancel one run of a schedule.", no_args_is_help=True)
@@ -197,14 +198,15 @@ def ls(
     if as_json:
         emit_json(rows)
         return
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table("name", "status", "trigger", "action", "next fire", "last fired", "id")
+    table = Table(Column("name", no_wrap=True), "status", "trigger", "action", "next fire", "last fired",
+                  Column("id", no_wrap=True, min_width=32))  # whole, so it can be copied
     for r in rows:
         trig = r["cron_expr"] or (f"every {r['interval_sec']}s" if r["interval_sec"] else r["trigger_type"])
         table.add_row(r["name"], r["status"], trig, r["action_kind"], format_time(r["next_fire_at"]),
                       format_time(r["last_fired_at"]), r["id"])
-    console.print(table)
+    print_table(table)
 
 
 @schedule_app.command("show")
@@ -306,13 +308,13 @@ def schedule_runs_cmd(
     if as_json:
         emit_json(rows)
         return
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table("run", "status", "reason", "exit", "depth", "fired", "ended")
+    table = Table(Column("run", no_wrap=True, min_width=32), "status", "reason", "exit", "depth", "fired", "ended")
     for r in rows:
         table.add_row(r["id"], r["status"], r["status_reason_code"], str(r["exit_code"] if r["exit_code"] is not None else "-"),
                       str(r["chain_depth"]), format_time(r["fired_at"]), format_time(r["ended_at"]))
-    console.print(table)
+    print_table(table)
 
 
 # -- runs ---------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def test_retain_removes_settled_notifications_and_keeps_dead_letters(db):
     assert dry.exit_code == 0, dry.output
     assert dry.stdout.split() == [ids["ok"]] and "would remove" in dry.stderr
     assert sorted(r["id"] for r in json.loads(invoke(db, "ls", "--json").output)) == sorted(ids.values())
-    done = invoke(db, "retain", "--before", "2024-06-01T00:00:00Z", "--horizon", str(7 * 86400), "--json")
+    done = invoke(db, "retain", "--before", "2024-06-01T00:00:00Z", "--horizon", str(7 * 86400), "--json", "--yes")
     assert done.exit_code == 0, done.output
     report = json.loads(done.stdout)
     assert (report["notifications"], report["dry_run"]) == ([ids["ok"]], False)
@@ -181,7 +181,7 @@ def test_retain_refuses_a_cutoff_younger_than_the_horizon_and_bad_options_in_one
         (["--before", "2024-06-01"], "--horizon"),
     ]
     for args, named in cases:
-        out = invoke(db, "retain", *args)
+        out = invoke(db, "retain", *args, "--yes")
         assert out.exit_code != 0, args
         assert named in out.output and "Traceback" not in out.output, (args, out.output)
         if len(args) == 4:  # ours, not typer's usage box: one line

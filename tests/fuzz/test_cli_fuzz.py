@@ -158,13 +158,13 @@ def test_dispatch_ack_and_retry(pair, args):
 @examples(EXAMPLES["dispatch_purge"])
 @example(["dispatch", "purge", "--before", "nan"])
 @example(["dispatch", "purge", "--before", "nan", "--dry-run"])
-@example(["dispatch", "purge", "--before", "inf", "--status", "pending", "--force"])
+@example(["dispatch", "purge", "--before", "inf", "--status", "pending", "--force", "--yes"])
 @given(st.one_of(
     joined(st.just(["dispatch", "purge"]), entity_ids.map(lambda i: [i]), flags("--force")),
     joined(st.just(["dispatch", "purge"]), opt("--before", time_texts()),
            st.lists(texts("delivered", "dead_letter", "pending"), max_size=2).map(
                lambda ss: [x for s in ss for x in ("--status", s)]),
-           flags("--dry-run", "--force")),
+           flags("--dry-run", "--force", "--yes")),
 ))
 def test_dispatch_purge(pair, args):
     check(pair, args)

@@ -96,7 +96,7 @@ def test_ack_retry_and_purge_act_as_the_operator(db, monkeypatch):
         (("retry", "{pending}"), "only dead_letter or expired"),
         (("retry", "0" * 32), "does not exist"),
         (("purge", "{pending}"), "force"),
-        (("purge", "--status", "pending", "--before", "2100-01-01"), "non-terminal"),
+        (("purge", "--status", "pending", "--before", "2100-01-01", "--yes"), "non-terminal"),
         (("purge", "--before", "yesterday"), "ISO-8601"),
         (("purge",), "--before"),
         (("ls", "--status", "done"), "unknown dispatch status"),
@@ -119,7 +119,7 @@ def test_bulk_purge_dry_run_then_purge(db):
     result = invoke(db, "purge", "--before", "2100-01-01", "--dry-run")
     assert result.exit_code == 0 and ids["dead"] in result.output
     assert row(db, ids["dead"]) is not None
-    assert invoke(db, "purge", "--before", "2100-01-01").exit_code == 0
+    assert invoke(db, "purge", "--before", "2100-01-01", "--yes").exit_code == 0
     assert row(db, ids["dead"]) is None and row(db, ids["pending"]) is not None
 
 
