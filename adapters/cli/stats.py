@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import typer
 
 from statebook.lifecycle import Book
 
-from .app import app, console, emit_json, run, with_book
-
-WIDE = 100_000
-"""The width tables get when stdout is not a terminal: nothing wraps, nothing is cut."""
-
-
-def _console() -> Any:
-    """The terminal's console; a console as wide as any line when stdout is a pipe or a file."""
-    if sys.stdout.isatty():
-        return console
-    from rich.console import Console
-
-    return Console(width=WIDE, highlight=False)
-
+from .app import app, emit_json, print_table, run, with_book
 
 def _age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f}s"
@@ -42,7 +28,6 @@ def stats_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON ins
     if as_json:
         emit_json(stats.as_json())
         return
-    out = _console()
 
     def table(title: str, *columns: str) -> Table:
         return Table(*(Column(c, no_wrap=True) for c in columns), title=title, title_justify="left")
@@ -51,19 +36,19 @@ def stats_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON ins
     for lifecycle, by_status in sorted(stats.entities.items()):
         for status, n in sorted(by_status.items()) or [("-", 0)]:
             entities.add_row(lifecycle, status, str(n))
-    out.print(entities)
+    print_table(entities)
 
     due = table("due backlog", "lifecycle", "due now", "oldest due for")
     for lifecycle, d in sorted(stats.due.items()):
         due.add_row(lifecycle, str(d.count), _age(d.oldest_age_seconds))
-    out.print(due)
+    print_table(due)
 
     deliveries = table("deliveries", "lifecycle", "outcome", "count")
     for lifecycle, by_outcome in sorted(stats.deliveries.items()):
         deliveries.add_row(lifecycle, "(attempts started)", str(stats.attempts.get(lifecycle, 0)))
         for outcome, n in sorted(by_outcome.items()):
             deliveries.add_row(lifecycle, outcome, str(n))
-    out.print(deliveries)
+    print_table(deliveries)
 
     if stats.latency:
         latency = table("channel attempt latency", "channel", "attempts", "mean", "<= 0.1s", "<= 1s", "<= 10s")
@@ -71,7 +56,7 @@ def stats_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON ins
             mean = f"{lat.sum_seconds / lat.count:.3f}s" if lat.count else "-"
             latency.add_row(channel, str(lat.count), mean, str(lat.buckets.get("0.1", 0)),
                             str(lat.buckets.get("1.0", 0)), str(lat.buckets.get("10.0", 0)))
-        out.print(latency)
+        print_table(latency)
 
     other = table("observations and decisions", "what", "count")
     for outcome, n in sorted(stats.channel_observations.items()):
@@ -81,5 +66,5 @@ def stats_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON ins
         other.add_row(f"scheduler {decision}", str(n))
     for status, n in sorted(stats.runs.items()):
         other.add_row(f"runs {status}", str(n))
-    out.print(other)
-    out.print("verify findings are not recorded in the database: run `statebook verify`", highlight=False)
+    print_table(other)
+    typer.echo("verify findings are not recorded in the database: run `statebook verify`")
