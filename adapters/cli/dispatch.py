@@ -34,7 +34,7 @@ from statebook.outbox import (
 )
 from statebook.outbox.schema import DISPATCH_STATUSES
 
-from .app import (YES_HELP, app, confirm, console, emit_json, fail, format_time, parse_time, print_table,
+from .app import (YES_HELP, app, confirm, emit_json, fail, format_time, parse_time, print_table,
                   require_consent, run, with_book)
 
 dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, purge, deliver.", no_args_is_help=True)

@@ -20,7 +20,7 @@ from statebook.outbox.notifications import (
 )
 from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
 
-from .app import (YES_HELP, app, confirm, console, emit_json, fail, format_time, parse_time, print_table,
+from .app import (YES_HELP, app, confirm, emit_json, fail, format_time, parse_time, print_table,
                   require_consent, run, with_book)
 from .dispatch import operator, progress_bar
 

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
-
-if TYPE_CHECKING:
-    from statebook.lifecycle import Registry
 
 HEAD = "0002"
 """The revision this statebook's code expects (a test checks it is the script directory's head)."""
