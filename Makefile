@@ -41,6 +41,10 @@ growth: venv
 	$(VENV)/bin/python tests/bench/growth.py $(GROWTH_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): installs the `docs` extra, builds site/ with --strict.
-docs: venv
-	$(VENV)/bin/pip install -q -e ".[test,docs]" && \
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+# (The extra is installed again only when pyproject.toml changed.)
+docs: venv $(VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+$(VENV)/.docs-stamp: pyproject.toml
+	$(VENV)/bin/pip install -q -e ".[test,docs]"
+	@touch $@

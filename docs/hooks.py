@@ -6,12 +6,28 @@ help text and options, walked with ``list_commands``/``get_command`` so commands
 
 from __future__ import annotations
 
-import click
+from pathlib import Path
+from typing import Any
 
 MARKER = "<!-- statebook-cli -->"
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ROOT / "build" / "docs-src"
+"""Where the API reference reads the code: ``statebook/<part>`` links to each top-level folder (the package
+maps ``statebook.lifecycle`` to ``lifecycle/`` and so on, which a source reader cannot see from the tree)."""
+PARTS = ("lifecycle", "outbox", "scheduler", "adapters")
 
 
-def _root() -> click.Command:
+def on_startup(command: str, dirty: bool) -> None:
+    """Lay out ``build/docs-src/statebook/`` as links to the parts' folders, for mkdocstrings to read."""
+    package = SOURCES / "statebook"
+    package.mkdir(parents=True, exist_ok=True)
+    for part in PARTS:
+        link = package / part
+        if not link.is_symlink():
+            link.symlink_to(ROOT / part, target_is_directory=True)
+
+
+def _root() -> Any:
     import typer.main
 
     from statebook.adapters.cli import app
@@ -19,24 +35,30 @@ def _root() -> click.Command:
     return typer.main.get_command(app)
 
 
-def _walk(command: click.Command, path: list[str], ctx: click.Context):
+def _walk(command: Any, path: list[str], ctx: Any):
     yield path, command, ctx
-    if isinstance(command, click.Group):
+    if hasattr(command, "list_commands"):
         for name in command.list_commands(ctx):
             sub = command.get_command(ctx, name)
-            if sub is None or sub.hidden:
+            if sub is None or getattr(sub, "hidden", False):
                 continue
-            yield from _walk(sub, [*path, name], click.Context(sub, info_name=name, parent=ctx))
+            yield from _walk(sub, [*path, name], sub.context_class(sub, info_name=name, parent=ctx))
 
 
-def _param_row(param: click.Parameter, ctx: click.Context) -> str | None:
-    record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
-    if isinstance(param, click.Option):
-        if param.hidden or record is None:
+def _param_row(param: Any, ctx: Any) -> str | None:
+    if getattr(param, "hidden", False):
+        return None
+    if param.param_type_name == "option":
+        record = param.get_help_record(ctx)
+        if record is None:
             return None
         names, text = record
+        if names == "--help":
+            return None  # on every command; said once, at the top of the page
     else:
-        names, text = param.human_readable_name, getattr(param, "help", "") or "(argument)"
+        record = param.get_help_record(ctx) if hasattr(param, "get_help_record") else None
+        names = record[0] if record else param.name.upper()
+        text = getattr(param, "help", None) or ("required" if param.required else "optional")
     return f"| `{names}` | {_cell(text)} |"
 
 
@@ -48,7 +70,7 @@ def cli_reference() -> str:
     """The reference, as Markdown: a heading per command, then usage, help and a table of its parameters."""
     root = _root()
     lines: list[str] = []
-    for path, command, ctx in _walk(root, ["statebook"], click.Context(root, info_name="statebook")):
+    for path, command, ctx in _walk(root, ["statebook"], root.context_class(root, info_name="statebook")):
         depth = min(len(path) + 1, 6)
         lines += [f"{'#' * depth} `{' '.join(path)}`", ""]
         usage = " ".join(command.collect_usage_pieces(ctx))

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
-TESTED = ("tutorial.md", "how-to/outbox.md")
+TESTED = ("tutorial.md", "how-to/extend.md", "how-to/outbox.md")  # how-to/testing.md: tests/test_readme_kit.py
 
 
 def blocks(page: Path) -> list[tuple[str, str, str]]:
@@ -89,3 +89,34 @@ def test_an_unrun_block_fails_the_page(tmp_path):
     page.write_text("```python\nprint('never run')\n```\n")
     with pytest.raises(pytest.fail.Exception):
         run_page(page, tmp_path)
+
+
+def _hooks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("statebook_docs_hooks", DOCS / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_reference_lists_every_command():
+    """The generated CLI reference has a section for every command of the click tree, nested groups included."""
+    import typer.main
+
+    from statebook.adapters.cli import app
+
+    text = _hooks().cli_reference()
+    root = typer.main.get_command(app)
+    ctx = root.context_class(root, info_name="statebook")
+    expected = []
+    for name in root.list_commands(ctx):
+        sub = root.get_command(ctx, name)
+        expected.append(f"statebook {name}")
+        if hasattr(sub, "list_commands"):
+            sub_ctx = sub.context_class(sub, info_name=name, parent=ctx)
+            expected += [f"statebook {name} {child}" for child in sub.list_commands(sub_ctx)]
+    assert len(expected) > 30
+    for command in expected:
+        assert f"# `{command}`" in text, command
+    assert "# `statebook dispatch retry`" in text and "`--status" in text
