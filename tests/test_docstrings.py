@@ -17,7 +17,11 @@ import pytest
 PACKAGES = ("statebook.lifecycle", "statebook.outbox", "statebook.scheduler", "statebook.adapters")
 
 # Files other helpers are changing while this test lands: the integrator finishes their docstrings and then
-# empties this allow-list. Each entry is a module name; its missing docstrings are not reported.
+# empties this allow-list. Each entry is a module name; its missing docstrings are not reported. Missing when
+# the list was written: cli.main; cli.app Context, emit_json; cli.dispatch masked; cli.funnel first_line;
+# cli.lifecycle GraphFormat, report_summary, print_report; daemon seed_schedules, status_line, summary and two
+# stop methods; settings DispatchSettings, RetentionSettings, LauncherSettings, SchedulerSettings, Settings,
+# to_limits (plus whatever the other helpers add).
 ALLOWED_MISSING: frozenset[str] = frozenset({
     # adapters/cli/* (h-cli makes command loading lazy)
     "statebook.adapters.cli",
