@@ -8,7 +8,7 @@ RUN_SECONDS ?= 12
 PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then exit 0; fi; \
 	echo "statebook needs Python >= 3.11; $$0 is $$("$$0" -V 2>&1). Use make PYTHON=python3.11 (and remove $(VENV) if it is stale)." >&2; exit 1'
 
-.PHONY: venv run test bench growth
+.PHONY: venv run test bench growth docs
 
 venv: $(VENV)/.stamp
 
@@ -44,3 +44,12 @@ GROWTH_ARGS ?=
 growth: venv
 	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/growth.py $(GROWTH_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): installs the `docs` extra, builds site/ with --strict.
+# (The extra is installed again only when pyproject.toml changed.)
+docs: venv $(VENV)/.docs-stamp
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+$(VENV)/.docs-stamp: pyproject.toml
+	$(VENV)/bin/pip install -q -e ".[test,docs]"
+	@touch $@

@@ -233,9 +233,11 @@ class BundleReport:
 
     @property
     def ok(self) -> bool:
+        """True when the bundle check found nothing wrong."""
         return not self.findings
 
     def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data: ``ok``, counts of facts and entities, findings and notes."""
         return {"ok": self.ok, "facts": self.facts, "entities": self.entities, "findings": self.findings,
                 "notes": self.notes}
 

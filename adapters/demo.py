@@ -82,6 +82,9 @@ def _fresh_sqlite_file(db: str) -> str:
 
 
 async def run_demo(db: str, console: Console) -> Report:
+    """Declare the demo ``ticket`` lifecycle, drive a few tickets through it on a fresh SQLite file at ``db``, print
+    their history and return the verify report.
+    """
     from statebook.adapters.cli.lifecycle import history_table, print_report
 
     registry = builtin_registry(seal=False)

@@ -70,9 +70,13 @@ class GitHubPoller:
 
     @classmethod
     def from_settings(cls, scheduler: Any) -> GitHubPoller:
+        """A poller built from the scheduler settings' GitHub API URL and token."""
         return cls(scheduler.github_api_url, scheduler.github_token)
 
     async def fetch(self, repo: str, *, etag: str | None, cursor: str | None) -> PollResult:
+        """Fetch ``repo``'s events newer than ``cursor`` (conditional on ``etag``) in a worker thread; see
+        :class:`~statebook.scheduler.polling.Poller`.
+        """
         return await asyncio.to_thread(self._fetch, repo, etag, cursor)
 
     def _headers(self, etag: str | None) -> dict[str, str]:

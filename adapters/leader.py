@@ -54,6 +54,9 @@ class LeaseLeader:
 
     # -- the tick ---------------------------------------------------------------------------
     async def is_leader(self) -> bool:
+        """Renew this daemon's heartbeat and lease, or take over a stale lease; True while this daemon leads. A
+        database error counts as not leading.
+        """
         now = self.book.clock.now()
         try:
             if await self._heartbeat(now):
@@ -121,6 +124,9 @@ class LeaseLeader:
 
     # -- inside a fire's transaction ------------------------------------------------------------
     async def fence(self, tx: Book) -> int | None:
+        """Check, inside ``tx``, that this daemon still holds the lease and return its epoch; raises
+        ``LeadershipLost`` when it does not, so nothing is written.
+        """
         lease = scheduler_leases
         assert tx.conn is not None
         if self.epoch is None:
@@ -141,10 +147,12 @@ class LeaseLeader:
         return self.epoch
 
     def holds(self, now: float) -> bool:
+        """True while the lease held is valid at ``now`` (no database round trip)."""
         return self.epoch is not None and now < self.valid_until
 
     # -- reaping --------------------------------------------------------------------------------
     async def stale_owners(self, owners: Iterable[str]) -> set[str]:
+        """The daemons among ``owners`` whose heartbeat is older than a lease: their runs may be reclaimed."""
         ids = sorted(set(owners))
         if not ids:
             return set()
@@ -188,6 +196,9 @@ class SqliteDaemonLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        """Take the exclusive lock file; raises ``ConfigError`` naming the holder when another daemon runs on the
+        same SQLite file.
+        """
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -205,6 +216,7 @@ class SqliteDaemonLock:
         self._fd = fd
 
     def release(self) -> None:
+        """Release and close the lock file (idempotent)."""
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -40,6 +40,9 @@ class Shape:
     constants: Mapping[str, Any]  # values bound in the statement itself (e.g. a NOTIFY channel)
 
     def args(self, params: Mapping[str, Any]) -> list[Any]:
+        """The positional driver arguments for ``params``, in the statement's order, each through its bind
+        processor.
+        """
         if self.constants:
             params = {**self.constants, **params}
         return [
@@ -56,6 +59,7 @@ class Driver:
         self.raw = raw
 
     async def fetch(self, statement: Any, params: Mapping[str, Any]) -> list[Sequence[Any]]:
+        """Run a compiled statement and return its rows; driver errors become statebook's storage errors."""
         s = self.store.shape(statement)
         try:
             return await self.store.driver_fetch(self.raw, s.sql, s.args(params))
@@ -71,6 +75,9 @@ class Driver:
             raise translated(exc, s.sql) from exc
 
     async def executemany(self, statement: Any, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Run a compiled statement once per row of parameters (nothing for none); driver errors become storage
+        errors.
+        """
         s = self.store.shape(statement)
         batch = [s.args(row) for row in rows]
         if not batch:
@@ -81,6 +88,7 @@ class Driver:
             raise translated(exc, s.sql) from exc
 
     async def run(self, sql: str) -> None:
+        """Run a plain SQL string (BEGIN, COMMIT, ...); driver errors become storage errors."""
         try:
             await self.raw.execute(sql)
         except Exception as exc:
@@ -113,6 +121,7 @@ class SQLStore:
         return made
 
     def cached(self, key: Any, build: Callable[[], Any]) -> Any:
+        """The statement cached under ``key``, built with ``build()`` the first time."""
         found = self._statements.get(key)
         if found is None:
             found = self._statements[key] = build()
@@ -120,9 +129,13 @@ class SQLStore:
 
     # -- driver calls (a backend's driver API) -----------------------------------------------------
     async def driver_fetch(self, raw: Any, sql: str, args: list[Any]) -> list[Sequence[Any]]:
+        """Run ``sql`` with positional ``args`` on the raw driver connection and return its rows (per backend)."""
         raise NotImplementedError
 
     async def driver_execute(self, raw: Any, sql: str, args: list[Any]) -> int:
+        """Run ``sql`` with positional ``args`` on the raw driver connection and return the count of rows it changed
+        (per backend).
+        """
         raise NotImplementedError
 
     # -- units of work -----------------------------------------------------------------------------
@@ -139,6 +152,9 @@ class SQLStore:
             touched.update(work.wrote)
 
     def own_unit(self, one_statement: bool) -> Any:
+        """An async context manager for a unit of work of the store's own (per backend); ``one_statement`` lets a
+        backend skip the transaction.
+        """
         raise NotImplementedError
 
     @asynccontextmanager
@@ -162,12 +178,15 @@ class SQLStore:
         raise NotImplementedError
 
     def begin(self) -> Any:
+        """An async context manager yielding a SQLAlchemy connection inside a write transaction (per backend)."""
         raise NotImplementedError
 
     async def release(self, fairy: Any) -> None:
+        """Give a raw pooled connection back to the pool."""
         fairy.close()
 
     def closed(self, raw: Any) -> bool:
+        """True when the raw driver connection is closed (per backend)."""
         raise NotImplementedError
 
     @asynccontextmanager
@@ -196,22 +215,32 @@ class SQLStore:
             await self.release(fairy)
 
     async def driver_begin(self, db: Driver, begin: str) -> None:
+        """Open a transaction on the driver connection with the backend's ``begin`` statement."""
         await db.run(begin)
 
     async def driver_end(self, db: Driver, *, commit: bool) -> None:
+        """Commit (``commit=True``) or roll back the driver connection's transaction."""
         await db.run("COMMIT" if commit else "ROLLBACK")
 
     # -- the engine's operations -------------------------------------------------------------------
     def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
+        """A condition "``column`` is one of the ids bound as ``name``", in the backend's idiom for a list
+        parameter.
+        """
         raise NotImplementedError
 
     def ids_value(self, ids: Sequence[str]) -> Any:
+        """The bound value of a list of ids for :meth:`ids_in`."""
         raise NotImplementedError
 
     def lock_rows(self, query: sa.Select[Any], lock: Lock) -> sa.Select[Any]:
+        """``query`` with the backend's row lock for ``lock`` (``None``: no lock; SQLite's single writer needs
+        none).
+        """
         return query
 
     async def histories(self, unit: Unit, entity_type: str, ids: Sequence[str]) -> set[str]:
+        """The ids among ``ids`` that have facts of ``entity_type`` (a purged history keeps its id taken)."""
         if not ids:
             return set()
         t = facts_table
@@ -222,6 +251,7 @@ class SQLStore:
 
     async def rows(self, unit: Unit, table: sa.Table, columns: Sequence[str], ids: Sequence[str], *,
                    lock: Lock = None) -> list[dict[str, Any]]:
+        """The rows of ``table`` with the given ids, as dicts of ``columns``, locked as ``lock`` says."""
         names = tuple(columns)
         stmt = self.cached(("rows", table, names, lock), lambda: self.lock_rows(
             sa.select(*(table.c[c] for c in names)).where(self.ids_in(table.c.id, "b_ids")), lock))
@@ -229,6 +259,7 @@ class SQLStore:
 
     async def facts_by_key(self, unit: Unit, entity_type: str, keys: Sequence[tuple[str, str]]
                            ) -> dict[tuple[str, str], dict[str, Any]]:
+        """The facts recorded under each (entity id, idempotency key) of ``keys``, for idempotent replay."""
         t = facts_table
         stmt = self.cached(("fact_by_key",), lambda: sa.select(
             t.c.entity_id, t.c.idempotency_key, t.c.id, t.c.status, t.c.version, t.c.command_digest).where(
@@ -242,31 +273,42 @@ class SQLStore:
 
     async def select(self, unit: Unit, query: sa.Select[Any], params: Mapping[str, Any] | None = None, *,
                      lock: Lock = None) -> list[dict[str, Any]]:
+        """Run an arbitrary select in the unit of work and return its rows as dicts, locked as ``lock`` says."""
         stmt = self.cached(("select", id(query), lock), lambda: (query, self.lock_rows(query, lock)))[1]
         names = [c.key for c in query.selected_columns]
         return [dict(zip(names, r)) for r in await unit.handle.fetch(stmt, params or {})]
 
     async def notify(self, unit: Unit | None, channel: str, payload: str) -> None:
+        """Signal ``channel`` with ``payload`` to listeners on other connections (a no-op where the backend has no
+        signal).
+        """
         return None
 
     def tail_query(self, cursor: Cursor, limit: int) -> sa.Select[Any]:
+        """The query for up to ``limit`` facts after ``cursor``, in commit order."""
         t = facts_table
         return sa.select(*stored_columns(t)).where(t.c.seq > cursor.seq).order_by(t.c.seq).limit(limit)
 
     async def maintain(self) -> None:
+        """Periodic backend housekeeping (a no-op unless the backend needs some)."""
         return None
 
     # -- verify's reads ----------------------------------------------------------------------------
     @asynccontextmanager
     async def snapshot(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """An async context manager opening ``conn``'s transaction so every read inside it sees one snapshot."""
         async with conn.begin():
             yield
 
     @asynccontextmanager
     async def lenient(self, conn: AsyncConnection) -> AsyncIterator[None]:
+        """An async context manager for reads that may meet undecodable stored values (a no-op unless the backend
+        needs it).
+        """
         yield
 
     def undecodable(self, exc: BaseException) -> bool:
+        """True when ``exc`` means a stored value could not be decoded (damaged data), not a failed query."""
         return False
 
     async def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
@@ -277,9 +319,12 @@ class SQLStore:
             yield [tuple(r) for r in part]
 
     def in_id_order(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """``column`` as an ordering expression that sorts ids the same way on every backend."""
         return column
 
     def file_screen(self, bound: AsyncConnection | None) -> Any:
+        """A helper that screens a database file in other processes for verify, or None when the backend has none.
+        """
         return None
 
     # -- shared statements -------------------------------------------------------------------------
@@ -289,6 +334,7 @@ class SQLStore:
             {c: self.fact_value(c, c) for c in FACT_COLUMNS}))
 
     def fact_value(self, column: str, name: str) -> Any:
+        """The bind parameter ``name`` for the facts table's ``column``, JSON columns bound as text."""
         c = facts_table.c[column]
         if isinstance(c.type, sa.JSON):
             return self.json_text(sa.bindparam(name, type_=sa.Text))

@@ -36,6 +36,9 @@ _MAX_VARIANTS = 16
 
 
 class PostgresStore(SQLStore):
+    """The PostgreSQL storage backend on asyncpg: row locks, array parameters, NOTIFY wake-ups and batched writes.
+    """
+
     dialect = "postgresql"
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -185,6 +188,9 @@ class PostgresStore(SQLStore):
 
     async def insert(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite], *, if_absent: bool,
                      notify: str | None = None) -> set[str]:
+        """Insert each row and its creation fact in one statement; return the ids written (``if_absent``: skip rows
+        that hit a unique constraint).
+        """
         if not writes:
             return set()
         db = unit.handle
@@ -209,6 +215,7 @@ class PostgresStore(SQLStore):
         return inserted
 
     async def update(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        """Apply each guarded row update and append its fact in one statement; return the ids whose guard held."""
         if not writes:
             return set()
         guards, columns = writes[0].guards, tuple(writes[0].values)
@@ -222,6 +229,9 @@ class PostgresStore(SQLStore):
         return {r[0] for r in await unit.handle.fetch(stmt.statement, set_params(stmt, rows, facts))}
 
     async def delete(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        """Delete each row whose version and last fact still match and append its tombstone fact; return the ids
+        deleted.
+        """
         if not writes:
             return set()
         rows = {"b_id": [w.entity_id for w in writes], "b_version": [w.expect["version"] for w in writes],

@@ -44,6 +44,9 @@ def write(registry: Registry | None = None, specs_dir: Path = SPECS_DIR) -> list
 
 
 def main(argv: list[str] | None = None, specs_dir: Path = SPECS_DIR) -> int:
+    """Write (or with ``--check`` report stale) the generated spec pages of the built-in lifecycles; returns the
+    exit code.
+    """
     parser = argparse.ArgumentParser(prog="python -m statebook.adapters.specgen", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report stale pages and exit 1 instead of writing")
     args = parser.parse_args(argv)

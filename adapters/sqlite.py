@@ -38,6 +38,10 @@ BUSY_TIMEOUT_MS = 5000
 
 
 class SQLiteStore(SQLStore):
+    """The SQLite storage backend on aiosqlite: one writer at a time in this process, JSON list parameters, verify
+    screened in other processes.
+    """
+
     dialect = "sqlite"
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -113,6 +117,9 @@ class SQLiteStore(SQLStore):
 
     async def insert(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite], *, if_absent: bool,
                      notify: str | None = None) -> set[str]:
+        """Insert each row and its creation fact; return the ids written (``if_absent``: rows that hit a unique
+        constraint are skipped).
+        """
         if not writes:
             return set()
         db = unit.handle
@@ -145,6 +152,8 @@ class SQLiteStore(SQLStore):
         return ids
 
     async def delete(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite]) -> set[str]:
+        """Delete each row whose version and last fact still match, with its tombstone fact; return the ids deleted.
+        """
         if not writes:
             return set()
         db = unit.handle
@@ -217,9 +226,11 @@ class SQLiteFile:
         self.path = path
 
     def job(self, spec: tuple[Any, ...], facts: sa.Select[Any], rows: sa.Select[Any]) -> tuple[Any, ...]:
+        """The picklable job for one screening process: the file, the screen's spec and the two queries as SQL."""
         return (self.path, spec, standalone(facts), standalone(rows))
 
     def screen(self, job: tuple[Any, ...]) -> tuple[int, int, list[Any]]:
+        """Run one screening job on the file; SQLite errors become statebook's storage errors."""
         try:
             return sqlite_screen.screen_file(*job)
         except sqlite3.Error as exc:  # e.g. a read-only open refused

@@ -68,9 +68,11 @@ class Book:
         return self.store.dialect
 
     def policy(self, entity_type: str) -> Lifecycle:
+        """The lifecycle registered for ``entity_type``; raises ``UnknownEntityType`` naming the known types."""
         return self.registry.get(entity_type)
 
     def with_clock(self, clock: Clock) -> Book:
+        """This book reading time from ``clock`` instead (for tests and replays)."""
         return replace(self, clock=clock)
 
     @asynccontextmanager

@@ -72,6 +72,9 @@ class Switch:
     mac: str
 
     def expected_mac(self, key: bytes) -> str:
+        """The HMAC the switch-over record must carry under ``key``, over its position, count, root, key id and
+        time.
+        """
         return keyed_digest(key, "statebook chain switch-over", str(self.keyed_after), str(self.facts), self.root,
                             self.key_id, repr(float(self.at)))
 
@@ -138,6 +141,7 @@ class Heads:
 
     @property
     def root(self) -> str:
+        """The Merkle root of the chain heads."""
         return merkle_root(self.heads)
 
 

@@ -10,13 +10,16 @@ from typing import Protocol, runtime_checkable
 class Clock(Protocol):
     """Anything with ``now()`` returning POSIX seconds (UTC) as a float."""
 
-    def now(self) -> float: ...
+    def now(self) -> float:
+        """The current time, in seconds since the epoch."""
+        ...
 
 
 class SystemClock:
     """The real clock."""
 
     def now(self) -> float:
+        """The wall-clock time, ``time.time()``."""
         return time.time()
 
 
@@ -32,15 +35,18 @@ class FakeClock:
         self._now = float(start)
 
     def now(self) -> float:
+        """The time this clock was set or advanced to."""
         return self._now
 
     def advance(self, seconds: float) -> float:
+        """Move forward by ``seconds`` and return the new time; raises ``ValueError`` for a negative step."""
         if seconds < 0:
             raise ValueError(f"a FakeClock only moves forward; got advance({seconds})")
         self._now += seconds
         return self._now
 
     def set(self, when: float) -> None:
+        """Move to ``when``; raises ``ValueError`` when ``when`` is before the current time."""
         if when < self._now:
             raise ValueError(f"a FakeClock only moves forward; {when} is before {self._now}")
         self._now = float(when)

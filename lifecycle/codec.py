@@ -18,6 +18,7 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str | bytes | None) -> Any:
+    """Decode JSON text (``None`` stays ``None``); raises ``ValueError`` on malformed JSON."""
     return None if text is None else json.loads(text)
 
 

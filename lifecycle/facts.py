@@ -103,16 +103,20 @@ class Fact:
 
     @property
     def is_creation(self) -> bool:
+        """True for an entity's first fact (no previous status)."""
         return self.previous_status is None
 
     @property
     def is_tombstone(self) -> bool:
+        """True for the fact a purge leaves (no status)."""
         return self.status is None
 
     def content(self) -> dict[str, Any]:
+        """The fields the chain hash covers, by name."""
         return {k: getattr(self, k) for k in HASHED_FIELDS}
 
     def to_json(self) -> dict[str, Any]:
+        """Every field of the fact as a dict (for ``history --json`` and exports)."""
         return asdict(self)
 
     @classmethod
@@ -137,6 +141,7 @@ def stored_column(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
 
 
 def stored_columns(table: sa.Table) -> list[sa.ColumnElement[Any]]:
+    """Every column of ``table`` as it is read back (JSON columns as their stored text)."""
     return [stored_column(c) for c in table.columns]
 
 

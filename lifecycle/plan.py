@@ -37,10 +37,14 @@ class Outcome:
 
     @property
     def applied(self) -> bool:
+        """True when the command wrote its fact."""
         return self.kind == "applied"
 
     @property
     def conflict(self) -> bool:
+        """True when the command lost its compare-and-set (or, with ``if_absent``, the row existed) and wrote
+        nothing.
+        """
         return self.kind == "conflict"
 
 
@@ -60,6 +64,9 @@ class Command:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def digest(self) -> str:
+        """A digest of what the command asks (entity, target, reason, actor, expectations, patch): an idempotent
+        replay must match it.
+        """
         return digest(
             dumps(
                 {
@@ -176,12 +183,14 @@ def matches(cmd: Command, row: Mapping[str, Any] | None) -> bool:
 
 
 def applied(cmd: Command, write: RowWrite) -> Outcome:
+    """The ``applied`` outcome of ``cmd`` once ``write`` is committed: its version, fact id and chain hash."""
     fact = write.fact
     return Outcome("applied", cmd.entity_type, cmd.entity_id, cmd.target, fact["version"], fact["id"],
                    chain_hash=fact["hash"])
 
 
 def conflict(entity_type: str, entity_id: str, row: Mapping[str, Any] | None = None) -> Outcome:
+    """A ``conflict`` outcome for the entity, with the status and version it has now when ``row`` is given."""
     return Outcome("conflict", entity_type, entity_id, None if row is None else row["status"],
                    None if row is None else row["version"])
 

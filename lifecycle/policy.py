@@ -45,9 +45,11 @@ class Edge:
 
     @property
     def gated(self) -> bool:
+        """True when only the named actor types may take this edge."""
         return bool(self.actors)
 
     def canonical(self) -> dict[str, object]:
+        """The edge as sorted, JSON-ready data, for the policy fingerprint."""
         return {
             "source": self.source,
             "target": self.target,
@@ -119,6 +121,7 @@ class Lifecycle:
     # -- reading ------------------------------------------------------------------------------
     @property
     def table_name(self) -> str:
+        """The name of the table holding this lifecycle's entities."""
         return self.table.name
 
     def edge(self, source: str, target: str) -> Edge | None:
@@ -141,6 +144,7 @@ class Lifecycle:
         return next((lc for lc in self.accepted if lc.fingerprint == fingerprint), None)
 
     def targets(self, source: str) -> list[str]:
+        """The statuses an edge leads to from ``source``, in declaration order."""
         return [e.target for e in self.edges if e.source == source]
 
     @property
@@ -149,6 +153,7 @@ class Lifecycle:
         return tuple(s for s in self.statuses if s not in self.terminal)
 
     def canonical(self) -> dict[str, object]:
+        """The whole declaration as sorted, JSON-ready data: what the policy fingerprint hashes."""
         return {
             "entity_type": self.entity_type,
             "table": self.table.name,
@@ -220,6 +225,7 @@ class Lifecycle:
 
     # -- checking commands --------------------------------------------------------------------
     def check_reason(self, code: str) -> None:
+        """Raise ``UnknownReason`` (naming the declared codes for that status) unless ``code`` is declared."""
         if code not in self.reasons:
             near = sorted(r for r in self.reasons if r.split(".")[1:2] == code.split(".")[1:2])
             hint = f"; declared codes for that status: {', '.join(near)}" if near else ""
@@ -331,6 +337,7 @@ class Registry:
 
     @property
     def sealed(self) -> bool:
+        """True once :meth:`seal` was called: no more registrations."""
         return self._sealed
 
     def _guard(self) -> None:
@@ -354,6 +361,9 @@ class Registry:
                 )
 
     def register(self, lc: Lifecycle) -> Lifecycle:
+        """Validate ``lc`` and add it; raises ``PolicyError`` for a bad declaration or a clash with another
+        lifecycle, ``RegistrySealed`` once the registry is sealed.
+        """
         self._guard()
         validate(lc)
         self._check_against_others(lc)
@@ -373,11 +383,13 @@ class Registry:
         return derived
 
     def seal(self) -> Registry:
+        """Freeze the registry (later registrations raise) and return it."""
         self._sealed = True
         self._by_type = MappingProxyType(dict(self._by_type))  # type: ignore[assignment]
         return self
 
     def get(self, entity_type: str) -> Lifecycle:
+        """The lifecycle of ``entity_type``; raises ``UnknownEntityType`` naming the known types."""
         try:
             return self._by_type[entity_type]
         except (KeyError, TypeError):  # TypeError: an unhashable value is no type name either

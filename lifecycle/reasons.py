@@ -60,6 +60,7 @@ class Actor:
 
     @classmethod
     def parse(cls, text: str) -> Actor:
+        """An actor from ``"type:id"`` text, e.g. ``Actor.parse("user:ana")``."""
         kind, _, ident = text.partition(":")
         return cls(kind, ident)
 

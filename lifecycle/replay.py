@@ -77,6 +77,9 @@ async def as_of(book: Book, entity_type: str, entity_id: str, when: float) -> di
 
 
 async def read_row(book: Book, entity_type: str, entity_id: str) -> dict[str, Any] | None:
+    """The entity's current row as a dict, or None when it does not exist; raises ``UnknownEntityType`` or
+    ``InvalidArgument`` for bad input.
+    """
     table = book.policy(entity_type).table
     text("entity_id", entity_id, max_chars=KEY_CHARS)
     async with book.read() as conn:
@@ -119,9 +122,11 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """True when verify found nothing wrong."""
         return not self.findings
 
     def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data: ``ok``, counts, findings and notes."""
         return {"ok": self.ok, "entities": self.entities, "facts": self.facts,
                 "findings": [asdict(f) for f in self.findings], "notes": list(self.notes)}
 
@@ -247,6 +252,7 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
 
 
 async def _stream_facts(book: Book, entity_type: str | None) -> AsyncIterator[Fact]:
+    """Every fact (or every fact of one type) in entity order, read in batches from one connection."""
     t = facts_table
     query = sa.select(*stored_columns(t)).order_by(t.c.entity_type, t.c.entity_id, t.c.version)
     if entity_type is not None:

@@ -39,6 +39,9 @@ LIFECYCLE_COLUMNS: tuple[str, ...] = (
 
 
 def lifecycle_columns() -> list[sa.Column]:
+    """The columns :func:`managed_table` adds to a lifecycle's data columns: status, version, reason, chain head,
+    times.
+    """
     return [
         sa.Column("status", sa.Text, nullable=False),
         sa.Column("version", sa.Integer, nullable=False),

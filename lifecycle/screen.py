@@ -245,6 +245,7 @@ class Merge:
             self._orphans(None)
 
     def add_facts(self, facts: Sequence[Sequence[Any]]) -> None:
+        """Take the next batch of fact rows (in entity order) and screen each entity they complete."""
         entity_at = self.screen.entity_at
         current, bucket = self._current, self._bucket
         for f in facts:
@@ -263,6 +264,7 @@ class Merge:
             bucket.append(f)
 
     def end_facts(self) -> None:
+        """Say no more facts come: screen the last entity and report the rows left without facts."""
         if self._current is not None:
             self._close(self._current, self._bucket)
             self._current, self._bucket = None, []
@@ -363,6 +365,7 @@ class Worker:
         self.process.stdin.write(len(data).to_bytes(8, "big") + data)
 
     def kill(self) -> None:
+        """Kill the screening process if it still runs."""
         if self.process.returncode is None:
             self.process.kill()
 

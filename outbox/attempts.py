@@ -94,9 +94,11 @@ class Candidate:
 
     @property
     def id(self) -> str:
+        """The dispatch's id."""
         return self.dispatch_id
 
     def expired(self, now: float) -> bool:
+        """True when the dispatch has an expiry at or before ``now``: it is expired instead of sent."""
         return self.expires_at is not None and self.expires_at <= now
 
     @property

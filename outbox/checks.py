@@ -88,6 +88,7 @@ def transport_arg(value: Any, argument: str = "transport") -> None:
 
 
 def flag(argument: str, value: Any) -> bool:
+    """Return ``value`` when it is a bool; raises ``DispatchInvalid`` naming ``argument`` otherwise."""
     if type(value) is not bool:
         raise _refuse(argument, "type", f"must be True or False, got {type(value).__name__}")
     return value
@@ -107,6 +108,7 @@ def name(argument: str, value: Any, *, max_chars: int = KEY_CHARS) -> str:
 
 
 def optional_name(argument: str, value: Any) -> str | None:
+    """``None``, or ``value`` checked as a name (see :func:`name`)."""
     return None if value is None else name(argument, value)
 
 
@@ -145,6 +147,7 @@ def days(argument: str, value: Any) -> float:
 
 
 def callback(argument: str, value: Any) -> None:
+    """Raise ``DispatchInvalid`` naming ``argument`` unless ``value`` is callable or None."""
     if value is not None and not callable(value):
         raise _refuse(argument, "type", f"expected a callable or None, got {type(value).__name__}")
 

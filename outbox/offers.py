@@ -33,10 +33,12 @@ _SEEN = ("id", "status", "version", "last_fact_id", "chain_hash", "attempt", "ne
 
 
 def subscribe(book: Book, take: Take) -> None:
+    """Offer new dispatches of ``book``'s engine to ``take`` as they are enqueued in this process."""
     _takers.setdefault(book.engine.sync_engine, []).append(take)
 
 
 def unsubscribe(book: Book, take: Take) -> None:
+    """Stop offering new dispatches to ``take`` (nothing if it was not subscribed)."""
     takers = _takers.get(book.engine.sync_engine, [])
     if take in takers:
         takers.remove(take)

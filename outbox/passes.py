@@ -57,9 +57,13 @@ class PassWorker:
 
     # -- what a kind of worker gives -------------------------------------------------------------
     async def run_pass(self) -> dict[str, int]:
+        """Run one pass and return its counts (implemented by each worker)."""
         raise NotImplementedError
 
     async def next_delay(self, counts: dict[str, int] | None) -> float:
+        """Seconds to sleep before the next pass given the last pass's counts (None after an error); implemented by
+        each worker.
+        """
         raise NotImplementedError
 
     def delay_until(self, earliest: float | None, done: int, full: int) -> float:

@@ -40,10 +40,12 @@ class TransportResult:
 
     @classmethod
     def failed(cls, error: str, **evidence: Any) -> TransportResult:
+        """A failed result with ``error`` (capped in length) and ``evidence`` recorded on the dispatch."""
         return cls(False, cap_error(error), evidence)
 
 
 def cap_error(text: str) -> str:
+    """``text`` cut to the length an error stored on a row may have, ending in an ellipsis when cut."""
     return text if len(text) <= ERROR_CAP else text[: ERROR_CAP - 1] + "…"
 
 
@@ -56,7 +58,11 @@ class Transport(Protocol):
     and delivery cuts a send that outlives its lease.
     """
 
-    async def send(self, deliver_to: str, payload: str) -> TransportResult: ...
+    async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        """Deliver ``payload`` to ``deliver_to`` and say how it went; a transport reports failures in its result
+        rather than raising.
+        """
+        ...
 
 
 def send_timeout(transport: object) -> float:
@@ -127,6 +133,9 @@ class ArgvTransport:
         return dispatch_limits(self.template, base)
 
     def argv(self, deliver_to: str, payload: str) -> list[str]:
+        """The command line for one delivery: the template with whole-element ``{deliver_to}`` and ``{payload}``
+        replaced (no shell).
+        """
         assert self.problem is None and self.template is not None
         values = {DELIVER_TO: deliver_to, PAYLOAD: payload}
         return [values.get(part, part) for part in self.template]
@@ -141,6 +150,9 @@ class ArgvTransport:
                                   rule="dash")
 
     async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        """Run the command for one delivery and return its result; a bad template, refused route, timeout or
+        non-zero exit is a failed result.
+        """
         if self.problem is not None:
             return TransportResult.failed(self.problem, reason="template")
         self._check(deliver_to, payload)
@@ -203,6 +215,7 @@ class CallableTransport:
         self.timeout = None if timeout is None else checks.seconds("timeout", timeout)
 
     async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        """Await the function for one delivery (within ``timeout``); an exception or timeout is a failed result."""
         try:
             if self.timeout is None:
                 value = await self.fn(deliver_to, payload)
@@ -252,4 +265,5 @@ class RoutingTransport:
         return self.default
 
     async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        """Send through the transport whose route prefix matches ``deliver_to``."""
         return await self._for(deliver_to).send(deliver_to, payload)

@@ -101,6 +101,7 @@ class DeliveryWorker(PassWorker):
             self.wake()
 
     async def run_pass(self) -> dict[str, int]:
+        """Deliver the dispatches offered since the last pass, or else one batch of due ones; return the counts."""
         offered, self._offered = self._offered, {}
         return await (self.run_offered(offered) if offered else self.run_once())
 

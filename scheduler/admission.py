@@ -34,6 +34,7 @@ class Slots:
     used: int = 0
 
     def try_take(self) -> SlotHandle | None:
+        """A handle on a free slot, or None when all are in use."""
         if self.used >= self.limit:
             return None
         self.used += 1
@@ -41,14 +42,18 @@ class Slots:
 
     @property
     def free(self) -> int:
+        """The number of slots not in use."""
         return self.limit - self.used
 
 
 class SlotHandle:
+    """One taken slot; :meth:`release` gives it back (once)."""
+
     def __init__(self, slots: Slots) -> None:
         self._slots: Slots | None = slots
 
     def release(self) -> None:
+        """Give the slot back; a second call does nothing."""
         if self._slots is not None:
             self._slots.used -= 1
             self._slots = None
@@ -64,17 +69,20 @@ def _p95(values: Iterable[float]) -> float:
 
 
 def breached(cfg: Mapping[str, Any], value: float) -> bool:
+    """True when ``value`` passes the gate's threshold (``op`` ``gt``, or ``gte``)."""
     limit = float(cfg["value"])
     return value >= limit if cfg.get("op", "gt") == "gte" else value > limit
 
 
 def in_cooldown(cfg: Mapping[str, Any], last_alert_at: float | None, now: float) -> bool:
+    """True while ``now`` is within the gate's cooldown window after the last alert."""
     return last_alert_at is not None and now - last_alert_at < float(cfg["window_minutes"]) * 60
 
 
 # -- overlap, budget, max_runs ---------------------------------------------------------------------
 
 def over_budget(schedule: Mapping[str, Any], cost: float, tokens: int) -> str | None:
+    """Why the schedule has spent its budget (dollars or tokens), or None while it has not."""
     if schedule.get("budget_usd") is not None and cost >= schedule["budget_usd"]:
         return f"spent ${cost:.4f} of a ${schedule['budget_usd']:.4f} budget"
     if schedule.get("budget_tokens") is not None and tokens >= schedule["budget_tokens"]:

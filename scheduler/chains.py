@@ -30,12 +30,16 @@ OVERLAY_KEYS = {
 
 
 def pick_continuation(schedule: Mapping[str, Any], exit_code: int | None) -> dict[str, Any] | None:
+    """The follow-up overlay for a run that ended with ``exit_code`` (``on_success`` for 0, else ``on_fail``), or
+    None.
+    """
     key = "on_success" if exit_code == 0 else "on_fail"
     overlay = schedule.get(key)
     return dict(overlay) if overlay else None
 
 
 def overlay_schedule(schedule: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``schedule`` with the overlay's known keys applied: the follow-up's action."""
     child = dict(schedule)
     for key, value in overlay.items():
         column = OVERLAY_KEYS.get(key) or (key if key.startswith("action_") and key in schedule else None)
@@ -45,6 +49,7 @@ def overlay_schedule(schedule: Mapping[str, Any], overlay: Mapping[str, Any]) ->
 
 
 def child_context(context: Mapping[str, Any], parent_run_id: str, exit_code: int | None, status: str) -> dict[str, Any]:
+    """The trigger context of a follow-up run: the parent's context plus its run id, exit code and status."""
     return {**context, "chain_from": parent_run_id, "parent_exit_code": exit_code, "parent_status": status}
 
 

@@ -45,6 +45,7 @@ class ManualFire:
 
     @property
     def run_id(self) -> str:
+        """The id of the first run the fire created."""
         return self.runs[0]["id"]
 
     @property
@@ -129,6 +130,7 @@ class SchedulerEngine:
             await asyncio.gather(*list(self.fire_tasks), return_exceptions=True)
 
     def wake(self) -> None:
+        """Wake the engine's loop now instead of at the next tick."""
         self._wake.set()
 
     def _on_commit(self, entity_type: str) -> None:
@@ -160,6 +162,9 @@ class SchedulerEngine:
 
     # -- the tick -----------------------------------------------------------------------------
     async def tick(self) -> None:
+        """One tick: reap stale runs, checkpoint, watch cancellations and evaluate every due schedule; a failing
+        step is logged and the others still run.
+        """
         now = self.book.clock.now()
         self.stats["ticks"] += 1
         await self._isolated("reapers", lambda: self._reap_if_due(now))

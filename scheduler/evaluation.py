@@ -52,6 +52,7 @@ class Decision:
     run_id: str | None = None
 
     def release(self) -> None:
+        """Give back the concurrency slot the decision holds, if any (idempotent)."""
         if self.handle is not None:
             self.handle.release()
             self.handle = None

@@ -29,6 +29,10 @@ _TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 
 @dataclass
 class Launch:
+    """What to start for a run: argv, working directory, extra environment and a temporary file to remove
+    afterwards.
+    """
+
     argv: list[str]
     cwd: str
     tmp_path: str | None = None
@@ -37,6 +41,10 @@ class Launch:
 
 @dataclass
 class ProcessResult:
+    """How a child process ended: exit code (None if killed), the tail of its stderr, whether it timed out and its
+    report.
+    """
+
     exit_code: int | None
     stderr_tail: str
     timed_out: bool = False
@@ -44,6 +52,9 @@ class ProcessResult:
 
 
 def check_token(value: str | None, what: str) -> str:
+    """Return ``value`` when it is a safe identifier for an argv element; raises ``LaunchRefused`` naming ``what``
+    otherwise.
+    """
     if value is None or not _TOKEN.match(value):
         raise LaunchRefused(
             f"{what} {value!r} is not a valid identifier (letters, digits and . _ : / @ + -, not starting with '-')"
@@ -52,6 +63,7 @@ def check_token(value: str | None, what: str) -> str:
 
 
 def check_extra_args(args: Sequence[str] | None) -> list[str]:
+    """The extra arguments as a list; raises ``LaunchRefused`` for a non-string or one that looks like a flag."""
     out = []
     for arg in args or ():
         if not isinstance(arg, str):
@@ -74,6 +86,9 @@ Builder = Callable[[Mapping[str, Any], Mapping[str, Any], list[str] | None], tup
 
 
 def build_command(schedule: Mapping[str, Any], context: Mapping[str, Any], _exe: list[str] | None) -> tuple[list[str], str | None]:
+    """The argv of a ``command`` action (the executable resolved on PATH); raises ``LaunchRefused`` for a missing or
+    non-executable command or bad arguments.
+    """
     command = (schedule.get("action_command") or "").strip()
     if not command:
         raise LaunchRefused("action kind 'command' needs action_command")
@@ -99,6 +114,9 @@ def _profile(exe: list[str] | None, kind: str) -> list[str]:
 
 
 def build_profile(schedule: Mapping[str, Any], context: Mapping[str, Any], exe: list[str] | None) -> tuple[list[str], str | None]:
+    """The argv (and a temporary file, if any) of a profile action such as ``play`` or ``flow``; raises
+    ``LaunchRefused`` for a bad value.
+    """
     kind = schedule["action_kind"]
     argv = [*_profile(exe, kind), kind if kind != "flow_yaml" else "flow"]
     if schedule.get("action_model"):
@@ -153,6 +171,9 @@ def resolve_cwd(schedule: Mapping[str, Any], projects: Mapping[str, str], fallba
 
 def build_launch(schedule: Mapping[str, Any], context: Mapping[str, Any], *, executable: list[str] | None = None,
                  projects: Mapping[str, str] | None = None, fallback_cwd: str | None = None) -> Launch:
+    """The :class:`Launch` of a schedule's action in ``context``; raises ``LaunchRefused`` for an unknown action
+    kind or a bad action.
+    """
     kind = schedule.get("action_kind")
     builder = BUILDERS.get(kind or "")
     if builder is None:

@@ -18,6 +18,8 @@ from statebook.lifecycle import Book
 
 
 class Leader(Protocol):
+    """Who may fire schedules: the scheduler asks before each tick and fences each fire's transaction."""
+
     async def is_leader(self) -> bool:
         """Renew this daemon's heartbeat and the lease (or take a stale lease over); True while leading."""
         ...
@@ -41,13 +43,17 @@ class Unfenced:
     """Always the leader; fences nothing and knows no heartbeats (one engine, no coordination)."""
 
     async def is_leader(self) -> bool:
+        """Always True: a single daemon leads."""
         return True
 
     async def fence(self, tx: Book) -> int | None:
+        """No fence: returns None."""
         return None
 
     async def stale_owners(self, owners: Iterable[str]) -> set[str]:
+        """None: with one daemon no owner is stale."""
         return set()
 
     def holds(self, now: float) -> bool:
+        """Always True."""
         return True

@@ -58,7 +58,9 @@ class PollResult:
 class Poller(Protocol):
     """Fetch a repository's events newer than ``cursor`` (an adapter may stop paging once it reaches it)."""
 
-    async def fetch(self, repo: str, *, etag: str | None, cursor: str | None) -> PollResult: ...
+    async def fetch(self, repo: str, *, etag: str | None, cursor: str | None) -> PollResult:
+        """The events of ``repo`` newer than ``cursor``, conditional on ``etag``."""
+        ...
 
 
 # -- selecting events ---------------------------------------------------------------------------
@@ -81,6 +83,7 @@ def _labels(payload: Mapping[str, Any]) -> set[str]:
 
 
 def matches(event: Mapping[str, Any], flt: Mapping[str, frozenset[str]]) -> bool:
+    """True when ``event`` passes the filter's types, actions and labels (each optional)."""
     payload = _mapping(event.get("payload"))
     if "types" in flt and event.get("type") not in flt["types"]:
         return False
@@ -90,6 +93,7 @@ def matches(event: Mapping[str, Any], flt: Mapping[str, frozenset[str]]) -> bool
 
 
 def created_epoch(event: Mapping[str, Any]) -> float | None:
+    """The event's ``created_at`` as epoch seconds, or None when it is missing or malformed."""
     try:
         return datetime.fromisoformat(str(event.get("created_at")).replace("Z", "+00:00")).timestamp()
     except ValueError:

@@ -348,6 +348,9 @@ def check_overlay(overlay: Mapping[str, Any], key: str) -> None:
 
 
 def check_notify(notify: Mapping[str, Any]) -> None:
+    """Check a schedule's ``notify`` table (``kind``, ``deliver_to``, optional ``on``); raises ``InvalidArgument``
+    naming the bad key.
+    """
     unknown = sorted(str(k) for k in set(notify) - {"kind", "deliver_to", "on"})
     if unknown:
         raise _refuse("notify", "unknown_key", f"has unknown keys {', '.join(unknown)}; use kind, deliver_to "

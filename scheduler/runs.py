@@ -36,6 +36,7 @@ def _bounded(text: str | None) -> str | None:
 def run_values(schedule: Mapping[str, Any], *, context: Mapping[str, Any], now: float, daemon_id: str | None,
                action_kind: str | None = None, action_args: Any = None, chain_parent_id: str | None = None,
                chain_depth: int = 0, occurrence_at: float | None = None) -> dict[str, Any]:
+    """The data columns of a new run of ``schedule`` started at ``now`` with trigger ``context``."""
     return {
         "schedule_id": schedule["id"],
         "trigger_context": dict(context),

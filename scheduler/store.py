@@ -35,6 +35,7 @@ def ref_arg(argument: str, value: Any) -> str:
 
 
 def actor_arg(actor: Any) -> Actor:
+    """Return ``actor`` when it is an :class:`~statebook.lifecycle.Actor`; raises ``InvalidArgument`` otherwise."""
     if not isinstance(actor, Actor):
         raise InvalidArgument(f"actor: expected an Actor, got {type(actor).__name__}", argument="actor", rule="type")
     return actor
@@ -46,6 +47,7 @@ def zone_arg(default_zone: Any) -> str | None:
 
 
 def flag_arg(argument: str, value: Any) -> bool:
+    """Return ``value`` when it is a bool; raises ``InvalidArgument`` naming ``argument`` otherwise."""
     if type(value) is not bool:
         raise InvalidArgument(f"{argument}: expected true or false, got {type(value).__name__}",
                               argument=argument, rule="type")
@@ -104,6 +106,7 @@ async def find_schedule(book: Book, ref: str) -> dict[str, Any] | None:
 
 
 async def get_schedule(book: Book, ref: str) -> dict[str, Any]:
+    """The schedule with id or name ``ref``; raises ``EntityNotFound`` when there is none."""
     ref_arg("ref", ref)
     found = await find_schedule(book, ref)
     if found is None:
@@ -112,6 +115,7 @@ async def get_schedule(book: Book, ref: str) -> dict[str, Any]:
 
 
 async def list_schedules(book: Book, *, include_deleted: bool = False) -> list[dict[str, Any]]:
+    """Every schedule by name, deleted ones only with ``include_deleted``."""
     flag_arg("include_deleted", include_deleted)
     q = sa.select(schedules).order_by(schedules.c.name)
     if not include_deleted:
@@ -144,6 +148,9 @@ async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = No
 
 
 async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> dict[str, Any]:
+    """Pause an active schedule (a paused one is returned as it is); raises ``EntityNotFound`` or ``ScheduleError``
+    for another status.
+    """
     actor_arg(actor)
     row = await get_schedule(book, ref)
     if row["status"] == "paused":
@@ -172,6 +179,7 @@ async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> d
 
 
 async def get_run(book: Book, run_id: str) -> dict[str, Any]:
+    """The run with id ``run_id``; raises ``EntityNotFound`` when there is none."""
     ref_arg("run_id", run_id)
     async with book.read() as conn:
         row = (await conn.execute(sa.select(schedule_runs).where(schedule_runs.c.id == run_id))).first()

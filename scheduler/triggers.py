@@ -140,6 +140,7 @@ def next_interval(anchor: float, interval: float, now: float) -> float:
 
 
 def zone_for(schedule: Mapping[str, Any], default_zone: str | None) -> ZoneInfo | timezone:
+    """The time zone of ``schedule``, else ``default_zone``, else UTC."""
     return resolve_zone(schedule.get("timezone") or default_zone)
 
 

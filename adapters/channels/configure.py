@@ -38,6 +38,9 @@ BUILTINS: Mapping[str, tuple[str, str]] = {
 
 
 def config_model(name: str) -> type[BaseModel]:
+    """The pydantic settings model of the built-in channel ``name`` (imported on demand); ``KeyError`` for an
+    unknown name.
+    """
     module, attr = BUILTINS[name]
     return getattr(importlib.import_module(module), attr)
 
@@ -78,6 +81,9 @@ class Built:
     closers: list[Any] = field(default_factory=list)
 
     async def aclose(self) -> None:
+        """Close every client the built channels opened; a client that fails to close is logged and the others still
+        close.
+        """
         for item in self.closers:
             try:
                 await item.aclose()

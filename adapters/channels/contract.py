@@ -83,6 +83,7 @@ class RecordingGuard:
         self.admitted = False
 
     def remaining(self) -> float:
+        """Seconds left before the scenario's deadline (never negative)."""
         return max(0.0, self.end - time.monotonic())
 
     def _check(self, kind: str) -> None:
@@ -93,6 +94,9 @@ class RecordingGuard:
             raise LeaseLost("the test took the lease away after the first effect")
 
     async def admit(self) -> None:
+        """Record the admission (once); raises ``NoToken`` when the scenario has no token, ``LeaseLost`` when the test
+        takes the lease away.
+        """
         if self.admitted:
             return
         if self.no_token:
@@ -102,6 +106,7 @@ class RecordingGuard:
         self.admitted = True
 
     async def guard_provider_attempt(self) -> None:
+        """Record a guard before a provider effect; raises ``LeaseLost`` once the test takes the lease away."""
         self._check("guard")
 
 
@@ -120,6 +125,9 @@ class ChannelContract:
     unsupported: frozenset[str] = frozenset()
 
     def scenario(self, name: str) -> contextlib.AbstractAsyncContextManager[Scenario]:
+        """An async context manager yielding the ``Scenario`` called ``name``; a subclass implements it against its
+        provider's test server.
+        """
         raise NotImplementedError("a ChannelContract subclass implements scenario(name) as an async context manager")
 
     # -- helpers -----------------------------------------------------------------------------------
@@ -150,6 +158,7 @@ class ChannelContract:
 
     # -- the checks --------------------------------------------------------------------------------
     def test_accept_is_success_and_admission_comes_before_the_effect(self) -> None:
+        """An accepted send is SUCCESS, and the channel asks for admission before the provider sees any effect."""
         async def check() -> None:
             async with self.scenario("accept") as s:
                 guard = RecordingGuard(s.effects, self.deadline)
@@ -164,6 +173,7 @@ class ChannelContract:
         self._run(check)
 
     def test_reject_is_rejected_after_admission(self) -> None:
+        """A provider's refusal is REJECTED, observed after admission."""
         self._needs("reject")
 
         async def check() -> None:
@@ -175,6 +185,7 @@ class ChannelContract:
         self._run(check)
 
     def test_every_provider_effect_has_a_guard_right_before_it(self) -> None:
+        """Each provider effect, retries included, is preceded by its own guard call."""
         self._needs("retry_then_accept")
 
         async def check() -> None:
@@ -191,6 +202,7 @@ class ChannelContract:
         self._run(check)
 
     def test_a_refused_guard_stops_every_further_effect(self) -> None:
+        """Once a guard refuses (the lease is lost), the channel makes no further provider effect."""
         self._needs("retry_then_accept")
 
         async def check() -> None:
@@ -206,6 +218,7 @@ class ChannelContract:
         self._run(check)
 
     def test_no_token_makes_no_effect(self) -> None:
+        """Without a rate-limit token the channel makes no provider effect at all."""
         async def check() -> None:
             async with self.scenario("accept") as s:
                 if not s.channel.reports_admission:
@@ -218,6 +231,7 @@ class ChannelContract:
         self._run(check)
 
     def test_a_call_cut_before_admission_is_not_started_with_no_effect(self) -> None:
+        """A call cut before admission is NOT_STARTED and the provider saw nothing."""
         self._needs("hang_before_admission")
 
         async def check() -> None:
@@ -231,6 +245,7 @@ class ChannelContract:
         self._run(check)
 
     def test_a_call_cut_after_admission_is_unknown(self) -> None:
+        """A call cut after admission is UNKNOWN: the provider may have acted."""
         self._needs("hang_after_admission")
 
         async def check() -> None:
@@ -242,6 +257,7 @@ class ChannelContract:
         self._run(check)
 
     def test_the_adapter_deadline_is_kept_without_being_cut(self) -> None:
+        """A hanging provider call returns by the adapter's own deadline, before the runtime has to cut it."""
         hanging = [n for n in ("hang_before_admission", "hang_after_admission") if n not in self.unsupported]
         if not hanging:
             self._needs("hang_before_admission", "hang_after_admission")
@@ -259,6 +275,8 @@ class ChannelContract:
         self._run(check)
 
     def test_rate_limited_reports_rate_limited(self) -> None:
+        """A provider's rate limit is reported as RATE_LIMITED, with a non-negative retry-after when one is given.
+        """
         self._needs("rate_limited")
 
         async def check() -> None:
@@ -270,6 +288,7 @@ class ChannelContract:
         self._run(check)
 
     def test_no_secret_reaches_a_fact_a_row_a_log_line_or_the_repr(self) -> None:
+        """No secret of the scenario appears in the channel's repr, a fact, a row or a log line, in any scenario."""
         async def check() -> None:
             for name in (n for n in SCENARIOS if n not in self.unsupported):
                 async with self.scenario(name) as s:
@@ -284,6 +303,7 @@ class ChannelContract:
         self._run(check)
 
     def test_a_late_completion_never_rewrites_the_observation(self) -> None:
+        """A provider call that completes after it was recorded UNKNOWN never rewrites the recorded observation."""
         self._needs("hang_after_admission")
 
         async def check() -> None:

@@ -568,11 +568,15 @@ class InputBoundCases:
     """L20: values the engine refuses (lifecycle/inputs.py) before any write, whatever the backend would store."""
 
     async def counts(self, book: Book) -> tuple[int, int]:
+        """The number of task rows and of facts in ``book``."""
         async with book.engine.connect() as conn:
             rows = (await conn.execute(sa.select(sa.func.count()).select_from(tasks))).scalar_one()
         return rows, await count_facts(book)
 
     async def refused(self, book: Book, call: Any, argument: str, rule: str | None = None) -> InvalidArgument:
+        """Await ``call``, assert it raises ``InvalidArgument`` about ``argument`` (and ``rule``) and that it wrote
+        nothing; return the error.
+        """
         before = await self.counts(book)
         with pytest.raises(InvalidArgument) as caught:
             await call
@@ -587,16 +591,24 @@ class InputBoundCases:
     @pytest.mark.parametrize("column,value,rule", BAD_VALUES)
     async def test_a_create_with_a_bad_column_value_writes_nothing(self, book: Book, column: str, value: Any,
                                                                    rule: str) -> None:
+        """A create with a column value of the wrong type or size is refused, naming the column, and writes nothing.
+        """
         await self.refused(book, create(book, "task", values=task_values(**{column: value}), status="open",
                                         reason=CREATED, actor=SYSTEM), column, rule)
 
     async def test_an_id_longer_than_its_column_is_refused_on_every_backend(self, book: Book) -> None:
         # conformance_tasks.id is String(32): PostgreSQL refused 33 characters, SQLite stored them.
+        """An id longer than its column is refused on every backend (SQLite would store it); the longest that fits
+        is accepted.
+        """
         await self.refused(book, create(book, "task", values=task_values(), status="open", reason=CREATED,
                                         actor=SYSTEM, entity_id="x" * 33), "id", "length")
         await new_task(book, "x" * 32)  # the longest id the column holds is fine
 
     async def test_metadata_beyond_the_books_size_bound_is_refused(self, book: Book) -> None:
+        """Metadata larger than the book's JSON size bound is refused; the same metadata under the default bound is
+        stored.
+        """
         from dataclasses import replace
 
         from statebook.lifecycle.inputs import Limits

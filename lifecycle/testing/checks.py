@@ -86,6 +86,7 @@ class Checks:
     writes: dict[Key, int]
 
     def snapshot(self) -> Snapshot:  # pragma: no cover - provided by the machine
+        """The database as the machine sees it now (provided by the machine)."""
         raise NotImplementedError
 
     @invariant()

@@ -211,6 +211,9 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
                 if e.lc.entity_type == entity_type and (not live or not e.purged)]
 
     def attempt(self, coro: Awaitable[Outcome]) -> tuple[Outcome | None, BaseException | None]:
+        """Run ``coro`` to its outcome; an expected kind of failure is returned as the second item instead of
+        raised.
+        """
         try:
             return self.run(coro), None
         except (StatebookError, LookupError, AmbiguousCommit, CallerAborted, ConnectionDropped) as exc:
@@ -234,6 +237,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
     def check_invariants(self, *args: Any, **kwargs: Any) -> None:
         # Hypothesis calls this after every step: a step the machine did not drive (your rule) is
         # taken in first, so every invariant — yours too — sees the model caught up.
+        """Bring the model up to date with steps the machine did not drive, then run every invariant."""
         self._settle()
         super().check_invariants(*args, **kwargs)
 
@@ -262,12 +266,14 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
 
     # -- actors and commands --------------------------------------------------------------------
     def observe_now(self, actor: Actor, entity: Entity) -> dict[str, Any]:
+        """Read the entity's row now and remember it as what ``actor`` last saw."""
         row = self.run(read_row(self.book, *entity.key))
         # A purged entity is seen as it last was: the actor has not noticed yet.
         self.views.setdefault(actor, {})[entity.key] = dict(row) if row is not None else dict(entity.data)
         return self.views[actor][entity.key]
 
     def view(self, actor: Actor, entity: Entity) -> dict[str, Any]:
+        """What ``actor`` last saw of the entity (read now if it never looked)."""
         seen = self.views.get(actor, {}).get(entity.key)
         return seen if seen is not None else self.observe_now(actor, entity)
 
@@ -288,9 +294,11 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         return data.draw(st.sampled_from(every))
 
     def new_id(self, entity_type: str) -> str:
+        """A fresh entity id for ``entity_type``, e.g. ``ticket-007``."""
         return f"{entity_type}-{next(self.ids):03d}"
 
     def fresh_key(self) -> str:
+        """A fresh idempotency key."""
         return f"kit-{next(self.ids)}"
 
     def draw_command(self, data: st.DataObject, actor: Actor, entity: Entity, key: str | None, *,
@@ -309,6 +317,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         return cmd
 
     def draw_key(self, data: st.DataObject) -> str | None:
+        """Draw an idempotency key (none, fresh, or one shared with earlier commands)."""
         return data.draw(sbst.idempotency_keys(self.fresh_key, self.shared_keys))
 
     def issue(self, what: str, cmd: TransitionCmd) -> Outcome | None:
@@ -320,6 +329,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         return out
 
     def record(self, cmd: TransitionCmd, pred: Prediction, out: Outcome | None) -> None:
+        """Update the model and the actor's view after a transition with prediction ``pred`` returned ``out``."""
         if pred.kind == "applied":
             assert out is not None and out.fact_id
             self.model.apply_transition(cmd, out.fact_id, self.clock.now())
@@ -329,6 +339,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
             self.views[cmd.actor][cmd.key]["status"] = pred.status  # the answer tells the current status
 
     def create_one(self, lc: Lifecycle, entity_id: str, status: str, code: str, values: dict[str, Any]) -> None:
+        """Create an entity, check the outcome against the model's prediction and record it."""
         pred = self.model.predict_create(lc.entity_type, entity_id, status, code)
         out, exc = self.attempt(
             create(self.book, lc.entity_type, values=values, status=status, reason=Reason(code, "created"),

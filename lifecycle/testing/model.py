@@ -104,6 +104,7 @@ class TransitionCmd:
 
     @property
     def key(self) -> tuple[str, str]:
+        """The (entity type, entity id) the command moves."""
         return (self.entity_type, self.entity_id)
 
     def signature(self) -> str:
@@ -148,6 +149,7 @@ class Entity:
 
     @property
     def key(self) -> tuple[str, str]:
+        """The (entity type, entity id) of the entity."""
         return (self.lc.entity_type, self.entity_id)
 
     def __repr__(self) -> str:

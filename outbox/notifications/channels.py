@@ -43,6 +43,10 @@ human answers (:mod:`.responses`), through dispatches routed ``follow:<channel>`
 
 
 class Mode(str, enum.Enum):
+    """How hard a notification tries: GUARANTEED (every channel in order, cycles, dead letter) or BEST_EFFORT (one
+    try).
+    """
+
     GUARANTEED = "guaranteed"
     BEST_EFFORT = "best_effort"
 
@@ -95,9 +99,16 @@ class NoToken(Exception):
 class Guard(Protocol):
     """The runtime's side of one channel call (see the module docstring)."""
 
-    async def admit(self) -> None: ...
+    async def admit(self) -> None:
+        """Admit the send: take a rate-limit token and record the attempt as started; raises when the lease is lost
+        or no token comes in time. Call it right before the provider's first effect.
+        """
+        ...
 
-    async def guard_provider_attempt(self) -> None: ...
+    async def guard_provider_attempt(self) -> None:
+        """Check the lease is still held right before a further provider effect (a retry); raises when it is lost.
+        """
+        ...
 
     def remaining(self) -> float:
         """Seconds left of this call's adapter deadline (socket budgets come from it)."""
@@ -113,10 +124,16 @@ class Channel(Protocol):
     reports_admission: bool
     guards_provider_attempts: bool
 
-    async def send(self, delivery: Delivery, guard: Guard) -> Observation: ...
+    async def send(self, delivery: Delivery, guard: Guard) -> Observation:
+        """Send ``delivery`` through the provider, calling ``guard`` before each effect, and return what the
+        provider answered as an ``Observation``.
+        """
+        ...
 
 
 def is_persistent(name: str) -> bool:
+    """True for a channel whose messages persist for the recipient (the ones a GUARANTEED notification may end on).
+    """
     return name in PERSISTENT_ORDER
 
 

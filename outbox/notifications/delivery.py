@@ -358,6 +358,7 @@ class LeaseGuard:
         self.lease_lost: str | None = None
 
     def remaining(self) -> float:
+        """Seconds left before the adapter deadline or the lease's end, whichever comes first."""
         return max(0.0, min(self.deadline_end, self.lease.lease_until) - self.book.clock.now())
 
     async def _owned(self) -> None:

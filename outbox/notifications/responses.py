@@ -95,6 +95,9 @@ class CallbackTransport:
         self.timeout = timeout
 
     async def send(self, deliver_to: str, payload: str) -> TransportResult:
+        """Run the host callback named by ``deliver_to`` with the response event in ``payload``; a missing callback,
+        bad payload or raising callback is a failed result.
+        """
         name = deliver_to.removeprefix(CALLBACK_PREFIX)
         fn = _callbacks.get(name)
         if fn is None:
@@ -237,6 +240,7 @@ async def dismiss_notification(book: Book, notification_id: str, *, actor: Actor
 
 
 def public(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a response row an operator or host is shown."""
     return {k: row[k] for k in ("id", "status", "started_at", "due_at", "timeout_callback", "responder",
                                 "responded_at", "note", "version")}
 

@@ -30,6 +30,10 @@ STEPS = ("success", "reject", "retry_success", "hang_before", "hang_after", "lim
 
 @dataclass
 class ScriptedChannel:
+    """A channel that plays a script of steps (``success``, ``reject``, ``limited``, hangs, raises: see the
+    module), for tests of the delivery runtime.
+    """
+
     name: str
     script: Sequence[str | Callable[[Delivery], str]] = ("success",)
     reports_admission: bool = True
@@ -47,6 +51,7 @@ class ScriptedChannel:
 
     @property
     def persistent(self) -> bool:
+        """True when the channel's name is one of the persistent channels."""
         return self.name in PERSISTENT_ORDER
 
     def _step(self, delivery: Delivery) -> str:
@@ -55,6 +60,9 @@ class ScriptedChannel:
         return step(delivery) if callable(step) else step
 
     async def send(self, delivery: Delivery, guard: Guard) -> Observation:
+        """Play the next step of the script for ``delivery``, calling ``guard`` as a real adapter would, and return
+        its observation.
+        """
         step = self._step(delivery)
         if step == "hang_before":
             await asyncio.Event().wait()

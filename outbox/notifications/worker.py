@@ -86,6 +86,7 @@ class NotificationWorker(PassWorker):
         self.totals = dict.fromkeys(COUNTERS, 0)
 
     async def run_pass(self) -> dict[str, int]:
+        """Deliver one batch of due notifications and return its counts by outcome."""
         counts = await deliver_due_notifications(
             self._own, self.channels, limit=self.batch_size, concurrency=self.concurrency,
             lease_seconds=self.lease_seconds, deadline=self.deadline, order=self.order,
@@ -121,6 +122,7 @@ class ResponseTimeoutWorker(PassWorker):
         self.totals = {"timed_out": 0, "callbacks": 0}
 
     async def run_pass(self) -> dict[str, int]:
+        """Time out one batch of responses past their deadline and return the counts."""
         counts = await expire_responses(self._own, limit=self.batch_size)
         for key, value in counts.items():
             self.totals[key] += value
@@ -128,6 +130,9 @@ class ResponseTimeoutWorker(PassWorker):
         return counts
 
     async def next_delay(self, counts: dict[str, int] | None) -> float:
+        """Seconds to sleep before the next pass: until the next deadline, at most a tick; a short pause after an
+        error (``counts`` None).
+        """
         if counts is None:
             return min(self.tick_seconds, ERROR_PAUSE_SECONDS)
         earliest = None if counts["timed_out"] >= self.batch_size else await next_timeout(self._own)
