@@ -75,6 +75,7 @@ def resolve_settings(settings: Settings, config_path: str | None) -> Settings:
 
 
 async def seed_schedules(book: Book, settings: Settings) -> list[str]:
+    """Create each ``[scheduler] schedules`` entry that has no schedule of its name yet; return the ids created."""
     created = []
     for index, spec in enumerate(settings.scheduler.schedules):
         name = spec.get("name")
@@ -102,6 +103,7 @@ class _InTask:
         self._task = asyncio.create_task(self.worker.run_until_stopped(), name=self.task_name)
 
     async def stop(self) -> None:
+        """Stop the delivery worker and wait for its loop to end."""
         self.worker.stop()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
@@ -127,6 +129,7 @@ class Delivery(_InTask):
         )
 
     async def stop(self) -> None:
+        """Stop the loop, then deliver once more: notifications of runs that ended while shutting down."""
         await super().stop()
         with contextlib.suppress(Exception):
             await self.worker.run_once()  # notifications of runs that ended during shutdown
@@ -210,6 +213,7 @@ class NotificationDelivery(_InTask):
             log.info("serving %s", getattr(service, "url", service))
 
     async def stop(self) -> None:
+        """Stop the loop, then the channels' own services (the WebSocket hub)."""
         await super().stop()
         for service in self.built.services:
             with contextlib.suppress(Exception):
@@ -217,6 +221,7 @@ class NotificationDelivery(_InTask):
 
 
 def status_line(engine: SchedulerEngine) -> str:
+    """The one-line live status a terminal shows: ticks, slots in use, fired, next fire."""
     nxt = engine.next_due
     wait = f"{max(0.0, nxt - engine.book.clock.now()):.1f}s" if nxt is not None else "-"
     st = engine.stats

@@ -68,6 +68,7 @@ class _Section(BaseModel):
 
 
 class DispatchSettings(_Section):
+    """``[dispatch]``: how the daemon delivers dispatches (the argv transport, batch size, retries)."""
     notify_template: list[str] | None = None
     """argv template; must contain an exact ``{deliver_to}`` element. None: deliveries fail visibly."""
     batch_size: int = Field(100, ge=1, le=10_000)
@@ -79,6 +80,7 @@ class DispatchSettings(_Section):
 
 
 class RetentionSettings(_Section):
+    """``[retention]``: after how many days settled dispatches are purged (a tombstone fact each)."""
     enabled: bool = True
     delivered_days: float = Field(7, gt=0, le=CENTURY_DAYS)
     """delivered and acked dispatches are purged after this many days"""
@@ -87,6 +89,7 @@ class RetentionSettings(_Section):
 
 
 class LauncherSettings(_Section):
+    """``[launcher]``: how schedule runs start their child processes (argv prefix, working directory, limits)."""
     executable: list[str] | None = None
     """argv prefix for the agent/flow/fanout/play/flow_yaml kinds (e.g. ["li"]); None disables them"""
     cwd: str | None = None
@@ -97,6 +100,7 @@ class LauncherSettings(_Section):
 
 
 class SchedulerSettings(_Section):
+    """``[scheduler]``: the tick, the leadership lease, the slots, and the schedules to create at start."""
     timezone: str = "UTC"
     tick_seconds: float = Field(30, gt=0, le=CENTURY_SECONDS)
     lease_seconds: float = Field(90, gt=0, le=CENTURY_SECONDS)
@@ -227,6 +231,7 @@ class LimitsSettings(_Section):
     json_bytes: int = Field(Limits.json_bytes, ge=2, le=2**30)
 
     def to_limits(self) -> Limits:
+        """The :class:`~statebook.lifecycle.inputs.Limits` these settings give."""
         return Limits(json_depth=self.json_depth, json_bytes=self.json_bytes)
 
 
@@ -247,6 +252,7 @@ class AuditSettings(_Section):
 
 
 class Settings(BaseSettings):
+    """All of statebook's settings: a TOML file (``--config``), then ``STATEBOOK_*`` environment variables."""
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", allow_inf_nan=False,
     )
