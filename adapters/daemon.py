@@ -42,7 +42,7 @@ from .db import open_book
 from .errors import ConfigError
 from .github import GitHubPoller
 from .leader import leadership_for
-from .metrics import REFRESH_SECONDS, Metrics
+from .metrics import REFRESH_SECONDS, VERIFY_SECONDS, Metrics
 from .pgnotify import listen
 from .registry import require_builtins, resolve_registry
 from .settings import Settings
@@ -305,13 +305,15 @@ def _process_counters(engine: SchedulerEngine, delivery: Delivery, notifying: li
 
 async def run_daemon(settings: Settings, *, config_path: str | None = None, run_for: float | None = None,
                      tty: bool = False, registry: Registry | None = None, metrics_port: int | None = None,
-                     metrics_host: str = "127.0.0.1", metrics_every: float = REFRESH_SECONDS) -> dict[str, Any]:
+                     metrics_host: str = "127.0.0.1", metrics_every: float = REFRESH_SECONDS,
+                     verify_every: float = VERIFY_SECONDS) -> dict[str, Any]:
     """Run until SIGINT/SIGTERM (or ``run_for`` seconds); returns a summary of the database and,
     under ``run``, of what this run did (:func:`run_summary`).
 
     The book runs ``registry``, else the one ``settings.app`` names (``--app``), else the built-in one.
     With ``metrics_port`` (0: any free port, logged) ``/metrics`` is served on ``metrics_host`` while the
-    daemon runs; its snapshot is refreshed every ``metrics_every`` seconds in a task of its own.
+    daemon runs; its snapshot is refreshed every ``metrics_every`` seconds in a task of its own, and ``verify``
+    runs at start and every ``verify_every`` seconds in another (0: never; no verify metrics then).
     """
     settings = resolve_settings(settings, config_path)
     registry = resolve_registry(settings.app) if registry is None else registry
@@ -322,6 +324,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     built = Built()
     metrics: Metrics | None = None
     refresher: asyncio.Task[None] | None = None
+    verifier: asyncio.Task[None] | None = None
     try:
         daemon_id = new_daemon_id()
         leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
@@ -354,6 +357,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             await metrics.refresh()  # the first scrape already has figures
             metrics.serve(metrics_host, metrics_port)
             refresher = asyncio.create_task(metrics.refresh_every(metrics_every), name="statebook-metrics")
+            if verify_every > 0:
+                verifier = asyncio.create_task(metrics.verify_every(verify_every), name="statebook-metrics-verify")
         await engine.start()
         delivery.start()
         for part in notifying:
@@ -363,9 +368,10 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                 await asyncio.wait_for(stop.wait(), run_for)
         finally:
             log.info("stopping: cancelling in-flight runs and delivery")
-            if refresher is not None:
-                refresher.cancel()
-                await asyncio.gather(refresher, return_exceptions=True)
+            for task in (refresher, verifier):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             if metrics is not None:
                 await asyncio.to_thread(metrics.close)  # shutdown waits for the server's poll: not on the loop
             await engine.stop()

@@ -21,17 +21,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest, start_http_server
 from prometheus_client.registry import Collector
 
-from statebook.lifecycle import Book
+from statebook.lifecycle import Book, verify
+from statebook.lifecycle.replay import Report
 
 from .errors import ConfigError
 from .stats import Stats, collect_stats
 
-__all__ = ["Metrics", "families"]
+__all__ = ["Metrics", "families", "verify_families"]
 
 log = logging.getLogger("statebook.metrics")
 
 REFRESH_SECONDS = 5.0
 """How often the daemon reads a fresh snapshot (one query per part)."""
+
+VERIFY_SECONDS = 3600.0
+"""How often a daemon serving metrics runs ``verify`` (and once at start); its findings are a gauge."""
 
 Process = Callable[[], Mapping[str, Any]]
 """Returns the daemon's in-process counters: ``{"scheduler": {...}, "deliveries": {lc: {...}}, "leader": bool}``."""
@@ -86,6 +90,25 @@ def families(stats: Stats) -> list[Metric]:
     return [entities, transitions, due, age, deliveries, attempts, latency, observations, waits, decisions, runs, taken]
 
 
+def verify_families(report: Report, at: float) -> list[Metric]:
+    """The families of the last ``verify`` this process ran: findings by kind, what it checked, when."""
+    findings = GaugeMetricFamily("statebook_verify_findings",
+                                 "Findings of the last verify this daemon ran, by kind (0 in all: history checks out).",
+                                 labels=["kind"])
+    by_kind: dict[str, int] = {}
+    for finding in report.findings:
+        by_kind[finding.kind] = by_kind.get(finding.kind, 0) + 1
+    findings.add_metric(["any"], len(report.findings))
+    for kind, n in sorted(by_kind.items()):
+        findings.add_metric([kind], n)
+    checked = GaugeMetricFamily("statebook_verify_checked", "What the last verify checked.", labels=["what"])
+    checked.add_metric(["entities"], report.entities)
+    checked.add_metric(["facts"], report.facts)
+    when = GaugeMetricFamily("statebook_verify_timestamp_seconds", "When the last verify this daemon ran ended.")
+    when.add_metric([], at)
+    return [findings, checked, when]
+
+
 def _process_families(process: Mapping[str, Any]) -> list[Metric]:
     """The daemon's in-process counters (this process since it started)."""
     out: list[Metric] = []
@@ -122,6 +145,9 @@ class _Collector(Collector):
         stats = self.owner.snapshot
         if stats is not None:
             yield from families(stats)
+        verified = self.owner.verified
+        if verified is not None:
+            yield from verify_families(*verified)
         if self.owner.process is not None:
             try:
                 yield from _process_families(self.owner.process())
@@ -136,6 +162,7 @@ class Metrics:
         self.book = book
         self.process = process
         self.snapshot: Stats | None = None
+        self.verified: tuple[Report, float] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         self._server: Any = None
@@ -154,6 +181,24 @@ class Metrics:
                 await self.refresh()
             except Exception as exc:  # noqa: BLE001 - the daemon goes on; the snapshot ages
                 log.warning("could not refresh the metrics snapshot (%s: %s)", type(exc).__name__, exc)
+
+    async def verify(self) -> Report:
+        """Run ``verify`` over the whole database and expose its findings (a read; nothing is written)."""
+        report = await verify(self.book)
+        self.verified = (report, self.book.clock.now())
+        level = logging.INFO if report.ok else logging.WARNING
+        log.log(level, "verify for /metrics: %d entities, %d facts, %d finding(s)", report.entities, report.facts,
+                len(report.findings), extra={"event": "verify", "findings": len(report.findings)})
+        return report
+
+    async def verify_every(self, seconds: float = VERIFY_SECONDS) -> None:
+        """Verify now, then every ``seconds``, until cancelled; a failed run is logged, the last result stays."""
+        while True:
+            try:
+                await self.verify()
+            except Exception as exc:  # noqa: BLE001 - the daemon goes on; the result ages (its timestamp says so)
+                log.warning("could not verify for /metrics (%s: %s)", type(exc).__name__, exc)
+            await asyncio.sleep(seconds)
 
     def render(self) -> bytes:
         """The text exposition of the current snapshot (what a scrape returns)."""

@@ -225,12 +225,14 @@ def deliver_cmd(
     config: Path = typer.Option(None, "--config", help="Settings file (TOML) with dispatch.notify_template."),
 ) -> None:
     """Deliver due dispatches with the configured notify_template (until Ctrl-C unless --once)."""
+    from statebook.adapters.daemon import resolve_settings
     from statebook.adapters.db import open_book
     from statebook.adapters.settings import load_settings
 
     from .app import cli_registry, ctx_state
 
-    settings = load_settings(config)
+    # {python} and {config_dir} in the template are filled in as `statebook run` fills them in.
+    settings = resolve_settings(load_settings(config), str(config) if config is not None else None)
     registry = cli_registry(settings.app)
     cfg = settings.dispatch
     transport = ArgvTransport(cfg.notify_template, timeout=cfg.transport_timeout_seconds)

@@ -46,6 +46,7 @@ def run_cmd(
     metrics_port: int = typer.Option(None, "--metrics-port", help="Serve Prometheus /metrics on this port (0: any free one, logged)."),
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
     metrics_every: float = typer.Option(5.0, "--metrics-every", help="Seconds between two reads of the metrics snapshot."),
+    verify_every: float = typer.Option(3600.0, "--verify-every", help="With --metrics-port: run verify at start and every this many seconds for the verify metrics (0: never)."),
 ) -> None:
     """Run the scheduler daemon: fire schedules, deliver their dispatches, until SIGINT/SIGTERM."""
     from statebook.adapters.daemon import run_daemon
@@ -61,12 +62,14 @@ def run_cmd(
         duration("--for", run_for)
     if not 0.05 <= metrics_every <= 3600:
         raise fail(f"--metrics-every {metrics_every:g} is out of range; use 0.05 to 3600 seconds")
+    if not (verify_every == 0 or 1 <= verify_every <= 7 * 86400):
+        raise fail(f"--verify-every {verify_every:g} is out of range; use 0 (never) or 1 to 604800 seconds")
     with configured(log_format, log_level.upper()):
         settings = _settings(config)
         registry = cli_registry(settings.app)
         result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(),
                                 registry=registry, metrics_port=metrics_port, metrics_host=metrics_host,
-                                metrics_every=metrics_every))
+                                metrics_every=metrics_every, verify_every=verify_every))
     _story(result)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)

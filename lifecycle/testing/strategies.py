@@ -14,6 +14,7 @@ idempotency key. The reference model (:mod:`.model`) says what the engine must a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ from .model import TransitionCmd
 
 __all__ = [
     "actors_of", "bogus_reasons", "column_values", "commands", "creation_values", "creations", "guardable",
-    "idempotency_keys", "purge_reasons", "reasons_for",
+    "idempotency_keys", "listed_values", "purge_reasons", "reasons_for",
 ]
 
 UNKNOWN_STATUS = "limbo"
@@ -39,11 +40,43 @@ def guardable(lc: Lifecycle) -> list[str]:
     return sorted(f for f in lc.patch_fields if not isinstance(lc.table.c[f].type, sa.JSON))
 
 
+_LITERAL = re.compile(r"\s*(?:'((?:[^']|'')*)'|(-?\d+))\s*(?:,|$)")
+
+
+def listed_values(column: sa.Column[Any]) -> tuple[Any, ...] | None:
+    """The values a ``CHECK (column IN (...))`` of the column's table admits (text or integer literals), or
+    None when no such CHECK names the column. Other CHECKs are not read: a table with them needs its own
+    ``LifecycleMachine.creation_values``."""
+    table = column.table
+    for constraint in getattr(table, "constraints", ()):
+        if not isinstance(constraint, sa.CheckConstraint):
+            continue
+        text = str(getattr(constraint.sqltext, "text", constraint.sqltext)).strip()
+        match = re.fullmatch(rf"{re.escape(column.name)}\s+IN\s*\((.*)\)", text, flags=re.IGNORECASE | re.DOTALL)
+        if match is None:
+            continue
+        body, values, at = match.group(1), [], 0
+        while at < len(body):
+            item = _LITERAL.match(body, at)
+            if item is None:
+                break
+            values.append(item.group(1).replace("''", "'") if item.group(1) is not None else int(item.group(2)))
+            at = item.end()
+        else:
+            if values:
+                return tuple(values)
+    return None
+
+
 def column_values(column: sa.Column[Any]) -> st.SearchStrategy[Any]:
-    """Values ``column`` accepts on both backends (exact floats, int4 integers, short plain text)."""
+    """Values ``column`` accepts on both backends (exact floats, int4 integers, short plain text); one of
+    the listed values when a ``CHECK (column IN (...))`` restricts it (:func:`listed_values`)."""
     kind = column.type
-    if isinstance(kind, sa.JSON):
-        base: st.SearchStrategy[Any] = st.sampled_from([{}, {"n": 1}, ["a", "b"], []])
+    listed = listed_values(column) if column.name != "status" else None
+    if listed is not None:
+        base: st.SearchStrategy[Any] = st.sampled_from(listed)
+    elif isinstance(kind, sa.JSON):
+        base = st.sampled_from([{}, {"n": 1}, ["a", "b"], []])
     elif isinstance(kind, sa.Boolean):
         base = st.booleans()
     elif isinstance(kind, sa.Integer):

@@ -170,6 +170,8 @@ def test_metrics_of_a_running_daemon_equal_statebook_stats(tmp_path, db_url, bac
     # In-process counters beside the snapshot: this daemon's own deliveries and leadership.
     assert by(found, "statebook_daemon_deliveries_total", "lifecycle", "outcome")["dispatch"]["delivered"] == 1
     assert found["statebook_daemon_leader"][()] == 1.0
+    # O9: the verify it ran at start (a clean history).
+    assert found["statebook_verify_findings"][(("kind", "any"),)] == 0.0
     # Every stderr line is one JSON object with the fields, one per delivery outcome, run end and leadership.
     records = [json.loads(line) for line in logged]
     assert all({"ts", "level", "logger", "message"} <= set(r) for r in records)
@@ -227,3 +229,30 @@ async def test_a_registry_of_its_own_and_no_database_read_on_scrape(book: Book):
     assert by(samples(one.render().decode()), "statebook_entities", "lifecycle", "status")["dispatch"] == {"pending": 2}
     assert by(samples(two.render().decode()), "statebook_entities", "lifecycle", "status")["dispatch"] == {"pending": 1}
     assert "statebook_entities" not in __import__("prometheus_client").generate_latest().decode()
+
+
+async def test_verify_findings_are_a_gauge_that_follows_forged_history(book: Book):
+    """O9: a daemon serving metrics exposes its last verify: 0 findings on a clean history, then exactly the
+    findings `verify` reports (by kind) once a fact is forged, with what it checked."""
+    import sqlalchemy as sa
+
+    from statebook.lifecycle import verify
+
+    await enqueue_dispatch(book, kind="k", deliver_to="x")
+    await enqueue_dispatch(book, kind="k", deliver_to="y")
+    metrics = Metrics(book)
+    clean = await metrics.verify()
+    found = samples(metrics.render().decode())
+    assert clean.ok and found["statebook_verify_findings"] == {(("kind", "any"),): 0.0}
+    assert found["statebook_verify_checked"][(("what", "facts"),)] == clean.facts == 2
+    async with book.engine.begin() as conn:
+        await conn.execute(sa.text("UPDATE status_transitions SET reason_summary = 'forged' "
+                                   "WHERE seq = (SELECT min(seq) FROM status_transitions)"))
+    forged = await metrics.verify()
+    expected = await verify(book)
+    found = samples(metrics.render().decode())
+    assert not forged.ok and len(forged.findings) == len(expected.findings)
+    kinds = {f.kind for f in expected.findings}
+    assert found["statebook_verify_findings"][(("kind", "any"),)] == len(expected.findings)
+    for kind in kinds:
+        assert found["statebook_verify_findings"][(("kind", kind),)] == sum(f.kind == kind for f in expected.findings)

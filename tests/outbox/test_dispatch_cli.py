@@ -138,3 +138,20 @@ def test_deliver_once_runs_the_configured_template_and_prints_counters(db, tmp_p
     assert counts == {"attempted": 1, "delivered": 1, "dead_letter": 0, "expired": 0, "retried": 0}
     assert Path(out).read_text() == "seat-3\n"
     assert row(db, ids["pending"])["status"] == "delivered"
+
+
+def test_deliver_once_expands_python_and_config_dir_as_run_does(db, tmp_path):
+    """O18: deliver --once reads the template as `statebook run` does: {python} is this interpreter and
+    {config_dir} the settings file's folder (the example settings use both)."""
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    (folder / "notify.py").write_text("import pathlib, sys\n"
+                                      "(pathlib.Path(__file__).parent / 'routes.txt').write_text(sys.argv[1])\n")
+    config = folder / "statebook.toml"
+    config.write_text('[dispatch]\nnotify_template = ["{python}", "{config_dir}/notify.py", "{deliver_to}"]\n')
+    ids = setup_rows(db)
+    result = invoke(db, "deliver", "--once", "--config", str(config))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["delivered"] == 1
+    assert (folder / "routes.txt").read_text() == "seat-3"
+    assert row(db, ids["pending"])["status"] == "delivered"
