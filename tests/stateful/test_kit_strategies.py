@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -39,12 +40,13 @@ _folder = tempfile.mkdtemp(prefix="statebook-kit-")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(values=creation_values(builtin_registry()["schedule"]))
+@given(values=creation_values(builtin_registry().get("schedule")))
 def test_drawn_schedules_are_accepted_by_the_database(values):
-    """Every drawn creation passes the schedules table's CHECKs (before the fix: ck_schedules_action)."""
+    """Every drawn creation passes the schedules table's CHECKs (before the fix: ck_schedules_action); a
+    fresh database each, so a drawn name never meets the one of an earlier example."""
 
     async def go() -> None:
-        book = await open_book(f"sqlite:///{Path(_folder) / 'kit.db'}")
+        book = await open_book(f"sqlite:///{Path(_folder) / (uuid.uuid4().hex + '.db')}")
         try:
             out = await create(book, "schedule", values=values, status="active",
                                reason=Reason("schedule.active.created", "kit"), actor=Actor("system", "kit"),
