@@ -1,7 +1,8 @@
 """``statebook run``: settings → book → leadership → SchedulerEngine + dispatch delivery, until a signal.
 
-Leadership (``adapters/leader.py``) is a lease shared by every daemon on the database; this daemon's
-id is its holder name and the owner of the runs it fires.
+Leadership (``adapters/leader.py``) is a lease shared by every daemon on the database, beside each
+daemon's liveness signal (``adapters/liveness.py``); this daemon's id is its holder name and the owner
+of the runs it fires. A standby's leader watches the holder's signal and wakes the engine when it ends.
 
 Delivery runs in its own task beside the engine (a slow transport never delays a fire), woken by
 committed dispatches in this process and otherwise by the tick. Schedules listed in the settings
@@ -360,6 +361,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             if verify_every > 0:
                 verifier = asyncio.create_task(metrics.verify_every(verify_every), name="statebook-metrics-verify")
         await engine.start()
+        leader.watch(engine.wake)  # a standby wakes the moment the leader's liveness ends, not on its next tick
         delivery.start()
         for part in notifying:
             part.start()

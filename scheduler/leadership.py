@@ -1,10 +1,10 @@
 """What the engine asks of leadership (S10, S14-S17): lead or stand by, fence a fire, tell stale owners.
 
 The composition root injects an implementation (``adapters/leader.py``: a lease row with a heartbeat
-and a fencing epoch). The engine calls :meth:`Leader.is_leader` once per tick — which is also when a
-daemon's heartbeat is renewed —; its ``Firing`` calls :meth:`Leader.fence` as the first statement of
-every transaction that writes for an automatic fire, and ``recovery.reap`` asks
-:meth:`Leader.stale_owners` when the leader reaps runs. Without an injected
+and a fencing epoch, beside each daemon's liveness signal). The engine calls :meth:`Leader.is_leader`
+once per tick — which is also when a daemon's heartbeat is renewed —; its ``Firing`` calls
+:meth:`Leader.fence` as the first statement of every transaction that writes for an automatic fire, and
+``recovery.reap`` asks :meth:`Leader.stale_owners` when the leader reaps runs. Without an injected
 leader (tests, ``statebook schedule fire``) the engine always leads and fences nothing.
 """
 
@@ -21,7 +21,8 @@ class Leader(Protocol):
     """Who may fire schedules: the scheduler asks before each tick and fences each fire's transaction."""
 
     async def is_leader(self) -> bool:
-        """Renew this daemon's heartbeat and the lease (or take a stale lease over); True while leading."""
+        """Renew this daemon's heartbeat and the lease (or take over a lease released, or whose holder died or
+        went silent); True while leading."""
         ...
 
     async def fence(self, tx: Book) -> int | None:

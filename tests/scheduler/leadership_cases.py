@@ -1,11 +1,14 @@
 """Leadership as a lease (S10, S14-S17), in one process on a FakeClock, on both backends.
 
 Two :class:`LeaseLeader` objects stand for two daemons (on SQLite the file lock would refuse the
-second daemon; the lease underneath is the same code). ``test_leader_processes.py`` does it with
-real processes and SIGSTOP.
+second daemon; the lease underneath is the same code), without a liveness signal: a takeover waits
+for a release or a stale heartbeat. ``test_leader_liveness.py`` adds PostgreSQL's session lock,
+``test_leader_processes.py`` does it with real processes (SIGKILL, SIGTERM, SIGSTOP).
 """
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import sqlalchemy as sa
@@ -29,6 +32,12 @@ def daemon(book, clock, name: str, spawner=None) -> tuple[SchedulerEngine, Lease
     eng = SchedulerEngine(book, settings(tick_seconds=TICK, lease_seconds=LEASE, max_concurrent=10), clock=clock,
                           launcher=spawner or FakeSpawner(), leader=leader, daemon_id=name)
     return eng, leader
+
+
+def took(caplog) -> list[tuple[str, str | None, str]]:
+    """The takeover lines logged: (``reason``, ``previous``, message)."""
+    return [(r.reason, r.previous, r.getMessage()) for r in caplog.records
+            if getattr(r, "event", None) == "leadership" and "took the scheduler lease" in r.getMessage()]
 
 
 async def lease_row(book):
@@ -59,9 +68,10 @@ class LeadershipCases:
         await a.stop()
         await b.stop()
 
-    async def test_standby_takes_over_a_stale_lease_and_the_old_leader_writes_nothing(self, book, rival, clock):
-        """S15, S16: once the leader's heartbeat is older than the lease the standby takes over with epoch 2;
-        the old leader, waking with due rows it read before, is fenced: no claim, no run, and it stands by."""
+    async def test_standby_takes_over_a_stale_lease_and_the_old_leader_writes_nothing(self, book, rival, clock, caplog):
+        """S15, S16: once the leader's heartbeat is older than the lease the standby takes over with epoch 2, its
+        log saying the heartbeat was stale; the old leader, waking with due rows it read before, is fenced: no
+        claim, no run, and it stands by."""
         s = await make(book, interval_sec=TICK, overlap_policy="allow")
         a, lead_a = daemon(book, clock, "host-a:1:a")
         b, lead_b = daemon(rival, clock, "host-b:2:b")
@@ -75,8 +85,11 @@ class LeadershipCases:
         await b.tick()
         assert lead_b.epoch is None, "took over before the lease ran out"
         clock.advance(2)
-        await b.tick()  # A's heartbeat is now older than the lease
+        with caplog.at_level(logging.INFO, logger="statebook.leader"):
+            await b.tick()  # A's heartbeat is now older than the lease
         assert lead_b.epoch == 2 and (await lease_row(book)).holder == "host-b:2:b"
+        assert took(caplog) == [("stale", "host-a:1:a", "daemon host-b:2:b took the scheduler lease at epoch 2 from "
+                                 "host-a:1:a: its heartbeat 16.0s old, older than the 15s lease")]
         await b.wait_idle()
         fired_by_b = await runs_of(book, s["id"])
         # A wakes up: it still believes it leads (epoch 1) and goes on with the row it read.
@@ -156,8 +169,9 @@ class LeadershipCases:
         await b.stop()
         assert (await verify(book)).ok
 
-    async def test_release_hands_the_lease_over_at_once(self, book, rival, clock):
-        """S14: a clean stop gives the lease up and drops the daemon's heartbeat; the standby leads on its next tick."""
+    async def test_release_hands_the_lease_over_at_once(self, book, rival, clock, caplog):
+        """S14: a clean stop gives the lease up and drops the daemon's heartbeat; the standby leads on its next tick,
+        its log saying the lease was released (not that a heartbeat was stale)."""
         a, lead_a = daemon(book, clock, "host-a:1:a")
         b, lead_b = daemon(rival, clock, "host-b:2:b")
         await a.start(loop=False)
@@ -165,8 +179,11 @@ class LeadershipCases:
         await a.stop()
         await lead_a.release()
         clock.advance(1)
-        await b.tick()
+        with caplog.at_level(logging.INFO, logger="statebook.leader"):
+            await b.tick()
         assert lead_b.epoch == 2
+        assert took(caplog) == [("released", "host-a:1:a", "daemon host-b:2:b took the scheduler lease at epoch 2: "
+                                 "host-a:1:a released it (a clean stop)")]
         async with book.read() as conn:
             assert [r.daemon_id for r in await conn.execute(sa.select(scheduler_daemons))] == ["host-b:2:b"]
         await b.stop()

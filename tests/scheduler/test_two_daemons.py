@@ -1,17 +1,19 @@
-"""No double fire (S1) and the single-daemon lock on SQLite (S10); the lease is in test_leadership.py."""
+"""No double fire (S1) and the single-daemon lock on SQLite (S10, S15); the lease is in leadership_cases.py."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.adapters.errors import ConfigError
-from statebook.adapters.leader import SqliteDaemonLock, leadership_for
+from statebook.adapters.leader import LeaseLeader, SqliteDaemonLock, leadership_for
 from statebook.lifecycle import Book, FakeClock, verify
 from statebook.scheduler.engine import SchedulerEngine
+from statebook.scheduler.errors import LeadershipLost
 
 from sched_helpers import FakeSpawner, make, runs_of, settings
 
@@ -64,6 +66,31 @@ async def test_second_sqlite_daemon_refuses_to_start(tmp_path):
         await first.release()
         again = leadership_for(book, "h:2:b", lease_seconds=90)
         assert await again.is_leader()
+        await again.release()
+    finally:
+        await book.engine.dispose()
+
+
+async def test_a_restarted_sqlite_daemon_takes_the_lease_of_a_dead_one_at_once(tmp_path, caplog):
+    """S10, S15: the daemon holding the lease dies without releasing it (its file lock freed with the process); the
+    next daemon on the file, holding the lock, knows no other daemon runs and takes the lease on its first tick
+    — the clock never moved — saying why."""
+    db = tmp_path / "s.db"
+    clock = FakeClock(1_800_000_000)
+    book = await open_book(f"sqlite:///{db}", clock=clock)
+    try:
+        # the daemon that died: its lease row and heartbeat stay; its flock went with its process
+        first = LeaseLeader(book, "h:1:a", lease_seconds=90)
+        assert await first.is_leader() and first.epoch == 1
+        again = leadership_for(book, "h:2:b", lease_seconds=90)
+        with caplog.at_level(logging.INFO, logger="statebook.leader"):
+            assert await again.is_leader() and again.epoch == 2
+        assert [r.getMessage() for r in caplog.records if "took the scheduler lease" in r.getMessage()] == [
+            "daemon h:2:b took the scheduler lease at epoch 2 from h:1:a: it no longer holds the database's daemon "
+            "lock (its process ended); heartbeat 0.0s old"]
+        async with book.begin() as tx:
+            with pytest.raises(LeadershipLost):
+                await first.fence(tx)
         await again.release()
     finally:
         await book.engine.dispose()
