@@ -207,11 +207,14 @@ class LeaseLeader:
         pause = WATCH_PAUSE
         while True:
             try:
+                if self.epoch is not None:  # leading: nobody to watch (a lost lease shows on the next tick)
+                    await asyncio.sleep(WATCH_SECONDS)
+                    continue
                 async with self.book.read() as conn:
                     row = (await conn.execute(sa.select(lease.c.holder, lease.c.epoch)
                                               .where(lease.c.name == self.name))).first()
                 if row is None or row.holder == self.daemon_id:
-                    await asyncio.sleep(WATCH_SECONDS)  # no holder to watch: this daemon leads, or nobody yet
+                    await asyncio.sleep(WATCH_SECONDS)  # no holder to watch: nobody yet, or this daemon's own hold
                 elif (row.holder, row.epoch) == self._seen_gone:
                     await asyncio.sleep(pause)  # woken already; the tick has not taken it (yet): its ticks retry
                     pause = min(2 * pause, WATCH_SECONDS)
