@@ -364,12 +364,31 @@ async def against_checkpoint(book: Book, body: Mapping[str, Any]) -> list[Proble
 # -- a chain from its facts alone ----------------------------------------------------------------
 
 
+def out_of_seq(fact: Fact, top: tuple[int, Any] | None) -> str | None:
+    """Why ``fact`` breaks its entity's seq order (L12d), or None. ``top``: the highest (seq, version) among
+    the entity's earlier facts. Within one entity every writer holds the row (SQLite's single writer, a row
+    lock on PostgreSQL) from before its seq is drawn until it commits, so an honest seq rises with the
+    version; across entities seq may commit in any order, which is no finding."""
+    if top is None or type(fact.seq) is not int or fact.seq > top[0]:
+        return None
+    return (f"fact {fact.id} (version {fact.version!r}) has seq {fact.seq}, not above the seq {top[0]} of version "
+            f"{top[1]!r}: read in seq order (a tail, an export, a projection) the history runs backwards")
+
+
+def seq_top(fact: Fact, top: tuple[int, Any] | None) -> tuple[int, Any] | None:
+    """``top`` after ``fact`` (see :func:`out_of_seq`); a fact without an integer seq leaves it as it is."""
+    if type(fact.seq) is int and (top is None or fact.seq > top[0]):
+        return fact.seq, fact.version
+    return top
+
+
 def chain_findings(facts: Sequence[Fact], rule: Rule = Rule()) -> list[tuple[str, str, str | None]]:
     """(kind, detail, fact id) for each break in one entity's facts (oldest first): links, versions,
-    hashes under ``rule``, the status carried from one fact to the next. No policy and no row: what
-    an audit bundle can check offline."""
+    hashes under ``rule``, the status carried from one fact to the next, seq rising with the version. No
+    policy and no row: what an audit bundle can check offline."""
     found: list[tuple[str, str, str | None]] = []
     prev_id, prev_hash, prev_status, version = GENESIS, GENESIS, None, 0
+    top: tuple[int, Any] | None = None
     for f in facts:
         if f.prev_fact_id != prev_id or f.prev_hash != prev_hash:
             found.append(("broken_chain", f"fact {f.id} links to {f.prev_fact_id or 'genesis'!r}, expected "
@@ -381,6 +400,10 @@ def chain_findings(facts: Sequence[Fact], rule: Rule = Rule()) -> list[tuple[str
                           f"{prev_status!r}", f.id))
         if f.version != version + 1:
             found.append(("version_gap", f"fact {f.id} has version {f.version!r}, expected {version + 1}", f.id))
+        reordered = out_of_seq(f, top)
+        if reordered is not None:
+            found.append(("seq_out_of_order", reordered, f.id))
+        top = seq_top(f, top)
         prev_id, prev_hash, prev_status = f.id, f.hash, f.status
         version = f.version if type(f.version) is int else version + 1
     return found

@@ -119,6 +119,9 @@ async def inserted(book: Book) -> None:
               "prev_hash": first.hash, "hash": "rehashed below"}
     async with book.engine.begin() as conn:
         await conn.execute(sa.insert(facts_table).values(**values))
+        # The inserted fact took the next seq, after its successor's: move the successor after it (L12d).
+        top = (await conn.execute(sa.select(sa.func.max(facts_table.c.seq)))).scalar()
+        await conn.execute(sa.update(facts_table).where(facts_table.c.seq == second.seq).values(seq=top + 1))
     await rehash(book, "victim", await facts_of(book, "victim"))
 
 
@@ -136,6 +139,14 @@ async def appended(book: Book) -> None:
     await rehash(book, "victim", await facts_of(book, "victim"), from_version=99)
 
 
+async def reordered(book: Book) -> None:
+    """L12d: the seq of two consecutive facts swapped (hashes untouched): read in seq order the history runs
+    backwards."""
+    first, second = await facts_of(book, "victim")
+    for old, new in ((first.seq, -1), (second.seq, first.seq), (-1, second.seq)):
+        await sql(book, "UPDATE status_transitions SET seq = :new WHERE seq = :old", new=new, old=old)
+
+
 FORGERIES = {
     "field_edit": (field_edit, {"plain": True, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
     "forged_rehashed": (forged_rehashed, {"plain": False, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
@@ -143,6 +154,7 @@ FORGERIES = {
     "erased": (erased, {"plain": False, "checkpoint": True, "keyed": False, "keyed+checkpoint": True}),
     "inserted": (inserted, {"plain": False, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
     "appended": (appended, {"plain": False, "checkpoint": False, "keyed": True, "keyed+checkpoint": True}),
+    "reordered": (reordered, {"plain": True, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
 }
 
 

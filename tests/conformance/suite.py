@@ -29,7 +29,7 @@ from statebook.lifecycle.testing.cases import StorageConformance
 from .cases_audit import AuditCases
 from .cases_batch import BatchCases, PurgeManyCases
 from .cases_commands import CommandCases
-from .cases_concurrency import ConcurrentWriterCases, RaceCases, SerialWriterCases, TailCases
+from .cases_concurrency import ConcurrentWriterCases, HonestSeqCases, RaceCases, SerialWriterCases, TailCases
 from .cases_driver import DriverCases
 from .cases_inputs import InputCases
 from .support import task_registry, tasks
@@ -130,7 +130,7 @@ class ConformanceFixtures(StorageConformance):
 
 class LifecycleConformance(
     ConformanceFixtures, CommandCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases,
-    DriverCases, InputCases
+    HonestSeqCases, DriverCases, InputCases
 ):
     """Every backend-neutral case (L3-L14), the storage cases users run among them. Add ConcurrentWriterCases or SerialWriterCases for your backend."""
 
