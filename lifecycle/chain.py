@@ -60,6 +60,23 @@ class ChainKeyMismatch(StatebookError):
     """The configured chain key is not the key this database's chain was keyed with."""
 
 
+class ChainKeyRequired(StatebookError):
+    """A write to a database whose chain is keyed, by a book without the chain key: its facts would carry plain
+    hashes, which verify reports as forgeries. Nothing was written."""
+
+
+def write_refusal(keyed_with: str, key_id: str | None) -> StatebookError:
+    """Why a book holding the key ``key_id`` (None: no key) must not write to a chain keyed with ``keyed_with``."""
+    if key_id is None:
+        return ChainKeyRequired(
+            f"this database's fact chain is keyed (key id {keyed_with}): a book without the chain key cannot write "
+            "to it (its facts would be plain, and verify would report them as forged); open it with the key "
+            "(open_book(chain_key=...)); nothing was written")
+    return ChainKeyMismatch(
+        f"this database's chain was keyed with the key whose id is {keyed_with}; the configured chain key's id is "
+        f"{key_id}: configure the key the chain was keyed with; nothing was written")
+
+
 @dataclass(frozen=True)
 class Switch:
     """The recorded switch-over: facts with ``seq > keyed_after`` are keyed with the key ``key_id`` names."""
@@ -221,9 +238,7 @@ async def key_chain(book: Book) -> Switch:
         found = await read_switch(book)
         assert found is not None
     if found.key_id != key.id:
-        raise ChainKeyMismatch(
-            f"this database's chain was keyed with the key whose id is {found.key_id}; the configured chain key's "
-            f"id is {key.id}: configure the key the chain was keyed with")
+        raise write_refusal(found.key_id, key.id)
     return found
 
 
