@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from .book import Book
 
 CHECKPOINT_FORMAT = "statebook-checkpoint/1"
+SETTLE_SECONDS = 30.0
+"""How long a checkpoint or the switch-over waits for writers still holding a seq below the highest committed one."""
 MAX_BIGINT = 2**63 - 1
 """The highest seq a database holds: a checkpoint's counts above it are no counts (and no query parameter)."""
 
@@ -192,6 +194,23 @@ async def heads(book: Book, *, up_to_seq: int | None = None, entity_type: str | 
             return await _heads(conn, up_to_seq, entity_type)
 
 
+async def settled_heads(book: Book, *, entity_type: str | None = None) -> Heads:
+    """:func:`heads` of the facts up to the highest seq committed now, once they are final: on PostgreSQL a writer
+    may still hold a lower seq and commit after (L12d), so this waits for it (``Store.settle``). A bound book
+    reads its own transaction as it stands (waiting there could wait for itself)."""
+    if book.conn is not None:
+        return await heads(book, entity_type=entity_type)
+    async with book.read() as conn:
+        top = await _top_seq(conn)
+    await book.store.settle(SETTLE_SECONDS)
+    return await heads(book, up_to_seq=top, entity_type=entity_type)
+
+
+async def _top_seq(conn: Any) -> int:
+    """The highest seq committed (0 with no facts)."""
+    return int((await conn.execute(sa.select(sa.func.coalesce(sa.func.max(facts_table.c.seq), 0)))).scalar())
+
+
 async def _heads(conn: Any, up_to_seq: int | None, entity_type: str | None) -> Heads:
     t = facts_table
     query = sa.select(t.c.entity_type, t.c.entity_id, t.c.version, t.c.hash, t.c.seq)
@@ -231,8 +250,11 @@ async def key_chain(book: Book) -> Switch:
         async with book.store.begin() as conn:
             row = (await conn.execute(sa.select(chain_table.c.id).where(chain_table.c.id == 1))).first()
             if row is None:
-                now = await _heads(conn, None, None)
-                draft = Switch(now.max_seq, now.facts, now.root, key.id, float(book.clock.now()), "")
+                # The facts up to S must be final before their root is recorded (Store.settle, L12d).
+                top = await _top_seq(conn)
+                await book.store.settle(SETTLE_SECONDS)
+                now = await _heads(conn, top, None)
+                draft = Switch(top, now.facts, now.root, key.id, float(book.clock.now()), "")
                 record = {**draft.__dict__, "mac": draft.expected_mac(key.secret)}
                 await conn.execute(sa.insert(chain_table).values(id=1, **record))
         found = await read_switch(book)
@@ -297,7 +319,7 @@ async def checkpoint(book: Book, entity_type: str | None = None) -> dict[str, An
     """
     if entity_type is not None:
         book.policy(entity_type)
-    found = await heads(book, entity_type=entity_type)
+    found = await settled_heads(book, entity_type=entity_type)
     return checkpoint_body(found, at=float(book.clock.now()), entity_type=entity_type,
                            chain_key_id=None if book.chain_key is None else book.chain_key.id)
 

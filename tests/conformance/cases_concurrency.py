@@ -18,6 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from statebook.lifecycle import (
     Book, Command, EntityNotFound, Fact, NewEntity, Reason, apply_many, create_many, history, purge, transition,
     verify)
+from statebook.lifecycle.chain import checkpoint, key_chain
+from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.errors import StorageError
 from statebook.lifecycle.facts import Cursor, facts_table, tail
 
@@ -282,6 +284,43 @@ class ConcurrentWriterCases:
         seq = {f.id: f.seq for key in (("task", "a"), ("task", "b")) for f in await history(book, *key)}
         assert seq[on_a.fact_id] < seq[first_on_b.fact_id] < seq[second_on_b.fact_id]
         report = await verify(book)
+        assert report.ok, report.findings
+
+    async def test_a_checkpoint_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine):
+        """A2 / L12d: a writer drew its seq (for a) before another writer's fact (b) committed with a higher one. A
+        checkpoint taken meanwhile waits for the first writer to end before it reads, so its heads are final: once
+        both committed, the honest history verifies against it."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        slow = Book(more_engines(), book.registry, book.clock)
+        async with slow.begin() as tx:
+            await start(tx, "a")
+            await start(book, "b")
+            taking = asyncio.create_task(checkpoint(book))
+            await asyncio.sleep(0.3)
+            assert not taking.done(), "the checkpoint must wait for the open writer below its seq"
+        body = await taking
+        report = await verify(book, checkpoint=body)
+        assert report.ok, report.findings
+        assert body["facts"] == 4
+
+    async def test_the_switch_over_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine):
+        """A1 / L12d: keying the chain while a writer holds a seq below the highest committed one waits for it, so
+        the recorded root covers its fact: the honest history verifies with the key."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        slow = Book(more_engines(), book.registry, book.clock)
+        keyed = book.with_chain_key(ChainKey(b"a key for the switch-over case"))
+        async with slow.begin() as tx:
+            await start(tx, "a")
+            await start(book, "b")
+            keying = asyncio.create_task(key_chain(keyed))
+            await asyncio.sleep(0.3)
+            assert not keying.done(), "the switch-over must wait for the open writer below its seq"
+        switch = await keying
+        assert switch.facts == 4
+        await transition(keyed, "task", "b", "open", expected="working", reason=RELEASED, actor=SYSTEM)
+        report = await verify(keyed)
         assert report.ok, report.findings
 
     async def test_tail_does_not_pass_an_older_open_transaction(self, book: Book, more_engines: MakeEngine):
