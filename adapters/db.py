@@ -8,13 +8,14 @@ with ``BEGIN IMMEDIATE`` — with a deferred BEGIN a read-then-write transaction
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.util import await_
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from statebook.lifecycle import Book, Clock, Registry
 from statebook.lifecycle.clock import SYSTEM_CLOCK
@@ -22,7 +23,7 @@ from statebook.lifecycle.inputs import DEFAULT_LIMITS, Limits
 from statebook.lifecycle.schema import metadata
 from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.codec import dumps
-from statebook.lifecycle.chain import key_chain
+from statebook.lifecycle.chain import ChainKeyRequired, chain_table, key_chain
 from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.schema import check_statuses, create_tables
 
@@ -234,12 +235,16 @@ async def open_book(
     limits: Limits | None = None,
     chain_key: ChainKey | None = None,
     app: str | None = None,
+    writes: bool | None = None,
 ) -> Book:
     """Connect, create the schema when asked, and return a :class:`Book` over ``registry``.
 
-    ``chain_key`` (settings ``[audit] chain_key``) keys the fact chain (specs/audit.md): with ``create``
-    the switch-over is recorded if the database has none, and a database keyed with another key raises
-    :class:`~statebook.lifecycle.chain.ChainKeyMismatch`; without ``create`` (a reader) nothing is written.
+    ``chain_key`` (settings ``[audit] chain_key``) keys the fact chain (specs/audit.md). A book that
+    ``writes`` (default: ``create``) is a writer: given the key, it records the switch-over if the database
+    has none, and a database keyed with another key raises :class:`~statebook.lifecycle.chain.ChainKeyMismatch`;
+    without a key, a database whose chain is keyed raises :class:`~statebook.lifecycle.chain.ChainKeyRequired`
+    (naming how to give the key). Either refusal comes before anything is written. A reader writes nothing;
+    should it write anyway, the book refuses as the writer would have (``Book.keyed_with``).
 
     ``limits`` bounds the JSON its commands may store (default :class:`Limits`; the settings'
     ``[limits]`` section gives one). ``registry`` defaults to the built-in one. Either way its statuses are checked against the
@@ -250,19 +255,38 @@ async def open_book(
     engine = connect(url, must_exist=must_exist)
     command = upgrade_command(app, custom=registry is not None)
     registry = registry if registry is not None else builtin_registry()
+    writes = create if writes is None else writes
     try:
         if create:
-            async with engine.begin() as conn:
+            async with engine.begin() as conn:  # a refusal below rolls back whatever the schema step did
                 await conn.run_sync(ensure_schema, registry, create=True, command=command)
+                keyed_with = await _keyed_with(conn, chain_key, writes)
         else:
             async with engine.connect() as conn:
                 await conn.execution_options(**{READ_ONLY_OPTION: True})  # SQLite: no write lock for a look
                 await conn.run_sync(ensure_schema, registry, create=False, command=command)
+                keyed_with = await _keyed_with(conn, chain_key, writes)
         book = Book(engine, registry, clock or SYSTEM_CLOCK, limits=limits if limits is not None else DEFAULT_LIMITS,
-                    chain_key=chain_key)
-        if chain_key is not None and create:
-            await key_chain(book)
+                    chain_key=chain_key, keyed_with=keyed_with)
+        if chain_key is not None and writes:
+            book = replace(book, keyed_with=(await key_chain(book)).key_id)
     except BaseException:
         await engine.dispose()
         raise
     return book
+
+
+KEY_HINT = ("give it as [audit] chain_key = {file = \"PATH\"} (or {env = \"VAR\"}) in the settings: --config FILE, or "
+            "./statebook.toml; or set STATEBOOK_AUDIT__CHAIN_KEY__FILE (or STATEBOOK_AUDIT__CHAIN_KEY__ENV)")
+"""How an operator gives the chain key, for the refusal of a writer without it."""
+
+
+async def _keyed_with(conn: AsyncConnection, key: ChainKey | None, writes: bool) -> str | None:
+    """The id of the key the database's chain is keyed with (its switch-over record), or None. A writer without
+    a key is refused here, before it writes."""
+    keyed_with = (await conn.execute(sa.select(chain_table.c.key_id).where(chain_table.c.id == 1))).scalar()
+    if keyed_with is not None and key is None and writes:
+        raise ChainKeyRequired(
+            f"this database's fact chain is keyed (key id {keyed_with}), so writing to it needs the chain key: "
+            f"{KEY_HINT}; nothing was written")
+    return keyed_with

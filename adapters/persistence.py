@@ -293,6 +293,10 @@ class SQLStore:
         """Periodic backend housekeeping (a no-op unless the backend needs some)."""
         return None
 
+    async def settle(self, timeout: float) -> None:
+        """Nothing to wait for where writers draw seqs in commit order (one writer at a time)."""
+        return None
+
     # -- verify's reads ----------------------------------------------------------------------------
     @asynccontextmanager
     async def snapshot(self, conn: AsyncConnection) -> AsyncIterator[None]:

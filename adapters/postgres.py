@@ -10,6 +10,7 @@ time, batches 5-15% slower end to end.)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.util import greenlet_spawn
 
+from statebook.lifecycle.errors import StorageUnavailable
 from statebook.lifecycle.facts import Cursor, facts_table, stored_columns
 from statebook.lifecycle.store import Lock, RowWrite, Unit, register_backend
 
@@ -148,6 +150,25 @@ class PostgresStore(SQLStore):
 
     def in_id_order(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         return column.collate("C")  # code point order, whatever the database's collation
+
+    async def settle(self, timeout: float) -> None:
+        """Wait until every transaction with an id below the current snapshot's xmax has ended. A writer that
+        holds a seq at or below the highest committed one drew it before that commit, and every statement that
+        inserts a fact first writes its entity's row, so it had its transaction id by then: it is one of those."""
+        xmax = self.cached(("settle", "xmax"), lambda: sa.select(
+            sa.text("pg_snapshot_xmax(pg_current_snapshot())::text::bigint")))
+        xmin = self.cached(("settle", "xmin"), lambda: sa.select(
+            sa.text("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")))
+        async with self.own_unit(one_statement=True) as unit:
+            [(horizon,)] = await unit.handle.fetch(xmax, {})
+            try:
+                async with asyncio.timeout(timeout):
+                    while (await unit.handle.fetch(xmin, {}))[0][0] < horizon:
+                        await asyncio.sleep(0.01)
+            except TimeoutError:
+                raise StorageUnavailable(
+                    f"a transaction that was writing when this began is still open after {timeout:g} s; the facts "
+                    "it may commit below the highest seq are not final yet: retry when it has ended") from None
 
     # -- statements ----------------------------------------------------------------------------------
     def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:

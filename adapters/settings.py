@@ -337,12 +337,25 @@ class EnvironmentSource(PydanticBaseSettingsSource):
                 continue
             rest = name[len(ENV_PREFIX):].lower()
             if "__" in rest:
-                section, key = rest.split("__", 1)
-                field = SECTIONS[section].model_fields[key]
-                data.setdefault(section, {})[key] = self._decoded(field, value, name)
+                section, *path = rest.split("__")
+                self._put(data.setdefault(section, {}), SECTIONS[section], path, value, name)
             elif rest in Settings.model_fields and rest not in SECTIONS:
                 data[rest] = value
         return data
+
+    def _put(self, node: dict[str, Any], model: type[BaseModel], path: list[str], value: str, name: str) -> None:
+        """``value`` at ``path`` below ``model``: a field, or a field of a model-typed field
+        (``STATEBOOK_AUDIT__CHAIN_KEY__FILE``). A secret's source replaces the other one: it comes from one place."""
+        field = model.model_fields[path[0]]
+        if len(path) == 1:
+            node[path[0]] = self._decoded(field, value, name)
+            return
+        inner = _model_of(field.annotation)
+        assert inner is not None  # _check_environment refused any other name
+        child = node.get(path[0])
+        if not isinstance(child, dict):
+            child = node[path[0]] = dict.fromkeys(inner.model_fields) if issubclass(inner, SecretRef) else {}
+        self._put(child, inner, path[1:], value, name)
 
     def _decoded(self, field: Any, value: str, name: str) -> Any:
         if not _structured(field.annotation):
@@ -390,14 +403,27 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     for name in environ:
         if not name.upper().startswith(ENV_PREFIX) or "__" not in name:
             continue
-        section, field, *_ = name[len(ENV_PREFIX):].lower().split("__")
+        section, *path = name[len(ENV_PREFIX):].lower().split("__")
         if section in Settings.model_fields and section not in SECTIONS:
             raise ConfigError(f"{name}: {section!r} is a setting, not a section; name it {ENV_PREFIX}{section.upper()}")
         if section not in SECTIONS:
             raise ConfigError(f"unknown setting section {section!r} ({name}); {_nearest(section, list(SECTIONS))}")
-        known = list(SECTIONS[section].model_fields)
-        if field not in known:
-            raise ConfigError(f"unknown setting '{section}.{field}' ({name}); {_nearest(field, known)}")
+        model: type[BaseModel] | None = SECTIONS[section]
+        where = section
+        for part in path:
+            known = list(model.model_fields) if model is not None else []
+            if part not in known:
+                hint = _nearest(part, known) if known else f"{where} has no settings below it"
+                raise ConfigError(f"unknown setting '{where}.{part}' ({name}); {hint}")
+            model, where = _model_of(model.model_fields[part].annotation), f"{where}.{part}"
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation names (``SecretRef | None``: SecretRef), or None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _read_file(file: Path) -> TomlConfigSettingsSource:

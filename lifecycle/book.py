@@ -18,6 +18,7 @@ from sqlalchemy.exc import PendingRollbackError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .clock import SYSTEM_CLOCK, Clock
+from .chain import write_refusal
 from .chainkey import ChainKey
 from .errors import StorageUnavailable
 from .inputs import DEFAULT_LIMITS, Limits
@@ -47,11 +48,19 @@ class Book:
     chain_key: ChainKey | None = field(default=None, compare=False, repr=False)
     """The key of a keyed chain (:mod:`.chain`): every fact this book writes is hashed with HMAC-SHA256
     under it, and verify requires it of every fact after the database's switch-over."""
+    keyed_with: str | None = field(default=None, compare=False)
+    """The id of the key the database's chain is keyed with, as ``open_book`` read its switch-over record
+    (None: not keyed, or a Book made directly, which nobody read it for). A write needs that key."""
 
     @property
     def chain_secret(self) -> bytes | None:
-        """The chain key's bytes, for the hash of each fact written (None: a plain chain)."""
-        return None if self.chain_key is None else self.chain_key.secret
+        """The chain key's bytes, for the hash of each fact written (None: a plain chain). Raises
+        ``ChainKeyRequired`` (or ``ChainKeyMismatch``) when the database's chain is keyed with a key this book
+        does not hold: the engine plans every fact with it, so such a book writes nothing."""
+        key = self.chain_key
+        if self.keyed_with is not None and (key is None or key.id != self.keyed_with):
+            raise write_refusal(self.keyed_with, None if key is None else key.id)
+        return None if key is None else key.secret
 
     def with_chain_key(self, key: ChainKey | None) -> Book:
         """This book writing (and verifying) with ``key``; see :func:`.chain.key_chain` for the switch-over."""

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from .book import Book
 
 CHECKPOINT_FORMAT = "statebook-checkpoint/1"
+SETTLE_SECONDS = 30.0
+"""How long a checkpoint or the switch-over waits for writers still holding a seq below the highest committed one."""
 MAX_BIGINT = 2**63 - 1
 """The highest seq a database holds: a checkpoint's counts above it are no counts (and no query parameter)."""
 
@@ -58,6 +60,23 @@ chain_table = sa.Table(
 
 class ChainKeyMismatch(StatebookError):
     """The configured chain key is not the key this database's chain was keyed with."""
+
+
+class ChainKeyRequired(StatebookError):
+    """A write to a database whose chain is keyed, by a book without the chain key: its facts would carry plain
+    hashes, which verify reports as forgeries. Nothing was written."""
+
+
+def write_refusal(keyed_with: str, key_id: str | None) -> StatebookError:
+    """Why a book holding the key ``key_id`` (None: no key) must not write to a chain keyed with ``keyed_with``."""
+    if key_id is None:
+        return ChainKeyRequired(
+            f"this database's fact chain is keyed (key id {keyed_with}): a book without the chain key cannot write "
+            "to it (its facts would be plain, and verify would report them as forged); open it with the key "
+            "(open_book(chain_key=...)); nothing was written")
+    return ChainKeyMismatch(
+        f"this database's chain was keyed with the key whose id is {keyed_with}; the configured chain key's id is "
+        f"{key_id}: configure the key the chain was keyed with; nothing was written")
 
 
 @dataclass(frozen=True)
@@ -175,6 +194,23 @@ async def heads(book: Book, *, up_to_seq: int | None = None, entity_type: str | 
             return await _heads(conn, up_to_seq, entity_type)
 
 
+async def settled_heads(book: Book, *, entity_type: str | None = None) -> Heads:
+    """:func:`heads` of the facts up to the highest seq committed now, once they are final: on PostgreSQL a writer
+    may still hold a lower seq and commit after (L12d), so this waits for it (``Store.settle``). A bound book
+    reads its own transaction as it stands (waiting there could wait for itself)."""
+    if book.conn is not None:
+        return await heads(book, entity_type=entity_type)
+    async with book.read() as conn:
+        top = await _top_seq(conn)
+    await book.store.settle(SETTLE_SECONDS)
+    return await heads(book, up_to_seq=top, entity_type=entity_type)
+
+
+async def _top_seq(conn: Any) -> int:
+    """The highest seq committed (0 with no facts)."""
+    return int((await conn.execute(sa.select(sa.func.coalesce(sa.func.max(facts_table.c.seq), 0)))).scalar())
+
+
 async def _heads(conn: Any, up_to_seq: int | None, entity_type: str | None) -> Heads:
     t = facts_table
     query = sa.select(t.c.entity_type, t.c.entity_id, t.c.version, t.c.hash, t.c.seq)
@@ -214,16 +250,17 @@ async def key_chain(book: Book) -> Switch:
         async with book.store.begin() as conn:
             row = (await conn.execute(sa.select(chain_table.c.id).where(chain_table.c.id == 1))).first()
             if row is None:
-                now = await _heads(conn, None, None)
-                draft = Switch(now.max_seq, now.facts, now.root, key.id, float(book.clock.now()), "")
+                # The facts up to S must be final before their root is recorded (Store.settle, L12d).
+                top = await _top_seq(conn)
+                await book.store.settle(SETTLE_SECONDS)
+                now = await _heads(conn, top, None)
+                draft = Switch(top, now.facts, now.root, key.id, float(book.clock.now()), "")
                 record = {**draft.__dict__, "mac": draft.expected_mac(key.secret)}
                 await conn.execute(sa.insert(chain_table).values(id=1, **record))
         found = await read_switch(book)
         assert found is not None
     if found.key_id != key.id:
-        raise ChainKeyMismatch(
-            f"this database's chain was keyed with the key whose id is {found.key_id}; the configured chain key's "
-            f"id is {key.id}: configure the key the chain was keyed with")
+        raise write_refusal(found.key_id, key.id)
     return found
 
 
@@ -282,7 +319,7 @@ async def checkpoint(book: Book, entity_type: str | None = None) -> dict[str, An
     """
     if entity_type is not None:
         book.policy(entity_type)
-    found = await heads(book, entity_type=entity_type)
+    found = await settled_heads(book, entity_type=entity_type)
     return checkpoint_body(found, at=float(book.clock.now()), entity_type=entity_type,
                            chain_key_id=None if book.chain_key is None else book.chain_key.id)
 
@@ -364,12 +401,31 @@ async def against_checkpoint(book: Book, body: Mapping[str, Any]) -> list[Proble
 # -- a chain from its facts alone ----------------------------------------------------------------
 
 
+def out_of_seq(fact: Fact, top: tuple[int, Any] | None) -> str | None:
+    """Why ``fact`` breaks its entity's seq order (L12d), or None. ``top``: the highest (seq, version) among
+    the entity's earlier facts. Within one entity every writer holds the row (SQLite's single writer, a row
+    lock on PostgreSQL) from before its seq is drawn until it commits, so an honest seq rises with the
+    version; across entities seq may commit in any order, which is no finding."""
+    if top is None or type(fact.seq) is not int or fact.seq > top[0]:
+        return None
+    return (f"fact {fact.id} (version {fact.version!r}) has seq {fact.seq}, not above the seq {top[0]} of version "
+            f"{top[1]!r}: read in seq order (a tail, an export, a projection) the history runs backwards")
+
+
+def seq_top(fact: Fact, top: tuple[int, Any] | None) -> tuple[int, Any] | None:
+    """``top`` after ``fact`` (see :func:`out_of_seq`); a fact without an integer seq leaves it as it is."""
+    if type(fact.seq) is int and (top is None or fact.seq > top[0]):
+        return fact.seq, fact.version
+    return top
+
+
 def chain_findings(facts: Sequence[Fact], rule: Rule = Rule()) -> list[tuple[str, str, str | None]]:
     """(kind, detail, fact id) for each break in one entity's facts (oldest first): links, versions,
-    hashes under ``rule``, the status carried from one fact to the next. No policy and no row: what
-    an audit bundle can check offline."""
+    hashes under ``rule``, the status carried from one fact to the next, seq rising with the version. No
+    policy and no row: what an audit bundle can check offline."""
     found: list[tuple[str, str, str | None]] = []
     prev_id, prev_hash, prev_status, version = GENESIS, GENESIS, None, 0
+    top: tuple[int, Any] | None = None
     for f in facts:
         if f.prev_fact_id != prev_id or f.prev_hash != prev_hash:
             found.append(("broken_chain", f"fact {f.id} links to {f.prev_fact_id or 'genesis'!r}, expected "
@@ -381,6 +437,10 @@ def chain_findings(facts: Sequence[Fact], rule: Rule = Rule()) -> list[tuple[str
                           f"{prev_status!r}", f.id))
         if f.version != version + 1:
             found.append(("version_gap", f"fact {f.id} has version {f.version!r}, expected {version + 1}", f.id))
+        reordered = out_of_seq(f, top)
+        if reordered is not None:
+            found.append(("seq_out_of_order", reordered, f.id))
+        top = seq_top(f, top)
         prev_id, prev_hash, prev_status = f.id, f.hash, f.status
         version = f.version if type(f.version) is int else version + 1
     return found

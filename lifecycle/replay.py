@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from .book import Book
 from .codec import dumps
-from .chain import Rule, against_checkpoint, chain_rule, switch_problems
+from .chain import Rule, against_checkpoint, chain_rule, out_of_seq, seq_top, switch_problems
 from .facts import GENESIS, Fact, decoded, facts_table, stored_columns
 from .inputs import KEY_CHARS, integer, text, timestamp
 from .policy import Lifecycle
@@ -203,7 +203,8 @@ def _judge_move(lc: Lifecycle, f: Fact) -> tuple[str, str] | None:
 
 def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str, Any] | None,
                  rule: Rule = Rule()) -> list[Finding]:
-    """Every check of one entity: shape, chain (hashed as ``rule`` says: plain, or keyed), edges, fold == row."""
+    """Every check of one entity: shape, chain (hashed as ``rule`` says: plain, or keyed), seq order, edges,
+    fold == row."""
     found: list[Finding] = []
 
     def flag(kind: str, detail: str, fact: Fact | None = None) -> None:
@@ -214,6 +215,7 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
         flag("row_without_facts", "the row exists but has no facts")
         return found
     prev_id, prev_hash, prev_status, version = GENESIS, GENESIS, None, 0
+    top: tuple[int, Any] | None = None  # the highest (seq, version) so far (L12d)
     foldable: list[Fact] = []
     for f in facts:
         bad = _malformed(f)
@@ -231,6 +233,10 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
             flag("status_discontinuity", f"fact {f.id} starts from {f.previous_status!r} but the entity was {prev_status!r}", f)
         if f.version != version + 1:
             flag("version_gap", f"fact {f.id} has version {f.version!r}, expected {version + 1}", f)
+        reordered = out_of_seq(f, top)
+        if reordered is not None:
+            flag("seq_out_of_order", reordered, f)
+        top = seq_top(f, top)
         verdict = _judge_move(lc, f)
         if verdict is not None:
             flag(*verdict, f)

@@ -1,13 +1,13 @@
 """verify's first pass: read facts and rows as stored and pass every entity that is certainly intact.
 
-An entity passes when every fact links to its predecessor, hashes to its stored hash, moves along
-an edge the current policy allows, and the fold of its facts equals its row — the checks of
-``replay.check_entity``, done on the driver's tuples without building a ``Fact`` per fact. The
-hash is computed over the stored text of the JSON columns (``facts.fact_hash`` is defined over
-that text); a patch is decoded only after its fact's hash matched. Anything unexpected — a
-finding, JSON stored in another spelling, a value of an odd type — fails the screen and the entity
-gets the full check, which decides. So the screen may be stricter than the full check, never
-more lenient.
+An entity passes when every fact links to its predecessor, comes after it in seq, hashes to its
+stored hash, moves along an edge the current policy allows, and the fold of its facts equals its
+row — the checks of ``replay.check_entity``, done on the driver's tuples without building a
+``Fact`` per fact. The hash is computed over the stored text of the JSON columns
+(``facts.fact_hash`` is defined over that text); a patch is decoded only after its fact's hash
+matched. Anything unexpected — a finding, JSON stored in another spelling, a value of an odd type —
+fails the screen and the entity gets the full check, which decides. So the screen may be stricter
+than the full check, never more lenient.
 
 This module imports only the standard library and ``codec``, so it also runs as a script: a
 worker process that screens ranges of a database file for ``verify`` (see :func:`serve`) starts in
@@ -113,6 +113,8 @@ class Screen:
         self._default_names = frozenset(self.defaults)
         self._at = (at["id"], at["prev_fact_id"], at["previous_status"], at["status"], at["version"],
                     at["actor_type"], at["policy_fingerprint"])
+        self.has_seq = self.fields[-1] == "seq"
+        """Facts are read with their seq, which must rise with the version (L12d)."""
         self._allowed: dict[tuple[Any, Any, Any, Any], bool] = {}
 
     def allowed(self, previous: str | None, status: str | None, actor: str, fingerprint: str | None = None) -> bool:
@@ -142,7 +144,8 @@ class Screen:
         n = self.scalars
         evidence, patch_at, metadata, prev_hash_at, hash_at, seq_at = n, n + 1, n + 2, n + 3, n + 4, n + 5
         allowed = self._allowed
-        key, keyed_after = self.key, self.keyed_after
+        key, keyed_after, has_seq = self.key, self.keyed_after, self.has_seq
+        last_seq: int | float = float("-inf")
         prev_id = prev_hash = ""
         prev_status: str | None = None
         version = 0
@@ -153,6 +156,11 @@ class Screen:
                     return False
                 if f[VERSION] != version + 1:
                     return False
+                if has_seq:
+                    seq = f[seq_at]
+                    if type(seq) is not int or seq <= last_seq:
+                        return False
+                    last_seq = seq
                 # facts.fact_hash, over the stored text of the JSON columns.
                 text = f"{prev_hash}\x1f{dumps_tree(f[:n])}\x1f{f[evidence]}\x1f{f[patch_at]}\x1f{f[metadata]}\x1f"
                 if keyed_after is None or f[seq_at] <= keyed_after:

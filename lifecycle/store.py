@@ -18,6 +18,9 @@ A :class:`Unit` is one transaction of the engine's statements (or, on PostgreSQL
 statement in autocommit). A backend serialises its own writers where its database needs it
 (SQLite: one writer queue per database file, shared by every part of the process).
 
+``settle`` makes the facts up to the highest committed seq final before a checkpoint or the keyed chain's
+switch-over pins them (PostgreSQL draws seqs at insert and commits in any order).
+
 ``verify`` reads through the port too (``snapshot``, ``lenient``, ``batches``, ``in_id_order``,
 ``file_screen``), so ``lifecycle/sweep.py`` asks the store, never the dialect, how to read.
 """
@@ -140,6 +143,13 @@ class Store(Protocol):
 
     async def maintain(self) -> None:
         """Periodic housekeeping the backend needs (SQLite: a WAL checkpoint)."""
+
+    async def settle(self, timeout: float) -> None:
+        """Return once every fact with a seq up to the highest committed before the call is final: no writer
+        still running can commit one below it. PostgreSQL draws a seq at insert and commits in any order, so
+        it waits for the transactions running now to end (``StorageUnavailable`` after ``timeout`` seconds);
+        SQLite's single writer draws seqs above everything committed, so it returns at once. A checkpoint
+        and the keyed chain's switch-over pin the facts up to a seq: they settle first (:mod:`.chain`)."""
 
     # -- verify's reads ----------------------------------------------------------------------------
     def snapshot(self, conn: AsyncConnection) -> AbstractAsyncContextManager[None]:

@@ -15,6 +15,7 @@ import sys
 import traceback
 from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
@@ -152,11 +153,19 @@ APP_HELP = (
 )
 
 
+CONFIG_HELP = ("Settings file (TOML) for every command: its [audit] chain_key keys the facts writers append; "
+               "default ./statebook.toml when there is one (a command's own --config wins)")
+DEFAULT_SETTINGS = "statebook.toml"
+"""The settings file a command reads from the working directory when no --config names one."""
+
+
 class Context:
-    """The root options of the running command (``--db``, ``--app``, ``--debug``) and its registry, once loaded."""
+    """The root options of the running command (``--db``, ``--app``, ``--config``, ``--debug``) and its registry,
+    once loaded."""
 
     db_url: str | None = None
     app: str | None = None
+    config: Path | None = None
     debug: bool = False
     _registry: Registry | None = None
 
@@ -178,13 +187,25 @@ def _root(
                                  help="Print statebook's version and exit."),
     db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP),
     app_: str = typer.Option(None, "--app", "-a", envvar="STATEBOOK_APP", metavar="MODULE:ATTR", help=APP_HELP),
+    config: Path = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
     debug: bool = typer.Option(False, "--debug", envvar="STATEBOOK_DEBUG",
                                help="On an error, print the traceback too (for a bug report)."),
 ) -> None:
     ctx_state.db_url = db
     ctx_state.app = app_
+    ctx_state.config = config
     ctx_state.debug = debug
     ctx_state._registry = None
+
+
+def settings_file(given: str | Path | None = None) -> Path | None:
+    """The settings file a command reads: its own ``--config`` (``given``), else the global ``--config``, else
+    ``./statebook.toml`` when it exists, else none (the environment and the defaults only)."""
+    if given is not None:
+        return Path(given)
+    if ctx_state.config is not None:
+        return ctx_state.config
+    return Path(DEFAULT_SETTINGS) if Path(DEFAULT_SETTINGS).is_file() else None
 
 
 def debug_enabled() -> bool:
@@ -234,12 +255,23 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-async def open_cli_book(*, must_exist: bool = True, create: bool = False, limits: Limits | None = None) -> Book:
-    """The book the CLI works on. An operator command on a missing SQLite file is an error."""
+async def open_cli_book(*, must_exist: bool = True, create: bool = False, limits: Limits | None = None,
+                        writes: bool | None = None) -> Book:
+    """The book the CLI works on. An operator command on a missing SQLite file is an error.
+
+    A command that ``writes`` (default: ``create``) opens it with the chain key the settings name
+    (:func:`settings_file`, the environment): a keyed database refuses a writer without it before anything is
+    written (``open_book``), and the facts it writes carry the keyed hash."""
     from statebook.adapters.db import open_book
 
+    writes = create if writes is None else writes
+    key = None
+    if writes:
+        from statebook.adapters.settings import load_settings
+
+        key = load_settings(settings_file()).audit.key()
     return await open_book(ctx_state.db_url, registry=cli_registry(), must_exist=must_exist, create=create,
-                           limits=limits, app=cli_app_spec())
+                           limits=limits, app=cli_app_spec(), chain_key=key, writes=writes)
 
 
 def cli_app_spec() -> str:
@@ -248,14 +280,16 @@ def cli_app_spec() -> str:
 
 
 def with_book(
-    fn: Callable[..., Awaitable[T]], *, must_exist: bool = True, create: bool = False, limits: Limits | None = None
+    fn: Callable[..., Awaitable[T]], *, must_exist: bool = True, create: bool = False, limits: Limits | None = None,
+    writes: bool | None = None,
 ) -> Callable[..., Coroutine[Any, Any, T]]:
     """Wrap ``async fn(book, ...)`` so the book is opened (with ``limits``, default the built-in ones)
-    and disposed around it."""
+    and disposed around it. A command that appends facts says ``writes=True`` (see :func:`open_cli_book`);
+    one that does not and writes anyway is refused on a keyed database."""
 
     @functools.wraps(fn)
     async def wrapper(*args: Any, **kwargs: Any) -> T:
-        book = await open_cli_book(must_exist=must_exist, create=create, limits=limits)
+        book = await open_cli_book(must_exist=must_exist, create=create, limits=limits, writes=writes)
         try:
             return await fn(book, *args, **kwargs)
         finally:

@@ -25,10 +25,13 @@ CONFIG_HELP = "Settings file (TOML) whose \\[audit] chain_key names the chain ke
 
 
 def chain_key(config: Path | None):  # type: ignore[no-untyped-def]
-    """The chain key the settings name (``[audit] chain_key``; ``STATEBOOK_AUDIT__CHAIN_KEY__ENV``), or None."""
+    """The chain key the settings name (``[audit] chain_key`` in ``config``, else the global --config or
+    ./statebook.toml; ``STATEBOOK_AUDIT__CHAIN_KEY__FILE`` / ``__ENV``), or None."""
     from statebook.adapters.settings import load_settings
 
-    return load_settings(config).audit.key()
+    from .app import settings_file
+
+    return load_settings(settings_file(config)).audit.key()
 
 
 @checkpoint_app.callback()

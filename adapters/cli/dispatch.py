@@ -128,7 +128,7 @@ def ack_cmd(dispatch_id: str = typer.Argument(..., metavar="ID"), token: str = t
     async def go(book: Book) -> bool:
         return await ack_dispatch(book, dispatch_id, token, actor=operator())
 
-    if not run(with_book(go)()):
+    if not run(with_book(go, writes=True)()):
         raise fail(f"dispatch {dispatch_id} changed concurrently and was not acknowledged; try again")
     typer.echo(f"acked {dispatch_id}")
 
@@ -142,7 +142,7 @@ def retry_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
         row = await get_dispatch(book, dispatch_id)
         return done, row["status"] if row else None
 
-    done, status = run(with_book(go)())
+    done, status = run(with_book(go, writes=True)())
     if not done:  # a wrong status raised (exit 2); False is a race lost to another writer
         raise fail(f"dispatch {dispatch_id} changed while it was retried (it is {status} now); run the command again "
                    "if it still needs a retry", 1)
@@ -169,7 +169,7 @@ def purge_cmd(
         async def one(book: Book) -> bool:
             return await purge_dispatch(book, dispatch_id, actor=operator(), force=force)
 
-        if not run(with_book(one)()):
+        if not run(with_book(one, writes=True)()):
             raise fail(f"dispatch {dispatch_id} does not exist")
         typer.echo(f"purged {dispatch_id}")
         return
@@ -187,14 +187,14 @@ def purge_cmd(
             )
 
     if not dry_run and not yes:
-        chosen = run(with_book(bulk)(True))
+        chosen = run(with_book(bulk, writes=False)(True))
         if not chosen:
             typer.echo("purged 0 dispatch(es): none matches", err=True)
             return
         statuses = ", ".join(status) if status else "terminal"
         confirm(f"this purges {len(chosen)} dispatch(es) ({statuses}, last changed before {format_time(cutoff)}), "
                 "leaving a tombstone in each history:", chosen, yes=yes)
-    ids = run(with_book(bulk)(dry_run))
+    ids = run(with_book(bulk, writes=not dry_run)(dry_run))
     for did in ids:
         typer.echo(did)
     typer.echo(f"{'would purge' if dry_run else 'purged'} {len(ids)} dispatch(es)", err=True)
@@ -222,17 +222,19 @@ def progress_bar(what: str, *, enabled: bool) -> Iterator[Callable[[int, int], N
 @dispatch_app.command("deliver")
 def deliver_cmd(
     once: bool = typer.Option(False, "--once", help="Run one delivery pass, print its counters as JSON, exit."),
-    config: Path = typer.Option(None, "--config", help="Settings file (TOML) with dispatch.notify_template."),
+    config: Path = typer.Option(None, "--config", help="Settings file (TOML) with dispatch.notify_template "
+                                "(default: the global --config, else ./statebook.toml)."),
 ) -> None:
     """Deliver due dispatches with the configured notify_template (until Ctrl-C unless --once)."""
     from statebook.adapters.daemon import resolve_settings
     from statebook.adapters.db import open_book
     from statebook.adapters.settings import load_settings
 
-    from .app import cli_registry, ctx_state
+    from .app import cli_registry, ctx_state, settings_file
 
     # {python} and {config_dir} in the template are filled in as `statebook run` fills them in.
-    settings = resolve_settings(load_settings(config), str(config) if config is not None else None)
+    path = settings_file(config)
+    settings = resolve_settings(load_settings(path), str(path) if path is not None else None)
     registry = cli_registry(settings.app)
     cfg = settings.dispatch
     transport = ArgvTransport(cfg.notify_template, timeout=cfg.transport_timeout_seconds)
@@ -241,7 +243,8 @@ def deliver_cmd(
 
     async def go() -> dict[str, int] | None:
         book = await open_book(ctx_state.db_url or settings.db, registry=registry, must_exist=True, create=True,
-                               limits=settings.book_limits(), app=ctx_state.app or settings.app or "")
+                               limits=settings.book_limits(), app=ctx_state.app or settings.app or "",
+                               chain_key=settings.audit.key())
         try:
             if once:
                 return await deliver_due_dispatches(

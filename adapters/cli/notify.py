@@ -152,7 +152,7 @@ def replay_cmd(
     async def go(book: Book) -> Replayed:
         return await replay_notification(book, notification_id, actor=operator(), note=note)
 
-    done = run(with_book(go)())
+    done = run(with_book(go, writes=True)())
     covered = f"; took over {', '.join(done.covered)}" if done.covered else ""
     typer.echo(f"replayed {done.id} (cycle {done.cycle}){covered}")
 
@@ -167,7 +167,7 @@ def resolve_cmd(
     async def go(book: Book) -> dict[str, Any]:
         return await resolve_notification(book, notification_id, reason=reason, actor=operator())
 
-    row = run(with_book(go)())
+    row = run(with_book(go, writes=True)())
     typer.echo(f"resolved {row['id']} by {row['resolved_by']}")
 
 
@@ -182,7 +182,7 @@ def _answer(notification_id: str, actor: str, note: str | None, target: str) -> 
         answer = ack_notification if target == "acked" else dismiss_notification
         return await answer(book, notification_id, actor=who, note=note)
 
-    response = run(with_book(go)())
+    response = run(with_book(go, writes=True)())
     typer.echo(f"{response['status']} {response['id']} by {response['responder']}")
 
 
@@ -251,7 +251,7 @@ def retain_cmd(
             return await apply_notification_retention(book, before=cutoff, horizon=seconds, dry_run=dry_run,
                                                       actor=operator(), progress=tick)
 
-    report = run(with_book(go)())
+    report = run(with_book(go, writes=True)())  # a dry run records its run too
     if as_json:
         emit_json(dataclasses.asdict(report))
         return

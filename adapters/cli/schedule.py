@@ -11,7 +11,7 @@ from statebook.lifecycle import Book
 from statebook.lifecycle.inputs import INT32, duration, integer, number
 
 from .app import (app, cli_registry, console, ctx_state, emit_json, fail, format_time, parse_time, print_table, run,
-                  with_book)
+                  settings_file, with_book)
 
 schedule_app = typer.Typer(help="Create, inspect, pause and fire schedules.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect or cancel one run of a schedule.", no_args_is_help=True)
@@ -19,14 +19,22 @@ app.add_typer(schedule_app, name="schedule")
 app.add_typer(runs_app, name="runs")
 
 JSON_HELP = "Print JSON instead of a table."
-CONFIG_HELP = "Settings file (TOML); see examples/statebook.toml."
+CONFIG_HELP = "Settings file (TOML; default: the global --config, else ./statebook.toml); see examples/statebook.toml."
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _settings(config: str | None) -> Any:
+    """The settings from :func:`~.app.settings_file` (``config``: the command's own ``--config``), the
+    environment and the root options."""
     from statebook.adapters.settings import load_settings
 
-    return load_settings(config, db=ctx_state.db_url, app=ctx_state.app)
+    return load_settings(settings_file(config), db=ctx_state.db_url, app=ctx_state.app)
+
+
+def _settings_path(config: str | None) -> str | None:
+    """The settings file's path as ``resolve_settings`` takes it ({config_dir} is its folder)."""
+    path = settings_file(config)
+    return None if path is None else str(path)
 
 
 
@@ -67,7 +75,7 @@ def run_cmd(
     with configured(log_format, log_level.upper()):
         settings = _settings(config)
         registry = cli_registry(settings.app)
-        result = run(run_daemon(settings, config_path=config, run_for=run_for, tty=sys.stdout.isatty(),
+        result = run(run_daemon(settings, config_path=_settings_path(config), run_for=run_for, tty=sys.stdout.isatty(),
                                 registry=registry, metrics_port=metrics_port, metrics_host=metrics_host,
                                 metrics_every=metrics_every, verify_every=verify_every))
     _story(result)
@@ -246,7 +254,7 @@ def _simple(action: str) -> None:
         async def go(book: Book) -> dict[str, Any]:
             return await fn(book, ref)
 
-        row = run(with_book(go)())
+        row = run(with_book(go, writes=True)())
         if as_json:
             emit_json(row)
         else:
@@ -271,7 +279,7 @@ def fire(
     from statebook.adapters.daemon import resolve_settings
     from statebook.scheduler.engine import SchedulerEngine
 
-    settings = resolve_settings(_settings(config), config)
+    settings = resolve_settings(_settings(config), _settings_path(config))
 
     async def go(book: Book) -> list[dict[str, Any]]:
         engine = SchedulerEngine(book, settings)
@@ -280,7 +288,7 @@ def fire(
         finally:
             await engine.stop()
 
-    rows = run(with_book(go, limits=settings.book_limits())())
+    rows = run(with_book(go, limits=settings.book_limits(), writes=True)())
     if as_json:
         emit_json(rows)
     else:
@@ -355,7 +363,7 @@ def runs_cancel(run_id: str, as_json: bool = typer.Option(False, "--json", help=
     async def go(book: Book) -> dict[str, Any]:
         return await cancel_run(book, run_id)
 
-    row = run(with_book(go)())
+    row = run(with_book(go, writes=True)())
     if as_json:
         emit_json(row)
     else:

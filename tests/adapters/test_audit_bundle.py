@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from conformance.support import new_task, prepare, start, task_registry
 
 from statebook.adapters.audit import (
@@ -16,6 +17,7 @@ from statebook.adapters.audit import (
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, FakeClock, verify
 from statebook.lifecycle.chain import checkpoint
+from statebook.lifecycle.facts import facts_table
 
 
 @pytest.fixture
@@ -85,6 +87,22 @@ async def test_a_bundle_edited_in_any_line_fails(book, keys, tmp_path, edit):
     report = verify_bundle(d, public)
     assert not report.ok
     assert not verify_bundle(d, None).ok  # the digests catch a lone edit even without the key
+
+
+async def test_a_bundle_of_facts_reordered_in_seq_fails(book, keys, tmp_path):
+    """L12d / A3: facts whose seq does not rise with their version (two seqs swapped in the database before the
+    export) fail ``audit verify`` with ``seq_out_of_order``, though the bundle is signed and consistent."""
+    t = facts_table
+    async with book.engine.begin() as conn:
+        first, second = (await conn.execute(sa.select(t.c.seq).where(t.c.entity_id == "b2").order_by(t.c.version))
+                         ).scalars().all()
+        for old, new in ((first, -1), (second, first), (-1, second)):
+            await conn.execute(sa.update(t).where(t.c.seq == old).values(seq=new))
+    private, public = keys
+    d = tmp_path / "bundle"
+    await export_bundle(book, d, private_key=private)
+    report = verify_bundle(d, public)
+    assert [f for f in report.findings if "seq_out_of_order" in f and "'b2'" in f] == report.findings != []
 
 
 async def test_a_consistent_rewrite_needs_the_signing_key(book, keys, tmp_path):

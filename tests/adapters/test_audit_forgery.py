@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 from conformance.support import SYSTEM, FINISHED, new_task, prepare, start, task_registry
 
-from statebook.adapters.db import connect
+from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Book, FakeClock, transition, verify
-from statebook.lifecycle.chain import ChainKeyMismatch, checkpoint, key_chain
+from statebook.lifecycle.chain import ChainKeyMismatch, ChainKeyRequired, checkpoint, key_chain
 from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.facts import Fact, fact_hash, facts_table, stored_columns
 
@@ -31,6 +31,7 @@ async def engine(db_url):
     try:
         yield engine
     finally:
+        await reset_schema(engine)  # the shared PostgreSQL database is not left keyed: writers would be refused
         await engine.dispose()
 
 
@@ -119,6 +120,9 @@ async def inserted(book: Book) -> None:
               "prev_hash": first.hash, "hash": "rehashed below"}
     async with book.engine.begin() as conn:
         await conn.execute(sa.insert(facts_table).values(**values))
+        # The inserted fact took the next seq, after its successor's: move the successor after it (L12d).
+        top = (await conn.execute(sa.select(sa.func.max(facts_table.c.seq)))).scalar()
+        await conn.execute(sa.update(facts_table).where(facts_table.c.seq == second.seq).values(seq=top + 1))
     await rehash(book, "victim", await facts_of(book, "victim"))
 
 
@@ -136,6 +140,14 @@ async def appended(book: Book) -> None:
     await rehash(book, "victim", await facts_of(book, "victim"), from_version=99)
 
 
+async def reordered(book: Book) -> None:
+    """L12d: the seq of two consecutive facts swapped (hashes untouched): read in seq order the history runs
+    backwards."""
+    first, second = await facts_of(book, "victim")
+    for old, new in ((first.seq, -1), (second.seq, first.seq), (-1, second.seq)):
+        await sql(book, "UPDATE status_transitions SET seq = :new WHERE seq = :old", new=new, old=old)
+
+
 FORGERIES = {
     "field_edit": (field_edit, {"plain": True, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
     "forged_rehashed": (forged_rehashed, {"plain": False, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
@@ -143,6 +155,7 @@ FORGERIES = {
     "erased": (erased, {"plain": False, "checkpoint": True, "keyed": False, "keyed+checkpoint": True}),
     "inserted": (inserted, {"plain": False, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
     "appended": (appended, {"plain": False, "checkpoint": False, "keyed": True, "keyed+checkpoint": True}),
+    "reordered": (reordered, {"plain": True, "checkpoint": True, "keyed": True, "keyed+checkpoint": True}),
 }
 
 
@@ -220,3 +233,33 @@ async def test_facts_before_the_switch_over_are_pinned(engine):
     await rehash(book, "old", await facts_of(book, "old"))
     assert (await verify(book)).ok  # the plain check cannot see it
     assert [f.kind for f in (await verify(keyed)).findings] == ["switch_root_mismatch"]
+
+
+async def test_a_book_without_the_chain_key_writes_nothing_to_a_keyed_chain(engine, db_url):
+    """A1 / C15: once the chain is keyed, no book without its key writes a fact: open_book as a writer (create)
+    refuses at once, naming how to give the key; a book opened to read refuses the write it attempts; another
+    key is refused likewise. Nothing is written; with the key the write verifies."""
+    book, _ = await seeded(engine, "keyed")
+    facts = len(await facts_of(book, "victim"))
+    with pytest.raises(ChainKeyRequired, match="STATEBOOK_AUDIT__CHAIN_KEY__FILE") as refused:
+        await open_book(db_url, registry=task_registry())
+    assert KEY.id in str(refused.value) and KEY.secret.decode() not in str(refused.value)
+    with pytest.raises(ChainKeyMismatch, match=OTHER.id):
+        await open_book(db_url, registry=task_registry(), chain_key=OTHER)
+    for key, error in ((None, ChainKeyRequired), (OTHER, ChainKeyMismatch)):
+        reader = await open_book(db_url, registry=task_registry(), create=False, chain_key=key)
+        try:
+            assert reader.keyed_with == KEY.id
+            with pytest.raises(error):
+                await transition(reader, "task", "victim", "done", expected="working", reason=FINISHED, actor=SYSTEM)
+            with pytest.raises(error):
+                await new_task(reader, "another")
+        finally:
+            await reader.engine.dispose()
+    assert len(await facts_of(book, "victim")) == facts and await facts_of(book, "another") == []
+    writer = await open_book(db_url, registry=task_registry(), chain_key=KEY)
+    try:
+        await transition(writer, "task", "victim", "done", expected="working", reason=FINISHED, actor=SYSTEM)
+        assert (await verify(writer)).ok
+    finally:
+        await writer.engine.dispose()

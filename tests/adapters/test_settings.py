@@ -49,6 +49,28 @@ def test_the_environment_is_checked_name_by_name(env, fragment):
     assert fragment in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_the_chain_key_is_read_from_the_environment_by_its_source(tmp_path, monkeypatch):
+    """C1 / C15: ``STATEBOOK_AUDIT__CHAIN_KEY__FILE`` (or ``__ENV``) names where the chain key is, as
+    ``chain_key = {file = ...}`` does in the file, and replaces the file's whole reference (a key comes from one
+    place); the JSON form works too. A name below a setting that has no fields is refused with the nearest one."""
+    key_file = tmp_path / "chain.key"
+    key_file.write_text("a chain key of forty bytes, for the tests\n")
+    monkeypatch.setenv("CHAIN_SECRET", "another chain key, from a variable")
+    toml = tmp_path / "s.toml"
+    toml.write_text('[audit]\nchain_key = { env = "CHAIN_SECRET" }\n')
+    by_file = load_settings(toml, environ={"STATEBOOK_AUDIT__CHAIN_KEY__FILE": str(key_file)}).audit
+    assert by_file.chain_key is not None and by_file.chain_key.file == key_file and by_file.chain_key.env is None
+    assert by_file.key().secret == b"a chain key of forty bytes, for the tests"
+    by_env = load_settings(environ={"STATEBOOK_AUDIT__CHAIN_KEY__ENV": "CHAIN_SECRET"}).audit.key()
+    assert by_env is not None and by_env.secret == b"another chain key, from a variable"
+    as_json = load_settings(environ={"STATEBOOK_AUDIT__CHAIN_KEY": f'{{"file": "{key_file}"}}'}).audit.key()
+    assert as_json == by_file.key()
+    with pytest.raises(ConfigError, match="unknown setting 'audit.chain_key.path'.*valid: env, file"):
+        load_settings(environ={"STATEBOOK_AUDIT__CHAIN_KEY__PATH": str(key_file)})
+    with pytest.raises(ConfigError, match="unknown setting 'scheduler.tick_seconds.x'"):
+        load_settings(environ={"STATEBOOK_SCHEDULER__TICK_SECONDS__X": "1"})
+
+
 def test_other_statebook_variables_are_left_alone():
     """C2: names without `__` that are not settings belong to other uses (STATEBOOK_DEBUG, a run's STATEBOOK_RUN_ID)."""
     assert load_settings(environ={"STATEBOOK_DEBUG": "1", "STATEBOOK_RUN_ID": "r1"}).db is None

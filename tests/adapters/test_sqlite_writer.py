@@ -76,3 +76,62 @@ async def test_a_pooled_connection_left_inside_a_transaction_is_discarded(tmp_pa
             assert len(await enqueue_dispatch(tx, kind="k", deliver_to="b")) == 32
     finally:
         await book.engine.dispose()
+
+
+async def test_a_task_that_left_the_queue_waits_its_turn_like_any_other():
+    """L17: the queue is released on leave(): a task that left and enters again waits behind the writer that was
+    waiting meanwhile, instead of passing as if it still held it. While it holds the queue, entering again (a
+    nested unit) passes at once and leaving that changes nothing."""
+    queue = sqlite_backend._WriterQueue("queue.db")
+    assert await queue.enter() is True
+    assert await queue.enter() is False, "a nested entry by the holder passes (and its leave is a no-op)"
+    queue.leave(False)
+    held: list[str] = []
+
+    async def other() -> None:
+        entered = await queue.enter()
+        held.append("other")
+        await asyncio.sleep(0.05)
+        held.remove("other")
+        queue.leave(entered)
+
+    waiting = asyncio.create_task(other())
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and held == [], "the other writer waits while this task holds the queue"
+    queue.leave(True)
+    again = await queue.enter()  # this task again: behind the other writer, which was waiting first
+    assert again is True, "leave() must release: entering again is a turn of its own"
+    assert waiting.done() and held == [], "the other writer had its whole turn first"
+    queue.leave(again)
+    await waiting
+
+
+async def test_a_writer_that_leaves_and_writes_again_queues_behind_the_one_waiting(tmp_path):
+    """L17: through the store, two tasks on one file: while the first task's unit runs, the second asks for a
+    unit; the first task's next unit runs after the second's, not in between."""
+    book = await open_book(f"sqlite:///{tmp_path / 'turns.db'}", clock=FakeClock())
+    store = book.store
+    order: list[str] = []
+
+    async def unit(name: str) -> None:
+        async with store.unit(None):
+            order.append(f"{name} begins")
+            await asyncio.sleep(0.05)
+            order.append(f"{name} ends")
+
+    async def first() -> None:
+        async with store.unit(None):
+            order.append("first begins")
+            second.append(asyncio.create_task(unit("second")))
+            await asyncio.sleep(0.05)  # the second task now waits in the queue
+            order.append("first ends")
+        await unit("first again")
+
+    second: list[asyncio.Task[None]] = []
+    try:
+        await first()
+        await second[0]
+        assert order == ["first begins", "first ends", "second begins", "second ends", "first again begins",
+                         "first again ends"]
+    finally:
+        await book.engine.dispose()

@@ -66,12 +66,23 @@ async def all_tasks(book: Book) -> list[sa.Row]:
         return list((await conn.execute(sa.select(tasks).order_by(tasks.c.id))).all())
 
 
+async def swap_seq(book: Book, a: int, b: int) -> None:
+    """Give two facts each other's ``seq`` with raw SQL (hashes untouched): a history read in seq order runs
+    backwards there. A free value carries one across, since seq is the primary key."""
+    t = facts_table
+    free = -1 - max(a, b)
+    for old, new in ((a, free), (b, a), (free, b)):
+        await execute(book, sa.update(t).where(t.c.seq == old).values(seq=new))
+
+
 async def damaged(book: Book) -> None:
     """Clean tasks next to one of every kind of damage verify reports (see the single cases below)."""
     for n in range(6):
         await walked(book, f"ok{n}")
-    for entity_id in ("status", "column", "edited", "gap", "gone", "edge", "back"):
+    for entity_id in ("status", "column", "edited", "gap", "gone", "edge", "back", "reordered"):
         await walked(book, entity_id)
+    second, third = (await history(book, "task", "reordered"))[1:3]
+    await swap_seq(book, second.seq, third.seq)
     await execute(book, sa.update(tasks).where(tasks.c.id == "status").values(status="done"))
     await execute(book, sa.update(tasks).where(tasks.c.id == "column").values(attempt=42))
     edited = (await history(book, "task", "edited"))[1]
@@ -319,6 +330,21 @@ class AuditCases:
         (finding,) = (await verify(builtin)).findings
         assert finding.kind == "unregistered_table" and tasks.name in finding.detail and "1 row(s)" in finding.detail
 
+    async def test_facts_reordered_in_seq_are_a_finding(self, book: Book):
+        """L12d: two consecutive facts of one entity given each other's seq (raw SQL, every hash untouched) read
+        backwards in seq order (a tail, an export, a projection): verify reports ``seq_out_of_order`` on that
+        entity and fact, and nothing else; the other entities stay clean."""
+        await walked(book, "t1")
+        await walked(book, "t2")
+        facts = await history(book, "task", "t1")
+        await swap_seq(book, facts[1].seq, facts[2].seq)
+        report = await verify(book)
+        assert [(f.kind, f.entity_id, f.fact_id) for f in report.findings] == [
+            ("seq_out_of_order", "t1", facts[2].id)], report.findings
+        assert f"seq {facts[1].seq}" in report.findings[0].detail and "version 2" in report.findings[0].detail
+        await swap_seq(book, facts[1].seq, facts[2].seq)
+        assert (await verify(book)).ok
+
     # -- purge -----------------------------------------------------------------------------------
 
     async def test_purge_deletes_the_row_and_appends_a_tombstone(self, book: Book):
@@ -414,7 +440,8 @@ class AuditCases:
         whole = await verify(book, processes=0)
         kinds = {f.kind for f in whole.findings}
         assert kinds == {"row_mismatch", "hash_mismatch", "broken_chain", "version_gap", "missing_row",
-                         "forbidden_edge", "purged_row_present", "row_without_facts", "edge_not_in_current_policy"}
+                         "forbidden_edge", "purged_row_present", "row_without_facts", "edge_not_in_current_policy",
+                         "seq_out_of_order"}
         async with book.begin() as tx:
             assert (await verify(tx, processes=2)).to_json() == whole.to_json()
         monkeypatch.setattr(sweep_module, "CHUNK_FACTS", 3)

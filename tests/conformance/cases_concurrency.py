@@ -8,18 +8,24 @@ model: ``ConcurrentWriterCases`` for MVCC databases with many simultaneous write
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import Counter
 from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statebook.lifecycle import Book, EntityNotFound, Fact, history, purge, transition, verify
-from statebook.lifecycle.facts import Cursor, tail
+from statebook.lifecycle import (
+    Book, Command, EntityNotFound, Fact, NewEntity, Reason, apply_many, create_many, history, purge, transition,
+    verify)
+from statebook.lifecycle.chain import checkpoint, key_chain
+from statebook.lifecycle.chainkey import ChainKey
+from statebook.lifecycle.errors import StorageError
+from statebook.lifecycle.facts import Cursor, facts_table, tail
 
 from statebook.lifecycle.testing.cases import ClaimCases
 
-from .support import PURGED, REFUSED, SYSTEM, new_task, row, start
+from .support import CREATED, PURGED, REFUSED, RELEASED, STARTED, SYSTEM, new_task, row, start, task_values
 
 MakeEngine = Callable[[], AsyncEngine]
 
@@ -129,6 +135,109 @@ class RaceCases(ClaimCases):
             assert (moved == "applied") != (dropped == "applied"), (moved, dropped)
         assert (await verify(book)).ok
 
+async def seq_by_version(book: Book) -> dict[tuple[str, str], list[int]]:
+    """Each entity's seqs in version order."""
+    t = facts_table
+    async with book.read() as conn:
+        rows = (await conn.execute(sa.select(t.c.entity_type, t.c.entity_id, t.c.seq)
+                                   .order_by(t.c.entity_type, t.c.entity_id, t.c.version))).all()
+    found: dict[tuple[str, str], list[int]] = {}
+    for entity_type, entity_id, seq in rows:
+        found.setdefault((entity_type, entity_id), []).append(seq)
+    return found
+
+
+class HonestSeqCases:
+    """L12d: however honest writers interleave, each entity's seq rises with its version, so verify's seq-order
+    check never reports an honest history."""
+
+    WORKERS = 8
+    ROUNDS = 12
+
+    async def test_honest_concurrent_writers_keep_each_entitys_seq_in_version_order(
+            self, book: Book, more_engines: MakeEngine):
+        """L12d / L15: workers on their own connections move tasks back and forth in transactions of several
+        entities (a seq drawn for one entity, then a wait for another's row lock), in batches, create and purge
+        them, at once; every entity's seq rises with its version and verify finds nothing. On PostgreSQL seqs
+        are drawn at insert and commit in another order across entities: the figure printed counts pairs of
+        transactions that committed in the other order than their seqs."""
+        ids = [o.entity_id for o in await create_many(
+            book, "task", [NewEntity(task_values(f"t{n}"), "open", CREATED, SYSTEM) for n in range(6)])]
+        racer = Book(more_engines(), book.registry, book.clock)
+        committed: list[list[str]] = []  # fact ids of each transaction, in the order the commits returned
+        counts = Counter()
+        rng = random.Random(25)
+
+        def move(status: str | None) -> tuple[str, Reason, tuple[str, ...]]:
+            return ("working", STARTED, ("open",)) if status == "open" else ("open", RELEASED, ("working",))
+
+        async def several(chosen: list[str]) -> list[str]:
+            written = []
+            async with racer.begin() as tx:
+                for entity_id in sorted(chosen):  # one lock order: no deadlock, seqs still drawn before waits
+                    current = await row(tx, entity_id)
+                    if current is None:
+                        continue
+                    target, reason, expected = move(current["status"])
+                    try:
+                        outcome = await transition(tx, "task", entity_id, target, expected=expected,
+                                                   reason=reason, actor=SYSTEM)
+                    except EntityNotFound:  # purged meanwhile
+                        continue
+                    if outcome.applied:
+                        written.append(outcome.fact_id)
+                    await asyncio.sleep(rng.random() / 500)
+            return written
+
+        async def batch(chosen: list[str]) -> list[str]:
+            commands = []
+            for entity_id in chosen:
+                current = await row(racer, entity_id)
+                if current is not None:
+                    target, reason, expected = move(current["status"])
+                    commands.append(Command("task", entity_id, target, reason, SYSTEM, expected))
+            return [o.fact_id for o in await apply_many(racer, commands) if o.applied] if commands else []
+
+        async def worker(n: int) -> None:
+            for r in range(self.ROUNDS):
+                chosen = rng.sample(ids, 3)
+                try:
+                    if r == n:  # now and then: a purge racing the others
+                        done = await purge(racer, "task", chosen[0], reason=PURGED, actor=SYSTEM, force=True)
+                        written = [done.fact_id] if done.applied else []
+                    elif r % 4 == 3:
+                        made = await create_many(racer, "task", [NewEntity(task_values("late"), "open", CREATED,
+                                                                           SYSTEM) for _ in range(2)])
+                        ids.extend(o.entity_id for o in made)
+                        written = [o.fact_id for o in made]
+                    elif r % 2:
+                        written = await batch(chosen)
+                    else:
+                        written = await several(chosen)
+                except EntityNotFound:
+                    counts["gone"] += 1
+                    continue
+                except StorageError as exc:
+                    if "deadlock" not in str(exc):
+                        raise
+                    counts["deadlocks"] += 1  # PostgreSQL chose a victim: rolled back, nothing written
+                    continue
+                if written:
+                    committed.append(written)
+
+        await asyncio.gather(*(worker(n) for n in range(self.WORKERS)))
+        report = await verify(book)
+        assert report.ok, report.findings
+        by_entity = await seq_by_version(book)
+        assert all(seqs == sorted(set(seqs)) for seqs in by_entity.values()), by_entity
+        seq_of = {f.id: f.seq for key in by_entity for f in await history(book, *key)}
+        spans = [(min(seq_of[i] for i in t), max(seq_of[i] for i in t)) for t in committed]
+        crossed = sum(1 for i, (_, top) in enumerate(spans) for low, _ in spans[i + 1:] if low < top)
+        print(f"\n{book.dialect}: {len(committed)} transactions, {report.facts} facts on {report.entities} entities, "
+              f"{counts['deadlocks']} deadlock victims, {crossed} pairs of transactions committed in another order "
+              "than their seqs; seq rises with the version in every entity")
+
+
 class ConcurrentWriterCases:
     """Backends where many transactions write at once (PostgreSQL)."""
 
@@ -154,6 +263,65 @@ class ConcurrentWriterCases:
         facts = await history(book, "task", "t1")
         assert len(facts) == 2 and facts[1].id == next(o.fact_id for o in outcomes if o.applied)
         assert (await verify(book)).ok
+
+    async def test_a_seq_drawn_before_another_commit_is_honest(self, book: Book, more_engines: MakeEngine):
+        """L12d: T2 writes A (its seq drawn), T1 writes B and commits, T2 then waits for and writes B, and commits:
+        across entities the seqs committed out of order (A's is below T1's B), within B they rise with the
+        version — the row lock made T2 draw its seq for B after T1 committed. verify finds nothing."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        early, late = Book(more_engines(), book.registry, book.clock), Book(more_engines(), book.registry, book.clock)
+        async with early.begin() as t2:
+            on_a = await start(t2, "a")
+            async with late.begin() as t1:
+                first_on_b = await start(t1, "b")
+                waiting = asyncio.create_task(transition(t2, "task", "b", "open", expected="working",
+                                                         reason=RELEASED, actor=SYSTEM))
+                await asyncio.sleep(0.3)
+                assert not waiting.done(), "T2 must wait for T1's row lock on b"
+            second_on_b = await waiting  # T1 committed: T2 goes on with b's new head
+            assert second_on_b.applied
+        seq = {f.id: f.seq for key in (("task", "a"), ("task", "b")) for f in await history(book, *key)}
+        assert seq[on_a.fact_id] < seq[first_on_b.fact_id] < seq[second_on_b.fact_id]
+        report = await verify(book)
+        assert report.ok, report.findings
+
+    async def test_a_checkpoint_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine):
+        """A2 / L12d: a writer drew its seq (for a) before another writer's fact (b) committed with a higher one. A
+        checkpoint taken meanwhile waits for the first writer to end before it reads, so its heads are final: once
+        both committed, the honest history verifies against it."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        slow = Book(more_engines(), book.registry, book.clock)
+        async with slow.begin() as tx:
+            await start(tx, "a")
+            await start(book, "b")
+            taking = asyncio.create_task(checkpoint(book))
+            await asyncio.sleep(0.3)
+            assert not taking.done(), "the checkpoint must wait for the open writer below its seq"
+        body = await taking
+        report = await verify(book, checkpoint=body)
+        assert report.ok, report.findings
+        assert body["facts"] == 4
+
+    async def test_the_switch_over_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine):
+        """A1 / L12d: keying the chain while a writer holds a seq below the highest committed one waits for it, so
+        the recorded root covers its fact: the honest history verifies with the key."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        slow = Book(more_engines(), book.registry, book.clock)
+        keyed = book.with_chain_key(ChainKey(b"a key for the switch-over case"))
+        async with slow.begin() as tx:
+            await start(tx, "a")
+            await start(book, "b")
+            keying = asyncio.create_task(key_chain(keyed))
+            await asyncio.sleep(0.3)
+            assert not keying.done(), "the switch-over must wait for the open writer below its seq"
+        switch = await keying
+        assert switch.facts == 4
+        await transition(keyed, "task", "b", "open", expected="working", reason=RELEASED, actor=SYSTEM)
+        report = await verify(keyed)
+        assert report.ok, report.findings
 
     async def test_tail_does_not_pass_an_older_open_transaction(self, book: Book, more_engines: MakeEngine):
         """L13: a fact of an older, still-open transaction holds back the tail, even past a newer commit;

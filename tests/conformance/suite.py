@@ -29,9 +29,10 @@ from statebook.lifecycle.testing.cases import StorageConformance
 from .cases_audit import AuditCases
 from .cases_batch import BatchCases, PurgeManyCases
 from .cases_commands import CommandCases
-from .cases_concurrency import ConcurrentWriterCases, RaceCases, SerialWriterCases, TailCases
+from .cases_concurrency import ConcurrentWriterCases, HonestSeqCases, RaceCases, SerialWriterCases, TailCases
 from .cases_driver import DriverCases
 from .cases_inputs import InputCases
+from .cases_store import StoreCases
 from .support import task_registry, tasks
 
 from ack_token_cases import AckTokenCases  # noqa: E402  (tests/outbox, on sys.path from conftest)
@@ -130,9 +131,10 @@ class ConformanceFixtures(StorageConformance):
 
 class LifecycleConformance(
     ConformanceFixtures, CommandCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases,
-    DriverCases, InputCases
+    HonestSeqCases, DriverCases, InputCases, StoreCases
 ):
-    """Every backend-neutral case (L3-L14), the storage cases users run among them. Add ConcurrentWriterCases or SerialWriterCases for your backend."""
+    """Every backend-neutral case (L3-L14), the storage cases users run among them, and the port's own
+    (``StoreCases``). Add ConcurrentWriterCases or SerialWriterCases for your backend."""
 
 
 class OutboxConformance(

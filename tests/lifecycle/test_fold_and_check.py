@@ -123,6 +123,25 @@ def test_removed_fact_breaks_the_chain_and_the_version_sequence():
     assert all(f.fact_id == "f4" for f in found if f.kind in ("broken_chain", "version_gap"))
 
 
+@pytest.mark.parametrize("seqs, flagged", [
+    ((1, 3, 2, 4, 5), ["f3"]),            # two consecutive facts swapped
+    ((10, 20, 30, 40, 5), ["f5"]),        # the head moved before the whole history
+    ((10, 2, 3, 4, 50), ["f2", "f3", "f4"]),  # the creation moved after its successors: each is behind it
+    ((1, 2, 2, 4, 5), ["f3"]),            # two facts at one seq: no order between them
+    ((2, 5, 9, 100, 101), []),            # gaps are honest: other entities' facts sit between
+])
+def test_facts_out_of_seq_order_are_a_finding(seqs: tuple[int, ...], flagged: list[str]):
+    """L12d: within an entity seq must rise with version; a fact whose seq is not above every earlier
+    fact's is ``seq_out_of_order`` (a reader in seq order would see the history backwards), and nothing
+    else is reported: the chain, hashes and fold are intact."""
+    facts = [dataclasses.replace(f, seq=s) for f, s in zip(chain(*HAPPY), seqs)]
+    found = check_entity(JOB, "j1", facts, dict(fold(facts) or {}))
+    assert [(f.kind, f.fact_id) for f in found] == [("seq_out_of_order", i) for i in flagged]
+    assert all("seq" in f.detail and "version" in f.detail for f in found)
+    unknown = [dataclasses.replace(f, seq=None) for f in facts]  # facts built without a seq: nothing to check
+    assert check_entity(JOB, "j1", unknown, dict(fold(facts) or {})) == []
+
+
 def test_row_differing_from_the_fold_is_a_row_mismatch():
     """L7 / L12: a row whose column disagrees with the facts is named column by column."""
     facts = chain(*HAPPY)

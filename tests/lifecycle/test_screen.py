@@ -92,12 +92,12 @@ def _fact(n: int, prev_id: str, prev_hash: str, previous: str | None, status: st
         "evidence_refs": ["ref"], "actor_type": actor, "actor_id": "a", "at": 1000.0 + n, "patch": patch,
         "metadata": {"n": n}, "idempotency_key": None, "command_digest": None, "policy_fingerprint": JOB.fingerprint,
     }
-    return Fact(**insert_values(content, prev_hash))
+    return Fact(**insert_values(content, prev_hash), seq=10 * n)  # other entities' facts fall between
 
 
 def stored_fact(fact: Fact) -> list[Any]:
-    """A fact as the driver returns it: STORED_FIELDS order, JSON fields as canonical text."""
-    return [dumps(getattr(fact, k)) if k in JSON_FIELDS else getattr(fact, k) for k in STORED_FIELDS]
+    """A fact as verify reads it: STORED_FIELDS order, JSON fields as canonical text, then its seq."""
+    return [*(dumps(getattr(fact, k)) if k in JSON_FIELDS else getattr(fact, k) for k in STORED_FIELDS), fact.seq]
 
 
 def stored_row(state: dict[str, Any] | None) -> list[Any] | None:
@@ -122,7 +122,8 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
     facts = draw(histories())
     rows = [stored_fact(f) for f in facts]
     row = stored_row(folded(facts))
-    kind = draw(st.sampled_from(["fact", "fact", "forge", "forge", "drop", "swap", "row", "no_row", "row_back"]))
+    kind = draw(st.sampled_from(["fact", "fact", "forge", "forge", "drop", "swap", "reseq", "row", "no_row",
+                                 "row_back"]))
     i = draw(st.integers(0, len(rows) - 1))
     if kind == "forge":
         # Someone who knows the hash function rewrites a fact and re-chains the rest (and maybe the row).
@@ -134,8 +135,8 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
         forged = [f.content() for f in facts]
         forged[i][field] = value
         prev_hash, chain = GENESIS, []
-        for content in forged:
-            chain.append(Fact(**insert_values(content, prev_hash)))
+        for content, original in zip(forged, facts):
+            chain.append(Fact(**insert_values(content, prev_hash), seq=original.seq))
             prev_hash = chain[-1].hash
         rows = [stored_fact(f) for f in chain]
         if draw(st.booleans()):
@@ -144,16 +145,23 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
             except (TypeError, ValueError):
                 pass
     elif kind == "fact":
-        field = draw(st.sampled_from(STORED_FIELDS))
+        field = draw(st.sampled_from((*STORED_FIELDS, "seq")))
         value = draw(odd_values)
         if field == "patch" and not (isinstance(value, str) and value.startswith("{")):
             value = "{}"  # check_entity folds patches, which must be JSON objects
-        rows[i][STORED_FIELDS.index(field)] = value
+        rows[i][len(STORED_FIELDS) if field == "seq" else STORED_FIELDS.index(field)] = value
     elif kind == "drop":
         del rows[i]
     elif kind == "swap":
         j = draw(st.integers(0, len(rows) - 1))
         rows[i], rows[j] = rows[j], rows[i]
+    elif kind == "reseq":
+        # Raw SQL moves facts in seq order, every hash untouched (L12d): two seqs swapped, or one moved.
+        j = draw(st.integers(0, len(rows) - 1))
+        if draw(st.booleans()):
+            rows[i][-1], rows[j][-1] = rows[j][-1], rows[i][-1]
+        else:
+            rows[i][-1] = draw(st.integers(-5, 70))
     elif kind == "row" and row is not None:
         row[draw(st.integers(0, len(row) - 1))] = draw(odd_values)
     elif kind == "no_row":
@@ -194,11 +202,26 @@ def test_forged_but_well_hashed_histories(steps: list[tuple[str, str, int]]):
     for n, (status, actor, version) in enumerate(steps, start=1):
         fact = _fact(n, prev_id, prev_hash, previous, status, actor, {"id": "e1"} if n == 1 else {})
         content = {**fact.content(), "version": version}
-        facts.append(Fact(**insert_values(content, prev_hash)))
+        facts.append(Fact(**insert_values(content, prev_hash), seq=n))
         previous, prev_id, prev_hash = status, facts[-1].id, facts[-1].hash
     rows, row = [stored_fact(f) for f in facts], stored_row(folded(facts))
     found = full_check(rows, row)
     assert SCREEN.passes(rows, row) == (found == []) == (len(steps) == 1 and steps[0][0] == "new")
+
+
+def test_facts_out_of_seq_order_fail_the_screen():
+    """L12d: a history whose seq does not rise with its version fails the screen, and the full check names it;
+    gaps in seq (other entities' facts between) pass."""
+    facts = [_fact(1, GENESIS, GENESIS, None, "new", "system", {"id": "e1"})]
+    for n, (previous, status) in enumerate((("new", "busy"), ("busy", "new")), start=2):
+        facts.append(_fact(n, facts[-1].id, facts[-1].hash, previous, status, "system", {}))
+    rows, row = [stored_fact(f) for f in facts], stored_row(folded(facts))
+    assert SCREEN.passes(rows, row) and full_check(rows, row) == []
+    rows[1][-1], rows[2][-1] = rows[2][-1], rows[1][-1]
+    assert not SCREEN.passes(rows, row)
+    assert [(f.kind, f.fact_id) for f in full_check(rows, row)] == [("seq_out_of_order", facts[2].id)]
+    rows[1][-1], rows[2][-1] = 11, 12  # still rising: honest
+    assert SCREEN.passes(rows, row) and full_check(rows, row) == []
 
 
 def test_json_in_another_spelling_fails_the_screen_but_is_no_finding():
@@ -274,7 +297,7 @@ def test_the_screen_judges_each_fact_by_the_policy_it_was_written_under():
         for n, (previous, status) in enumerate(steps, start=1):
             content = {**_fact(n, prev_id, prev_hash, previous, status, "system", {"id": "e1"} if n == 1 else {})
                        .content(), "policy_fingerprint": lc.fingerprint}
-            facts.append(Fact(**insert_values(content, prev_hash)))
+            facts.append(Fact(**insert_values(content, prev_hash), seq=n))
             prev_id, prev_hash = facts[-1].id, facts[-1].hash
         return [stored_fact(f) for f in facts]
 
