@@ -54,14 +54,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from ..book import Book
 from ..clock import FakeClock
@@ -78,31 +77,11 @@ from .checks import Checks, Snapshot, read_snapshot
 from .faults import AmbiguousCommit, CallerAborted, ConnectionDropped, commit_then_fail, drop_connection, \
     join_then_abort, send
 from .model import Entity, KeyUse, Prediction, ReferenceModel, TransitionCmd
+from .runner import PROFILES, SHRINK_SECONDS, machine_settings, register_profiles, run_machine
 
-__all__ = ["PROFILES", "LifecycleMachine", "machine_settings", "register_profiles"]
+__all__ = ["PROFILES", "SHRINK_SECONDS", "LifecycleMachine", "judge", "machine_settings", "register_profiles"]
 
 Key = tuple[str, str]
-
-PROFILES: dict[str, dict[str, int]] = {
-    "ci": {"max_examples": 25, "stateful_step_count": 25},
-    "deep": {"max_examples": 300, "stateful_step_count": 80},
-}
-"""Examples and steps per Hypothesis profile name; any other profile runs as ``ci``."""
-
-
-def machine_settings(profile: str | None = None) -> settings:
-    """Settings for a lifecycle machine: ``profile`` (default ``$HYPOTHESIS_PROFILE``) from
-    :data:`PROFILES`, no deadline (database round trips vary)."""
-    name = profile or os.environ.get("HYPOTHESIS_PROFILE") or "ci"
-    return settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], **PROFILES.get(name, PROFILES["ci"]))
-
-
-def register_profiles() -> None:
-    """Register the Hypothesis profiles ``ci`` and ``deep`` with the machine's sizes (no deadline), for
-    ``settings.load_profile``."""
-    for name in PROFILES:
-        settings.register_profile(name, machine_settings(name))
-
 
 _ERRORS = {"rejected": TransitionRejected, "not_found": EntityNotFound, "mismatch": IdempotencyMismatch,
            "duplicate": DuplicateEntity, "unique": ConstraintViolation}
@@ -201,8 +180,9 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
     # -- running --------------------------------------------------------------------------------
     @classmethod
     def run_as_test(cls, profile: str | None = None) -> None:
-        """Run the machine as one test with :func:`machine_settings` (raises on the first failure)."""
-        run_state_machine_as_test(cls, settings=machine_settings(profile))
+        """Run the machine as one test with :func:`machine_settings`, shrinking a failure within the profile's
+        :data:`SHRINK_SECONDS` (:func:`.runner.run_machine`); raises the failure."""
+        run_machine(cls, profile)
 
     def teardown(self) -> None:
         try:
