@@ -19,12 +19,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+import unittest
 import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
 from hypothesis.database import ExampleDatabase
+from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 __all__ = ["PROFILES", "SHRINK_SECONDS", "machine_settings", "register_profiles", "run_machine"]
@@ -108,9 +110,11 @@ def run_machine(machine: Callable[[], RuleBasedStateMachine], profile: str | Non
         teardown = instance.teardown
 
         def watched() -> None:
-            # Hypothesis calls teardown in a ``finally``: the exception ending the example is in flight.
+            # Hypothesis calls teardown in a ``finally``: the exception ending the example is in flight. Its
+            # own (an exhausted example, a rejected assumption) are no failure of the machine.
             error = sys.exc_info()[1]
-            if not failures and error is not None and error is not ambient:
+            failed = isinstance(error, Exception) and not isinstance(error, HypothesisException)
+            if not failures and failed and error is not ambient:
                 failures.append((time.monotonic(), error))
             teardown()
 
@@ -131,6 +135,8 @@ def run_machine(machine: Callable[[], RuleBasedStateMachine], profile: str | Non
     failures[:] = [(float("inf"), failures[0][1])]  # no budget for the replay
     try:
         run_state_machine_as_test(factory, settings=settings(shared, phases=[Phase.reuse]))  # type: ignore[arg-type]
+    except unittest.SkipTest:  # nothing to replay: keep the failure as it first happened
+        pass
     except Exception as smallest:
         smallest.add_note(f"(statebook: shrinking stopped after {budget:.0f} s, the '{name}' profile's budget: "
                           "this is the smallest failing example found by then; HYPOTHESIS_PROFILE=deep shrinks "

@@ -9,6 +9,7 @@ orders example measures the same on a real machine (tests/test_examples_orders.p
 from __future__ import annotations
 
 import time
+import unittest
 
 import pytest
 from hypothesis import strategies as st
@@ -113,3 +114,33 @@ def test_a_passing_machine_passes():
             pass
 
     run_machine(Fine, "ci")
+
+
+def test_hypothesis_stopping_an_example_is_no_failure(monkeypatch: pytest.MonkeyPatch):
+    """K2: Hypothesis ends an example that draws too much with an exception of its own (StopTest, in flight in
+    teardown like a failure); that starts no shrink budget, and a machine that never fails passes (before: with
+    the clock started, the budget ran out and the replay found nothing to run)."""
+    from hypothesis import HealthCheck, settings
+
+    monkeypatch.setitem(SHRINK_SECONDS, "ci", 0.0)
+    monkeypatch.setattr(runner, "machine_settings", lambda profile=None: settings(
+        deadline=None, suppress_health_check=list(HealthCheck), **PROFILES["ci"]))
+
+    class Greedy(RuleBasedStateMachine):
+        stopped = 0
+
+        @rule(values=st.lists(st.integers(), min_size=400, max_size=400))
+        def take(self, values: list[int]) -> None:
+            pass
+
+        def teardown(self) -> None:
+            import sys
+
+            if sys.exc_info()[1] is not None:
+                type(self).stopped += 1
+
+    try:
+        run_machine(Greedy, "ci")
+    except unittest.SkipTest as skipped:  # what the replay of nothing raised
+        pytest.fail(f"a machine that never fails was skipped: {skipped}")
+    assert Greedy.stopped > 0  # Hypothesis did stop examples on its own
