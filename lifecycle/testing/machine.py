@@ -2,9 +2,10 @@
 
 It creates entities of every lifecycle it tracks, moves them along random edges (declared and not,
 by allowed and forbidden actor types, with and without the required patch and guard fields, with
-stale expectations, undeclared reason codes and shared idempotency keys), races several claimants
-on one entity as concurrent tasks on separate connections, retries keyed commands, rolls back
-callers' transactions, drops connections mid-transaction and purges terminal entities. The
+stale expectations, undeclared reason codes, shared idempotency keys and unique values another entity
+holds), races several claimants on one entity as concurrent tasks on separate connections, retries
+keyed commands, rolls back callers' transactions, drops connections mid-transaction and purges
+terminal entities. The
 reference model (:mod:`.model`) predicts every answer; after every step the invariants
 (:mod:`.checks`) compare the database with the model and with the facts: row == fold of facts,
 versions, the hash chain, no move outside the policy, idempotency, terminal statuses left only by
@@ -41,6 +42,7 @@ its model follow, so its own commands stay predictable afterwards::
 
     def test_shop():
         ShopMachine.run_as_test()                       # profile from HYPOTHESIS_PROFILE: ci | deep
+                                                        # (ci: a failure is shrunk for 30 s at most)
 
 Class attributes: ``registry`` (required), ``entity_types`` (the lifecycles tracked; default all),
 ``actors``, ``max_entities``/``max_moving`` (how many entities the machine's own rules make).

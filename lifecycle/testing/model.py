@@ -5,7 +5,8 @@ allowed move (``<source>__to__<target>``, implicit same-status moves included); 
 and its required patch and guard fields are the trigger's conditions. :class:`ReferenceModel` holds
 those machines plus the entities and idempotency keys seen so far, and predicts the engine's answer
 to a command — rejected (by which rules), conflict, applied, replayed, idempotency mismatch, not found,
-or refused by a unique key of the table that another entity holds (:mod:`.uniques`). It never looks at the engine, so it is an independent oracle for users' own properties::
+or refused by a unique key of the table that another entity holds (:mod:`.uniques`). It never looks at
+the engine, so it is an independent oracle for users' own properties::
 
     model = ReferenceModel(registry)
     model.allowed("order", "placed", "paid", actor_type="customer")            # -> True / False
