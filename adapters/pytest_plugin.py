@@ -9,6 +9,10 @@ Fixtures, every one prefixed ``statebook_`` so they never shadow a project's own
   tables emptied before and after each test; skipped, with the reason, when no URL is given;
 - ``statebook_book`` — the test once with each of the two.
 
+The book fixtures are pytest-asyncio fixtures, and an ``async def`` test that asks for one of them is marked
+``asyncio`` by the plugin: it runs under pytest-asyncio's default (strict) mode as under ``asyncio_mode = auto``,
+with no setting in the project. Other async tests keep the project's mode.
+
 Hypothesis profiles ``ci`` and ``deep`` are registered; pick one with Hypothesis's ``--hypothesis-profile``.
 
 Loading the plugin costs one import of ``statebook.adapters`` (the storage backends register there);
@@ -18,6 +22,7 @@ the database layer, the application and Hypothesis are imported by the fixture o
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -39,6 +44,8 @@ NO_PG_REASON = (
     f"or set {PG_URL_ENV} (every table statebook manages there is emptied before and after each test)"
 )
 NO_ASYNCIO_REASON = "{name} is async and needs pytest-asyncio: pip install 'statebook[testing]'"
+BOOK_FIXTURES = frozenset({"statebook_sqlite_book", "statebook_pg_book", "statebook_book"})
+"""The fixtures that hand a test a Book: an async test asking for one runs on pytest-asyncio's loop."""
 
 # The case classes users subclass live in the kit; their asserts should explain themselves too.
 pytest.register_assert_rewrite("statebook.lifecycle.testing")
@@ -75,6 +82,21 @@ def register_profiles() -> None:
                               database=None, print_blob=True, suppress_health_check=slow)
     settings.register_profile("deep", deadline=None, max_examples=2000, stateful_step_count=100,
                               suppress_health_check=slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Module | pytest.Class, name: str, obj: object) -> None:
+    """Mark an ``async def`` test that asks for a statebook book ``asyncio`` (as if decorated with
+    ``@pytest.mark.asyncio``), so pytest-asyncio's strict mode runs it; nothing else is marked."""
+    if pytest_asyncio is None or not inspect.iscoroutinefunction(obj) or not collector.funcnamefilter(name):
+        return
+    try:
+        asked = inspect.signature(obj).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a callable without a signature
+        return
+    marked = any(getattr(m, "name", None) == "asyncio" for m in getattr(obj, "pytestmark", ()))
+    if not marked and not BOOK_FIXTURES.isdisjoint(asked):
+        pytest.mark.asyncio(obj)
 
 
 def _async_fixture(func: Callable[..., Any]) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,39 @@ def test_the_kit_fails_the_broken_example(tmp_path: Path, monkeypatch: pytest.Mo
         print(f"\nthe kit on examples/orders/broken: {text}")
     assert any(s in text for s in ("row != fold", "shipped but never paid", "the database says 'shipped'",
                                    "rows nobody created")), text
+
+
+def test_a_bug_the_kit_finds_is_reported_within_a_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """K2 (issue 25: a bug found in 12 s was reported after more than 5 minutes of shrinking): the broken example
+    under the ``ci`` profile as a user's CI runs it (``run_as_test``, derandomised) is reported at most a minute
+    after the machine first failed on it. The bound is the rule itself (asserted with the budget's 30 s of
+    margin); the figures are printed."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    import broken.app as broken_app
+    import test_orders
+
+    found: list[float] = []
+
+    class Broken(test_orders.OrdersMachine):
+        shop = broken_app
+        folder = tmp_path
+
+        def teardown(self) -> None:
+            if not found and isinstance(sys.exc_info()[1], AssertionError):
+                found.append(time.monotonic())
+            super().teardown()
+
+    previous = settings.get_current_profile_name()
+    settings.load_profile("ci")
+    started = time.monotonic()
+    try:
+        with pytest.raises((AssertionError, ExceptionGroup)) as failure:  # a group: several distinct failures
+            Broken.run_as_test("ci")
+    finally:
+        settings.load_profile(previous)
+    reported = time.monotonic()
+    with capsys.disabled():
+        print(f"\nthe kit on examples/orders/broken (ci): first failure after {found[0] - started:.1f} s, "
+              f"reported after {reported - started:.1f} s: {str(failure.value)[:120]}")
+    assert reported - found[0] < 60, (found[0] - started, reported - started)

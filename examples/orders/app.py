@@ -1,6 +1,7 @@
 """An order lifecycle and the application code that drives it (the kit's worked example).
 
-``registry`` is what the CLI and the kit take (``--app app:registry``); ``place``, ``pay``, ``ship``
+``registry`` is what the CLI and the kit take (``--app app:registry``): the built-in lifecycles and
+``order``, as an application's registry is (docs/tutorial.md); ``place``, ``pay``, ``ship``
 and ``cancel`` are the application: each one is a guarded transition through the lifecycle API,
 never a write of its own to the ``orders`` table.
 """
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, Lifecycle, Outcome, Reason, Registry, create, edges, managed_table, \
-    transition
+from statebook.adapters.registry import builtin_registry
+from statebook.lifecycle import Actor, Book, Lifecycle, Outcome, Reason, create, edges, managed_table, transition
 
 META = sa.MetaData()
 
@@ -43,7 +44,9 @@ ORDER = Lifecycle(
     description="An order: placed, paid, shipped — or cancelled (after payment only by an operator).",
 )
 
-registry = Registry([ORDER]).seal()
+registry = builtin_registry(seal=False)  # statebook's own lifecycles (dispatch, schedule, notifications, ...)
+registry.register(ORDER)                 # ... and the application's
+registry.seal()
 
 WAREHOUSE = Actor("warehouse", "main")
 

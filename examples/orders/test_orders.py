@@ -19,6 +19,7 @@ class OrdersMachine(LifecycleMachine):
     """The kit's machine on the order lifecycle, plus the application's own functions."""
 
     registry = app.registry
+    entity_types = ("order",)  # the application's lifecycle; the built-ins are statebook's to test
     shop = app  # the application under test (tests/test_examples_orders.py swaps in a broken one)
     folder: Path = Path(".")
     numbers = itertools.count()

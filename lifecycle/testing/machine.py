@@ -2,9 +2,10 @@
 
 It creates entities of every lifecycle it tracks, moves them along random edges (declared and not,
 by allowed and forbidden actor types, with and without the required patch and guard fields, with
-stale expectations, undeclared reason codes and shared idempotency keys), races several claimants
-on one entity as concurrent tasks on separate connections, retries keyed commands, rolls back
-callers' transactions, drops connections mid-transaction and purges terminal entities. The
+stale expectations, undeclared reason codes, shared idempotency keys and unique values another entity
+holds), races several claimants on one entity as concurrent tasks on separate connections, retries
+keyed commands, rolls back callers' transactions, drops connections mid-transaction and purges
+terminal entities. The
 reference model (:mod:`.model`) predicts every answer; after every step the invariants
 (:mod:`.checks`) compare the database with the model and with the facts: row == fold of facts,
 versions, the hash chain, no move outside the policy, idempotency, terminal statuses left only by
@@ -41,6 +42,7 @@ its model follow, so its own commands stay predictable afterwards::
 
     def test_shop():
         ShopMachine.run_as_test()                       # profile from HYPOTHESIS_PROFILE: ci | deep
+                                                        # (ci: a failure is shrunk for 30 s at most)
 
 Class attributes: ``registry`` (required), ``entity_types`` (the lifecycles tracked; default all),
 ``actors``, ``max_entities``/``max_moving`` (how many entities the machine's own rules make).
@@ -54,20 +56,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from ..book import Book
 from ..clock import FakeClock
 from ..engine import Outcome, create, purge
 from ..errors import (
-    DuplicateEntity, EntityNotFound, IdempotencyMismatch, StatebookError, StorageUnavailable, TransitionRejected,
+    ConstraintViolation, DuplicateEntity, EntityNotFound, IdempotencyMismatch, StatebookError, StorageUnavailable,
+    TransitionRejected,
 )
 from ..policy import Lifecycle, Registry
 from ..reasons import Actor, Reason
@@ -77,34 +79,14 @@ from .checks import Checks, Snapshot, read_snapshot
 from .faults import AmbiguousCommit, CallerAborted, ConnectionDropped, commit_then_fail, drop_connection, \
     join_then_abort, send
 from .model import Entity, KeyUse, Prediction, ReferenceModel, TransitionCmd
+from .runner import PROFILES, SHRINK_SECONDS, machine_settings, register_profiles, run_machine
 
-__all__ = ["PROFILES", "LifecycleMachine", "machine_settings", "register_profiles"]
+__all__ = ["PROFILES", "SHRINK_SECONDS", "LifecycleMachine", "judge", "machine_settings", "register_profiles"]
 
 Key = tuple[str, str]
 
-PROFILES: dict[str, dict[str, int]] = {
-    "ci": {"max_examples": 25, "stateful_step_count": 25},
-    "deep": {"max_examples": 300, "stateful_step_count": 80},
-}
-"""Examples and steps per Hypothesis profile name; any other profile runs as ``ci``."""
-
-
-def machine_settings(profile: str | None = None) -> settings:
-    """Settings for a lifecycle machine: ``profile`` (default ``$HYPOTHESIS_PROFILE``) from
-    :data:`PROFILES`, no deadline (database round trips vary)."""
-    name = profile or os.environ.get("HYPOTHESIS_PROFILE") or "ci"
-    return settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], **PROFILES.get(name, PROFILES["ci"]))
-
-
-def register_profiles() -> None:
-    """Register the Hypothesis profiles ``ci`` and ``deep`` with the machine's sizes (no deadline), for
-    ``settings.load_profile``."""
-    for name in PROFILES:
-        settings.register_profile(name, machine_settings(name))
-
-
 _ERRORS = {"rejected": TransitionRejected, "not_found": EntityNotFound, "mismatch": IdempotencyMismatch,
-           "duplicate": DuplicateEntity}
+           "duplicate": DuplicateEntity, "unique": ConstraintViolation}
 
 
 def judge(pred: Prediction, out: Outcome | None, exc: BaseException | None) -> str | None:
@@ -114,6 +96,8 @@ def judge(pred: Prediction, out: Outcome | None, exc: BaseException | None) -> s
             return f"the model predicts {pred}, the engine gave {out or exc!r}"
         if pred.kind == "rejected" and getattr(exc, "rule", None) not in pred.rules:
             return f"rejected by rule {getattr(exc, 'rule', None)!r}, the model expects one of {sorted(pred.rules)}: {exc}"
+        if pred.kind == "unique" and not getattr(exc, "unique", False):
+            return f"the model predicts {pred} (a unique key), the database refused another constraint: {exc}"
         return None
     if exc is not None:
         return f"the model predicts {pred}, the engine raised {exc!r}"
@@ -186,14 +170,21 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         await book.engine.dispose()
 
     def creation_values(self, data: st.DataObject, lc: Lifecycle) -> dict[str, Any]:
-        """The data columns of a new entity of ``lc`` (default: drawn from the table's columns)."""
-        return data.draw(sbst.creation_values(lc), label=f"{lc.entity_type} values")
+        """The data columns of a new entity of ``lc`` (default: drawn from the table's columns, now and then
+        with the values of a unique key another entity holds)."""
+        return data.draw(sbst.creation_values(lc, self.peers(lc)), label=f"{lc.entity_type} values")
+
+    def peers(self, lc: Lifecycle, besides: Entity | None = None) -> list[dict[str, Any]]:
+        """The rows (as the model has them) of the live entities of ``lc`` the rules draw from (but
+        ``besides``): whose unique values a drawn create or patch may copy."""
+        return [e.data for e in self.drawable() if e.lc is lc and not e.purged and e is not besides]
 
     # -- running --------------------------------------------------------------------------------
     @classmethod
     def run_as_test(cls, profile: str | None = None) -> None:
-        """Run the machine as one test with :func:`machine_settings` (raises on the first failure)."""
-        run_state_machine_as_test(cls, settings=machine_settings(profile))
+        """Run the machine as one test with :func:`machine_settings`, shrinking a failure within the profile's
+        :data:`SHRINK_SECONDS` (:func:`.runner.run_machine`); raises the failure."""
+        run_machine(cls, profile)
 
     def teardown(self) -> None:
         try:
@@ -302,12 +293,15 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         return f"kit-{next(self.ids)}"
 
     def draw_command(self, data: st.DataObject, actor: Actor, entity: Entity, key: str | None, *,
-                     careful: bool = False) -> TransitionCmd:
-        """A command as ``actor`` would write it from its view (see :func:`.strategies.commands`)."""
+                     careful: bool = False, racing: bool = False) -> TransitionCmd:
+        """A command as ``actor`` would write it from its view (see :func:`.strategies.commands`). A
+        ``racing`` command copies no other entity's unique values: which racer wins is the database's
+        choice, and what Hypothesis draws next must not depend on it through a unique key."""
         others = [lc for lc in self.tracked if lc is not entity.lc]
         actors = [actor, *(a for a in self.actors or () if a != actor)]
+        peers = () if racing else self.peers(entity.lc, entity)
         cmd = data.draw(sbst.commands(entity.lc, self.view(actor, entity), actors=[actor], key=key,
-                                      careful=careful, others=others))
+                                      careful=careful, others=others, peers=peers))
         edge = entity.lc.edge(self.view(actor, entity)["status"], cmd.target)
         if edge is not None and edge.actors and actor.type not in edge.actors:
             allowed = [a for a in actors if a.type in edge.actors]
@@ -340,7 +334,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
 
     def create_one(self, lc: Lifecycle, entity_id: str, status: str, code: str, values: dict[str, Any]) -> None:
         """Create an entity, check the outcome against the model's prediction and record it."""
-        pred = self.model.predict_create(lc.entity_type, entity_id, status, code)
+        pred = self.model.predict_create(lc.entity_type, entity_id, status, code, values)
         out, exc = self.attempt(
             create(self.book, lc.entity_type, values=values, status=status, reason=Reason(code, "created"),
                    actor=self.creator, entity_id=entity_id)
@@ -460,14 +454,15 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         if data.draw(st.integers(0, 99)) < 30:
             actor = data.draw(st.sampled_from(self.actors))
             self.observe_now(actor, entity)
-            cmd = self.draw_command(data, actor, entity, f"kit-dup-{next(self.ids)}", careful=True)
+            cmd = self.draw_command(data, actor, entity, f"kit-dup-{next(self.ids)}", careful=True, racing=True)
             cmds = [cmd] * claimants
             label = "race: duplicate submissions"
         else:
             cmds = []
             for actor in data.draw(st.lists(st.sampled_from(self.actors), min_size=claimants, max_size=claimants)):
                 seen = self.observe_now(actor, entity)
-                cmd = self.draw_command(data, actor, entity, f"kit-race-{next(self.ids)}", careful=True)
+                cmd = self.draw_command(data, actor, entity, f"kit-race-{next(self.ids)}", careful=True,
+                                        racing=True)
                 relied_on = {f: seen.get(f) for f in cmd.patch if f in sbst.guardable(entity.lc)}
                 cmds.append(replace(cmd, guards={**relied_on, **cmd.guards}))
             label = "race: claimants"
@@ -561,7 +556,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
             status = data.draw(st.sampled_from(sorted(lc.initial)))
             entity_id, code = self.new_id(lc.entity_type), sbst.reasons_for(lc, status)[0]
             values = self.creation_values(data, lc)
-            pred = self.model.predict_create(lc.entity_type, entity_id, status, code)
+            pred = self.model.predict_create(lc.entity_type, entity_id, status, code, values)
 
             def op(tx: Book) -> Awaitable[Outcome]:
                 return create(tx, lc.entity_type, values=values, status=status, reason=Reason(code, "created"),

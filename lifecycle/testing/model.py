@@ -4,8 +4,9 @@ Every lifecycle becomes a ``transitions.Machine`` whose states are its statuses,
 allowed move (``<source>__to__<target>``, implicit same-status moves included); an edge's actor gate
 and its required patch and guard fields are the trigger's conditions. :class:`ReferenceModel` holds
 those machines plus the entities and idempotency keys seen so far, and predicts the engine's answer
-to a command — rejected (by which rules), conflict, applied, replayed, idempotency mismatch, not found.
-It never looks at the engine, so it is an independent oracle for users' own properties::
+to a command — rejected (by which rules), conflict, applied, replayed, idempotency mismatch, not found,
+or refused by a unique key of the table that another entity holds (:mod:`.uniques`). It never looks at
+the engine, so it is an independent oracle for users' own properties::
 
     model = ReferenceModel(registry)
     model.allowed("order", "placed", "paid", actor_type="customer")            # -> True / False
@@ -30,6 +31,7 @@ from ..facts import Fact
 from ..policy import Edge, Lifecycle, Registry
 from ..reasons import Actor
 from ..schema import row_defaults
+from .uniques import UniqueKey, unique_keys
 
 __all__ = [
     "Entity", "KeyUse", "Prediction", "ReferenceModel", "TransitionCmd", "build_machine", "trigger_name",
@@ -120,8 +122,10 @@ class TransitionCmd:
 class Prediction:
     """What the engine must answer.
 
-    ``kind``: rejected | conflict | applied | replayed | mismatch | not_found | duplicate.
+    ``kind``: rejected | conflict | applied | replayed | mismatch | not_found | duplicate | unique.
     ``rules``: for rejected, every rule the command breaks (the engine names one of them).
+    ``key``: for duplicate (a create) and unique (a transition), the unique key another entity already
+    holds (a duplicate id leaves it None).
     """
 
     kind: str
@@ -129,6 +133,7 @@ class Prediction:
     status: str | None = None
     version: int | None = None
     fact_id: str | None = None
+    key: str | None = None
 
     @property
     def writes(self) -> bool:
@@ -170,13 +175,16 @@ class KeyUse:
 class ReferenceModel:
     """The oracle: lifecycles as machines, plus the entities and idempotency keys seen so far.
 
-    ``entity_types`` limits it to some lifecycles of ``registry`` (default: all of them).
+    ``entity_types`` limits it to some lifecycles of ``registry`` (default: all of them). The unique keys
+    of their tables are read from the tables (:mod:`.uniques`); a key the model cannot read raises
+    ``ValueError`` naming it.
     """
 
     def __init__(self, registry: Registry, entity_types: tuple[str, ...] | None = None) -> None:
         types = entity_types if entity_types is not None else tuple(lc.entity_type for lc in registry)
         self.lifecycles = {t: registry.get(t) for t in types}
         self.machines = {t: build_machine(lc) for t, lc in self.lifecycles.items()}
+        self.unique: dict[str, tuple[UniqueKey, ...]] = {t: unique_keys(lc) for t, lc in self.lifecycles.items()}
         self.entities: dict[tuple[str, str], Entity] = {}
         self.keys: dict[tuple[str, str, str], KeyUse] = {}
 
@@ -197,6 +205,17 @@ class ReferenceModel:
         return bool(found) and all(
             c.check(probe) for c in found[0].conditions if check_guards or c.func.rule != "guard"
         )
+
+    def taken(self, entity_type: str, row: Mapping[str, Any], besides: str | None = None) -> str | None:
+        """The name of a unique key whose value in ``row`` another live entity (not ``besides``) holds."""
+        for key in self.unique[entity_type]:
+            mine = key.of(row)
+            if mine is not None and any(
+                e.lc.entity_type == entity_type and e.entity_id != besides and key.of(e.data) == mine
+                for e in self.live()
+            ):
+                return key.name
+        return None
 
     def accepts(self, fact: Fact) -> bool:
         """Whether a recorded (non-creation, non-tombstone) fact follows an allowed move; guards are
@@ -249,6 +268,9 @@ class ReferenceModel:
         )
         if stale:
             return Prediction("conflict", status=entity.state, version=entity.version)
+        key = self.taken(cmd.entity_type, {**entity.data, **cmd.patch, "status": cmd.target}, besides=cmd.entity_id)
+        if key is not None:  # the UPDATE is refused by the database: ConstraintViolation, nothing written
+            return Prediction("unique", status=entity.state, version=entity.version, key=key)
         return Prediction("applied", status=cmd.target, version=entity.version + 1)
 
     def apply_transition(self, cmd: TransitionCmd, fact_id: str, at: float) -> None:
@@ -268,8 +290,10 @@ class ReferenceModel:
             self.keys[(*cmd.key, cmd.idempotency_key)] = KeyUse(cmd, cmd.target, entity.version, fact_id)
 
     # -- create and purge ---------------------------------------------------------------------
-    def predict_create(self, entity_type: str, entity_id: str, status: str, reason_code: str) -> Prediction:
-        """What ``create`` must answer."""
+    def predict_create(self, entity_type: str, entity_id: str, status: str, reason_code: str,
+                       values: Mapping[str, Any] | None = None) -> Prediction:
+        """What ``create`` must answer; with ``values`` (the data columns given) a unique key another live
+        entity holds is judged too (without them, only the id)."""
         lc = self.lifecycles[entity_type]
         rules = {"reason"} if reason_code not in lc.reasons else set()
         if status not in lc.initial:
@@ -278,6 +302,10 @@ class ReferenceModel:
             return Prediction("rejected", frozenset(rules))
         if (entity_type, entity_id) in self.entities:
             return Prediction("duplicate")
+        if values is not None:
+            key = self.taken(entity_type, {**row_defaults(lc.table), **values, "id": entity_id, "status": status})
+            if key is not None:
+                return Prediction("duplicate", key=key)
         return Prediction("applied", status=status, version=1)
 
     def apply_create(self, entity_type: str, entity_id: str, status: str, values: Mapping[str, Any],

@@ -3,7 +3,8 @@
 Commands are drawn as a caller would write them from what it saw of an entity: mostly plausible,
 sometimes not — an undeclared edge or status, the wrong actor type, a missing or undeclared patch or
 guard field, a stale expected status or guard value, an undeclared reason code, a shared
-idempotency key. The reference model (:mod:`.model`) says what the engine must answer to each::
+idempotency key, a value of a unique column another entity (one of ``peers``) already holds. The
+reference model (:mod:`.model`) says what the engine must answer to each::
 
     from hypothesis import given
     from statebook.lifecycle.testing import strategies as sbst
@@ -25,6 +26,7 @@ from ..policy import Lifecycle
 from ..reasons import Actor
 from ..schema import LIFECYCLE_COLUMNS, data_columns
 from .model import TransitionCmd
+from .uniques import key_columns
 
 __all__ = [
     "actors_of", "bogus_reasons", "column_values", "commands", "creation_values", "creations", "guardable",
@@ -89,8 +91,10 @@ def column_values(column: sa.Column[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(st.none(), base) if column.nullable else base
 
 
-def creation_values(lc: Lifecycle) -> st.SearchStrategy[dict[str, Any]]:
-    """Data columns for a new entity of ``lc``: every required column, some optional ones.
+def creation_values(lc: Lifecycle, peers: Sequence[Mapping[str, Any]] = ()) -> st.SearchStrategy[dict[str, Any]]:
+    """Data columns for a new entity of ``lc``: every required column, some optional ones. Now and then
+    the columns of one unique key are copied from one of ``peers`` (rows of existing entities of ``lc``),
+    so the table's unique constraints are met.
 
     A column with a foreign key is left out when it may be (NULL or a default), else this raises
     ``ValueError`` naming it: override ``LifecycleMachine.creation_values`` for such a table.
@@ -111,7 +115,23 @@ def creation_values(lc: Lifecycle) -> st.SearchStrategy[dict[str, Any]]:
         (optional if may_omit else required).append(name)
     fixed = {n: column_values(lc.table.c[n]) for n in required}
     extra = {n: column_values(lc.table.c[n]) for n in optional}
-    return st.fixed_dictionaries(fixed, optional=extra)
+    drawn = st.fixed_dictionaries(fixed, optional=extra)
+    settable = set(required) | set(optional)
+    keys = [k for k in key_columns(lc.table) if set(k) <= settable]
+    if not peers or not keys:
+        return drawn
+
+    @st.composite
+    def colliding(draw: st.DrawFn) -> dict[str, Any]:
+        values = draw(drawn)
+        if draw(st.integers(0, 99)) < 20:
+            peer = draw(st.sampled_from(list(peers)))
+            held = [k for k in keys if all(peer.get(c) is not None for c in k)]
+            if held:
+                values.update({c: peer[c] for c in draw(st.sampled_from(held))})
+        return values
+
+    return colliding()
 
 
 def actors_of(lifecycles: Iterable[Lifecycle], also: Sequence[str] = ("system", "user")) -> tuple[Actor, ...]:
@@ -182,15 +202,20 @@ def commands(
     key: str | None = None,
     careful: bool = False,
     others: Iterable[Lifecycle] = (),
+    peers: Sequence[Mapping[str, Any]] = (),
 ) -> st.SearchStrategy[TransitionCmd]:
     """A transition command on the entity whose row ``seen`` shows (its ``id`` and ``status`` at least),
     as one of ``actors`` would write it from that view.
 
     A ``careful`` caller breaks the policy less often, so its entities travel further. An edge
     gated on other actor types is mostly handed to an actor allowed to take it. ``others``: lifecycles
-    whose reason codes make good undeclared ones.
+    whose reason codes make good undeclared ones. ``peers``: rows of other entities of ``lc``, whose
+    values a patch of a unique column sometimes copies.
     """
     others = tuple(others)
+    unique = {c for key in key_columns(lc.table) for c in key}
+    copies = {c: [v for _, v in sorted({repr(p[c]): p[c] for p in peers if p.get(c) is not None}.items())]
+              for c in unique}
 
     @st.composite
     def draw(draw: st.DrawFn) -> TransitionCmd:
@@ -229,7 +254,12 @@ def commands(
         outside = [c for c in lc.table.c.keys() if c not in lc.patch_fields]
         if outside and not chance(99, 97):
             patch_fields.add(draw(st.sampled_from(outside)))
-        patch = {f: draw(column_values(lc.table.c[f]), label=f"patch {f}") for f in sorted(patch_fields)}
+        patch = {}
+        for f in sorted(patch_fields):
+            if copies.get(f) and draw(st.integers(0, 99)) < 40:
+                patch[f] = draw(st.sampled_from(copies[f]), label=f"patch {f} (a peer's)")
+            else:
+                patch[f] = draw(column_values(lc.table.c[f]), label=f"patch {f}")
 
         scalar = guardable(lc)
         guard_fields: set[str] = set(draw(st.sets(st.sampled_from(scalar), max_size=1))) if scalar else set()

@@ -47,6 +47,65 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
     return pytester
 
 
+@pytest.fixture
+def strict_project(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A user's project that leaves pytest-asyncio in its default (strict) mode: no asyncio setting at all."""
+    pytester.makepyfile(myapp=APP, writes=WRITES)
+    pytester.makeini("[pytest]\n")
+    pytester.syspathinsert()
+    return pytester
+
+
+def test_async_tests_asking_for_a_book_run_in_pytest_asyncios_strict_mode(strict_project: pytest.Pytester):
+    """K3 (issue 25): with no asyncio_mode set, an unmarked async test asking for a statebook book runs (the plugin
+    marks it; before, pytest failed it: "async def functions are not natively supported"), a marked one too, and
+    so do the kit's storage cases; an async test asking for no book keeps strict mode's rule."""
+    strict_project.makepyfile(test_it='''
+        import pytest
+        from writes import fill
+
+        async def test_unmarked(statebook_sqlite_book):
+            await fill(statebook_sqlite_book)
+
+        async def test_each_backend(statebook_book):
+            await fill(statebook_book)
+
+        class TestInAClass:
+            async def test_method(self, statebook_sqlite_book):
+                await fill(statebook_sqlite_book)
+
+        @pytest.mark.asyncio
+        async def test_marked(statebook_sqlite_book):
+            await fill(statebook_sqlite_book)
+
+        def test_sync(statebook_sqlite_book):
+            assert statebook_sqlite_book.registry.get("door")
+
+        async def test_no_book():
+            pass
+    ''', test_storage='''
+        from statebook.adapters.db import open_book
+        from statebook.lifecycle.testing.cases import StorageConformance
+
+        class TestOurSQLite(StorageConformance):
+            async def make_book(self, registry, clock):
+                return await open_book(f"sqlite:///{self.folder}/ours.db", registry=registry, clock=clock)
+
+            import pytest
+
+            @pytest.fixture(autouse=True)
+            def _folder(self, tmp_path):
+                self.folder = tmp_path
+    ''')
+    result = strict_project.runpytest_subprocess("-p", "no:cacheprovider", "--statebook-app", "myapp:registry",
+                                                 "-k", "not storage or chain", "-rA")
+    result.stdout.re_match_lines([r".*mode=(Mode\.)?(strict|STRICT)\b"])
+    outcomes = result.parseoutcomes()
+    # test_no_book: pytest-asyncio's strict mode leaves it to pytest, which refuses an unmarked coroutine.
+    assert outcomes.get("failed") == 1 and outcomes.get("skipped") == 1 and outcomes["passed"] == 5 + 1, outcomes
+    result.stdout.fnmatch_lines(["FAILED test_it.py::test_no_book*"])
+
+
 def test_clock_and_the_builtin_registry(project: pytest.Pytester):
     project.makepyfile(test_it='''
         from statebook.lifecycle import FakeClock

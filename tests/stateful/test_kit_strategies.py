@@ -56,3 +56,33 @@ def test_drawn_schedules_are_accepted_by_the_database(values):
             await book.engine.dispose()
 
     asyncio.run(go())
+
+
+def test_creation_values_now_and_then_copy_a_peers_unique_key():
+    """K1: a drawn create sometimes takes the unique value an existing entity holds ("nightly" cannot be drawn
+    from the column's own alphabet), so the model's knowledge of unique keys is exercised."""
+    from hypothesis import find
+
+    schedule = builtin_registry().get("schedule")
+    peer = {"name": "nightly", "trigger_type": "cron"}
+    found = find(creation_values(schedule, [peer]), lambda values: values.get("name") == "nightly",
+                 settings=settings(database=None, max_examples=500))
+    assert found["name"] == peer["name"]
+
+
+def test_commands_now_and_then_patch_a_peers_unique_value():
+    """K1: a drawn transition sometimes patches a unique column with the value another entity holds."""
+    from hypothesis import find
+
+    from statebook.lifecycle import Lifecycle, edges, managed_table
+    from statebook.lifecycle.testing.strategies import actors_of, commands
+
+    table = managed_table("kit_codes", sa.Column("id", sa.String(32), primary_key=True),
+                          sa.Column("code", sa.Text, nullable=False, unique=True), meta=sa.MetaData())
+    lc = Lifecycle(entity_type="code", table=table, statuses=("a", "b"), initial={"a"}, terminal={"b"},
+                   edges=edges("a", "b"), patch_fields={"code"}, same_status="allow", reason_prefixes={"code"},
+                   reasons={"code.a.x", "code.b.y"})
+    seen = {"id": "c-1", "status": "a", "code": "mine"}
+    found = find(commands(lc, seen, actors=actors_of([lc]), peers=[{"id": "c-2", "code": "THEIRS"}]),
+                 lambda cmd: cmd.patch.get("code") == "THEIRS", settings=settings(database=None, max_examples=500))
+    assert found.entity_id == "c-1"
