@@ -137,13 +137,28 @@ def __getattr__(name: str) -> Any:
     if name in ("console", "err_console"):
         from rich.console import Console
 
-        made = Console(stderr=name == "err_console")
+        stderr = name == "err_console"
+        stream = sys.stderr if stderr else sys.stdout
+        # Off a terminal (a pipe, a file, typer's runner) nothing wraps: rich would otherwise assume 80
+        # columns (or $COLUMNS) and split sentences, ids and table cells (C12).
+        wide = {} if _is_tty(stream) else {"width": OFF_TERMINAL_WIDTH, "soft_wrap": True}
+        made = Console(stderr=stderr, **wide)  # type: ignore[arg-type]
         globals()[name] = made
         return made
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 T = TypeVar("T")
+
+OFF_TERMINAL_WIDTH = 100_000
+"""The width the consoles take off a terminal: wider than any line statebook prints, so none wraps."""
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
 
 DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
 APP_HELP = (
