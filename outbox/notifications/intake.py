@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Reason, create
 from statebook.lifecycle.codec import digest, dumps, new_id
-from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, text
+from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, shown, text
 
 from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
@@ -66,7 +66,7 @@ def check_mode(value: Any) -> Mode:
         for mode in Mode:
             if value.lower() == mode.value:
                 return mode
-    raise refused("mode", "type", f"expected 'guaranteed' or 'best_effort', got {value!r:.60}")
+    raise refused("mode", "type", f"expected 'guaranteed' or 'best_effort', got {shown(value)}")
 
 
 def check_channels(value: Any, mode: Mode) -> tuple[str, ...]:
@@ -80,7 +80,7 @@ def check_channels(value: Any, mode: Mode) -> tuple[str, ...]:
     for item in value:
         checked(text, "channels", item, max_chars=KEY_CHARS)
         if item not in CHANNEL_NAMES:
-            raise refused("channels", "channel", f"unknown channel {item!r:.60}; channels are {', '.join(CHANNEL_NAMES)}")
+            raise refused("channels", "channel", f"unknown channel {shown(item)}; channels are {', '.join(CHANNEL_NAMES)}")
         if item in names:
             raise refused("channels", "channel", f"{item!r} is selected twice")
         names.append(item)
@@ -280,7 +280,7 @@ async def list_notifications(
         declared = book.policy(lifecycle).statuses
         if value not in declared:
             raise refused(argument, "status", f"unknown {'response ' if argument == 'response' else ''}status "
-                          f"{value!r:.60}; statuses are {', '.join(declared)}")
+                          f"{shown(value)}; statuses are {', '.join(declared)}")
     if dead_letter is not None and not isinstance(dead_letter, bool):
         raise refused("dead_letter", "type", f"expected true, false or None, got {type(dead_letter).__name__}")
     checked(integer, "limit", limit, low=1, high=MAX_LIST)
