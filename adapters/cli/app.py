@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("audit", "Write an audit bundle: the facts as JSON Lines, their checkpoint and a manifest (counts, chain heads, file digests), signed with --sign."),
     "check": ("check", "Check an application's registry (and, with --db, its history's policies); exit 1 on a finding."),
     "lifecycle": ("lifecycle", "Inspect the declared lifecycles (works without a database)."),
-    "dispatch": ("dispatch", "The dispatch outbox: inspect, ack, retry, purge, deliver."),
+    "dispatch": ("dispatch", "The dispatch outbox: inspect, ack, retry, expedite, purge, deliver."),
     "notify": ("notify", "Notifications: list them, show one with its channel attempts, recover failures, answer them, apply retention."),
     "schedule": ("schedule", "Create, inspect, pause and fire schedules."),
     "runs": ("schedule", "Inspect or cancel one run of a schedule."),
