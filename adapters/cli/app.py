@@ -160,6 +160,7 @@ def _is_tty(stream: Any) -> bool:
     except (AttributeError, ValueError):  # no stream, or a closed one
         return False
 
+
 DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
 APP_HELP = (
     "The application's registry as module:attr (a Registry, or a callable returning one), e.g. "

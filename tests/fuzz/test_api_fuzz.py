@@ -19,8 +19,8 @@ from statebook.lifecycle import (
 )
 from statebook.outbox import (
     ArgvTransport, CallableTransport, DeliveryWorker, Retention, ack_dispatch, apply_retention,
-    deliver_due_dispatches, enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat, get_dispatch,
-    list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
+    deliver_due_dispatches, enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat, expedite_dispatch,
+    get_dispatch, list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
 )
 from statebook.scheduler import (
     CreateScheduleRequest, cancel_run, create_schedule, delete_schedule, disable_schedule, enable_schedule,
@@ -234,15 +234,18 @@ def test_ack_dispatch(pair, dispatch_id, token, who):
 
 
 @examples(EXAMPLES["dispatch_by_id"])
-@given(st.sampled_from(["get", "purge", "retry"]), ids("pending", "delivered", "dead_letter"), actors, BOOLS)
+@given(st.sampled_from(["get", "purge", "retry", "expedite"]), ids("pending", "delivered", "dead_letter"), actors,
+       BOOLS)
 def test_get_purge_retry_dispatch(pair, which, dispatch_id, who, force):
     async def call(book, r):
         if which == "get":
             await get_dispatch(book, r(dispatch_id))
         elif which == "purge":
             await purge_dispatch(book, r(dispatch_id), actor=actor(who), force=force)
-        else:
+        elif which == "retry":
             await retry_dispatch(book, r(dispatch_id), actor=actor(who))
+        else:
+            await expedite_dispatch(book, r(dispatch_id), actor=actor(who))
 
     pair.check(call)
 
