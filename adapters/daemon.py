@@ -122,8 +122,10 @@ class Delivery(_InTask):
         retention = Retention(r.delivered_days, r.failed_days) if r.enabled else None
         # Timeout callbacks (routes callback:<name>) and provider follow-ups (follow:<channel>) run in
         # process; every other route runs the argv template.
-        transport = RoutingTransport({CALLBACK_PREFIX: CallbackTransport(), **(routes or {})},
-                                     ArgvTransport(d.notify_template, d.transport_timeout_seconds))
+        argv = ArgvTransport(d.notify_template, d.transport_timeout_seconds)
+        if argv.problem is not None:  # the daemon may serve only in-process routes; say what the others will do
+            log.warning("%s: a dispatch routed to the argv transport fails each attempt", argv.problem)
+        transport = RoutingTransport({CALLBACK_PREFIX: CallbackTransport(), **(routes or {})}, argv)
         self.worker = DeliveryWorker(
             book, transport, batch_size=d.batch_size,
             concurrency=d.concurrency, tick_seconds=settings.scheduler.tick_seconds, retention=retention,
