@@ -284,7 +284,7 @@ def parse_time(text: str, option: str) -> float:
     """POSIX seconds or an ISO-8601 time (UTC unless it names a zone), from 1970 to 9999 as the API
     takes it (``inputs.timestamp``: no NaN, no infinity); anything else is InvalidArgument naming ``option``."""
     from statebook.lifecycle.errors import InvalidArgument
-    from statebook.lifecycle.inputs import timestamp
+    from statebook.lifecycle.inputs import shown, timestamp
 
     try:
         seconds = float(text)
@@ -292,7 +292,8 @@ def parse_time(text: str, option: str) -> float:
         try:
             parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
-            raise fail(f"{option} {text!r} is neither POSIX seconds nor an ISO-8601 time (e.g. 2026-05-01T09:00:00Z)") from None
+            raise fail(f"{option} {shown(text)} is neither POSIX seconds nor an ISO-8601 time "
+                       "(e.g. 2026-05-01T09:00:00Z)") from None
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=timezone.utc)
         try:
@@ -302,7 +303,7 @@ def parse_time(text: str, option: str) -> float:
     try:
         return timestamp(option, seconds)
     except InvalidArgument as exc:  # name what was typed, not the float it became ("1e400" is inf)
-        raise InvalidArgument(f"{option}: {text.strip()!r} is not a time from 1970 to 9999 "
+        raise InvalidArgument(f"{option}: {shown(text.strip())} is not a time from 1970 to 9999 "
                               f"({str(exc).split(': ', 1)[1]})", argument=option, rule=exc.rule) from None
 
 

@@ -177,6 +177,16 @@ def test_an_unreachable_database_is_one_masked_line():
     assert "s3cret" not in result.output
 
 
+def test_a_time_of_5000_digits_is_one_short_line(tmp_path):
+    """C3 (issue 25): a time typed as 5,000 digits is refused in one line that does not echo them all."""
+    db = f"sqlite:///{tmp_path / 'long.db'}"
+    for args in (("dispatch", "purge", "--before", "1" + "0" * 5000, "--yes"),
+                 ("dispatch", "purge", "--before", "x" * 5000, "--yes")):
+        result = invoke("--db", db, *args)
+        assert_one_line(result, 2, "--before")
+        assert len(result.stderr) < 300, len(result.stderr)
+
+
 def test_a_sqlite_path_that_is_a_directory_is_named(tmp_path):
     """C7b: a SQLite path naming a directory is one line naming the path and saying it is a directory (not
     SQLite's "unable to open database file"), exit 2, and nothing is created in the directory."""
