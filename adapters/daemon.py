@@ -20,14 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
-from statebook.lifecycle import Book, Registry, history, verify
+from statebook.lifecycle import Book, Registry
 from statebook.lifecycle.errors import InvalidArgument
-from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, RoutingTransport, dispatch_outbox
+from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, RoutingTransport
 from statebook.outbox.notifications import (
     CallbackTransport, Channel, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker, ensure_bucket,
-    notifications, register_timeout_callback,
+    register_timeout_callback,
 )
 from statebook.outbox.notifications.delivery import DEFAULT_SCOPE
 from statebook.outbox.notifications.responses import CALLBACK_PREFIX
@@ -35,7 +33,6 @@ from statebook.outbox.notifications.policy import NOTIFY_CHANNEL as NOTIFICATION
 from statebook.outbox.notifications.worker import check_adapters
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.recovery import new_daemon_id
-from statebook.scheduler.schema import schedule_runs, schedules
 from statebook.scheduler.store import create_schedule, find_schedule
 
 from .channels.configure import Built, build_channels
@@ -47,8 +44,13 @@ from .metrics import REFRESH_SECONDS, VERIFY_SECONDS, Metrics
 from .pgnotify import listen
 from .registry import require_builtins, resolve_registry
 from .settings import Settings
+from .story import run_summary, summary
 
 log = logging.getLogger("statebook.daemon")
+
+FOR_GRACE_SECONDS = 10.0
+"""How long ``--for`` lets the runs in flight when it runs out finish before they are cancelled (a signal
+cancels them at once)."""
 
 
 def expand(value: Any, config_dir: Path) -> Any:
@@ -121,8 +123,10 @@ class Delivery(_InTask):
         retention = Retention(r.delivered_days, r.failed_days) if r.enabled else None
         # Timeout callbacks (routes callback:<name>) and provider follow-ups (follow:<channel>) run in
         # process; every other route runs the argv template.
-        transport = RoutingTransport({CALLBACK_PREFIX: CallbackTransport(), **(routes or {})},
-                                     ArgvTransport(d.notify_template, d.transport_timeout_seconds))
+        argv = ArgvTransport(d.notify_template, d.transport_timeout_seconds)
+        if argv.problem is not None:  # the daemon may serve only in-process routes; say what the others will do
+            log.warning("%s: a dispatch routed to the argv transport fails each attempt", argv.problem)
+        transport = RoutingTransport({CALLBACK_PREFIX: CallbackTransport(), **(routes or {})}, argv)
         self.worker = DeliveryWorker(
             book, transport, batch_size=d.batch_size,
             concurrency=d.concurrency, tick_seconds=settings.scheduler.tick_seconds, retention=retention,
@@ -230,69 +234,6 @@ def status_line(engine: SchedulerEngine) -> str:
             f"skipped {st['skipped']} | deferred {st['deferred']} | next fire in {wait}")
 
 
-DELIVERED = ("delivered", "acked")
-"""Dispatch statuses the run's story ends on: a dispatch whose send went through."""
-
-
-async def run_summary(book: Book, daemon_id: str, engine: SchedulerEngine, delivery: Delivery,
-                      notifying: list[_InTask]) -> dict[str, Any]:
-    """What this run did: the scheduler's decisions, this daemon's runs by status, its deliveries by
-    outcome (the workers' counters), and a dispatch of its runs that was delivered, with its full history."""
-    t, r = dispatch_outbox, schedule_runs
-    async with book.read() as conn:
-        runs = dict((await conn.execute(sa.select(r.c.status, sa.func.count()).where(r.c.daemon_id == daemon_id)
-                                        .group_by(r.c.status))).all())
-        mine = sa.select(r.c.id).where(r.c.daemon_id == daemon_id)
-        delivered = (await conn.execute(
-            sa.select(t.c.id).where(t.c.status.in_(DELIVERED), t.c.schedule_run_id.in_(mine))
-            .order_by(t.c.updated_at.desc(), t.c.id).limit(1))).scalar()
-        if delivered is None:  # none of this run's: the latest delivered one in the database
-            delivered = (await conn.execute(sa.select(t.c.id).where(t.c.status.in_(DELIVERED))
-                                            .order_by(t.c.updated_at.desc(), t.c.id).limit(1))).scalar()
-    deliveries = {"dispatch": dict(delivery.worker.totals)}
-    for part in notifying:
-        if isinstance(part, NotificationDelivery):
-            deliveries["notification"] = dict(part.worker.totals)
-    return {
-        "daemon_id": daemon_id,
-        "scheduler": {k: engine.stats[k] for k in ("ticks", "fired", "skipped", "deferred", "errors")},
-        "runs": {k: int(v) for k, v in runs.items()},
-        "deliveries": deliveries,
-        "delivered_dispatch": delivered,
-        "delivered_history": [_fact_line(f) for f in (await history(book, "dispatch", delivered) if delivered else [])],
-    }
-
-
-def _fact_line(f: Any) -> dict[str, Any]:
-    return {"at": f.at, "from": f.previous_status, "to": f.status, "reason": f.reason_code,
-            "summary": f.reason_summary, "actor": f"{f.actor_type}:{f.actor_id}", "version": f.version}
-
-
-async def summary(book: Book) -> dict[str, Any]:
-    """The whole database's counts by status, the latest dispatch's history, and a verify."""
-    out: dict[str, Any] = {}
-    async with book.read() as conn:
-        parts = [("schedules", schedules), ("runs", schedule_runs), ("dispatches", dispatch_outbox)]
-        if "notification" in book.registry:  # an application's registry may leave notifications out
-            parts.append(("notifications", notifications))
-        for name, table in parts:
-            rows = await conn.execute(sa.select(table.c.status, sa.func.count()).group_by(table.c.status))
-            out[name] = {status: count for status, count in rows}
-        latest = (
-            await conn.execute(
-                sa.select(dispatch_outbox.c.id).order_by(dispatch_outbox.c.created_at.desc(), dispatch_outbox.c.id).limit(1)
-            )
-        ).scalar()
-    out["latest_dispatch"] = latest
-    out["latest_history"] = [
-        {"at": f.at, "from": f.previous_status, "to": f.status, "reason": f.reason_code, "actor": f"{f.actor_type}:{f.actor_id}"}
-        for f in (await history(book, "dispatch", latest) if latest else [])
-    ]
-    report = await verify(book)
-    out["verify"] = {"ok": report.ok, "findings": len(report.findings)}
-    return out
-
-
 def _process_counters(engine: SchedulerEngine, delivery: Delivery, notifying: list[_InTask],
                       leader: Any) -> dict[str, Any]:
     """The in-process counters ``/metrics`` shows beside the snapshot (read from memory only)."""
@@ -360,6 +301,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             refresher = asyncio.create_task(metrics.refresh_every(metrics_every), name="statebook-metrics")
             if verify_every > 0:
                 verifier = asyncio.create_task(metrics.verify_every(verify_every), name="statebook-metrics-verify")
+        started_at = book.clock.now()
         await engine.start()
         leader.watch(engine.wake)  # a standby wakes the moment the leader's liveness ends, not on its next tick
         delivery.start()
@@ -368,6 +310,9 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
         try:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), run_for)
+            if not stop.is_set():  # --for ran out, no signal: the runs it fired may end (O8), a bounded wait
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(engine.wait_idle(), FOR_GRACE_SECONDS)
         finally:
             log.info("stopping: cancelling in-flight runs and delivery")
             for task in (refresher, verifier):
@@ -384,7 +329,9 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                 loop.remove_signal_handler(sig)
             if tty:
                 print()
-        this_run = await run_summary(book, daemon_id, engine, delivery, notifying)
+        counts = _process_counters(engine, delivery, notifying, leader)
+        this_run = await run_summary(book, daemon_id, started_at=started_at, scheduler=counts["scheduler"],
+                                     deliveries=counts["deliveries"])
         log.info("run of daemon %s ended: fired %d, skipped %d, deferred %d", daemon_id, this_run["scheduler"]["fired"],
                  this_run["scheduler"]["skipped"], this_run["scheduler"]["deferred"],
                  extra={"event": "daemon_stopped", "daemon_id": daemon_id, "runs": this_run["runs"],

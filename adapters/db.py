@@ -25,6 +25,7 @@ from statebook.lifecycle.book import READ_ONLY_OPTION
 from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.chain import ChainKeyRequired, chain_table, key_chain
 from statebook.lifecycle.chainkey import ChainKey
+from statebook.lifecycle.errors import StorageUnavailable
 from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
@@ -63,6 +64,9 @@ def normalize_url(url: str | None = None) -> str:
 
 def _prepare_sqlite_file(path: str, *, must_exist: bool) -> None:
     file = Path(path)
+    if file.is_dir():  # SQLite alone would say only "unable to open database file"
+        raise ConfigError(f"the SQLite database path {path} is a directory; name a file in it, e.g. "
+                          f"sqlite:///{file / 'statebook.db'}")
     if file.exists():
         return
     if must_exist:
@@ -89,7 +93,36 @@ def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int 
         return engine
     _require_asyncpg()
     _check_postgres_options(parsed)
-    return create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2, json_serializer=dumps)
+    engine = create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2, json_serializer=dumps)
+    _name_the_server(engine, parsed)
+    return engine
+
+
+def _name_the_server(engine: AsyncEngine, parsed: sa.engine.URL) -> None:
+    """A connection that cannot be made says where it was going: host and port (never the password)."""
+    host = parsed.host or str(parsed.query.get("host") or "") or "localhost"
+    where = f"{host}:{parsed.port or 5432}"
+    database = f" (database {parsed.database}{f', user {parsed.username}' if parsed.username else ''})"
+
+    @sa.event.listens_for(engine.sync_engine, "do_connect")
+    def _connect(dialect, _record, cargs, cparams):  # type: ignore[no-untyped-def]
+        try:
+            return dialect.connect(*cargs, **cparams)
+        except OSError as exc:  # refused, unknown host, unreachable network, timed out
+            raise StorageUnavailable(f"cannot connect to PostgreSQL at {where}{database}: {_why(exc)}",
+                                     orig=exc) from exc
+
+
+def _why(exc: OSError) -> str:
+    import socket
+
+    if isinstance(exc, ConnectionRefusedError) or "Connect call failed" in str(exc):
+        return "connection refused (is the server running and accepting TCP connections on that port?)"
+    if isinstance(exc, socket.gaierror):
+        return f"the host name does not resolve ({exc.strerror or exc})"
+    if isinstance(exc, TimeoutError):
+        return "no answer before the connection timed out"
+    return exc.strerror or str(exc) or type(exc).__name__
 
 
 _DIALECT_OPTIONS = frozenset({"prepared_statement_cache_size", "async_fallback"})

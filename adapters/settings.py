@@ -10,7 +10,6 @@ the file or in a ``STATEBOOK_<SECTION>__...`` name, is refused with the nearest 
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import tomllib
 import types
@@ -24,6 +23,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings.sources import InitSettingsSource, TomlConfigSettingsSource
 
 from statebook.lifecycle.chainkey import ChainKey
+from statebook.lifecycle.codec import loads_checked
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import Limits, text
 from statebook.outbox.bounds import dispatch_limits
@@ -361,10 +361,10 @@ class EnvironmentSource(PydanticBaseSettingsSource):
         if not _structured(field.annotation):
             return value
         try:
-            return json.loads(value)
-        except ValueError:
+            return loads_checked(value)  # statebook's JSON rules: 64-bit integers, finite numbers
+        except ValueError as exc:
             raise ConfigError(f"invalid setting in the environment: {name} takes JSON, e.g. "
-                              "'[\"a\", \"b\"]' or '{\"key\": \"value\"}'") from None
+                              f"'[\"a\", \"b\"]' or '{{\"key\": \"value\"}}' ({exc})") from None
 
 
 def _structured(annotation: Any) -> bool:

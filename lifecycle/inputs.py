@@ -162,6 +162,13 @@ def json_value(argument: str, value: Any, limits: Limits | None = None) -> Any:
     return value
 
 
+def _digits(value: int) -> int:
+    """How many decimal digits ``abs(value)`` has, without writing it as text."""
+    magnitude = abs(value)
+    estimate = max(1, int(magnitude.bit_length() * 0.30102999566398120))  # log10(2)
+    return estimate + 1 if magnitude >= 10**estimate else estimate
+
+
 def _json_text(argument: str, value: str) -> None:
     try:
         value.encode()
@@ -170,7 +177,16 @@ def _json_text(argument: str, value: str) -> None:
 
 
 def shown(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` for a message, cut to about ``limit`` characters (input may be megabytes)."""
+    """``repr(value)`` for a message, cut to about ``limit`` characters (input may be megabytes).
+
+    An integer too long to show is described by its size: Python refuses to write an integer of more
+    than 4,300 digits as text, and a message must never fail.
+
+    >>> shown(10**5000)
+    'an integer of 5001 digits'
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {_digits(value)} digits"
     full = repr(value)
     return full if len(full) <= limit else f"{full[: limit - 20]}…({len(full)} characters)"
 

@@ -1,4 +1,5 @@
-"""Operator surface (specs/outbox.md O15, O16, O19): inspect, retry, purge, retention. Every write is audited."""
+"""Operator surface (specs/outbox.md O15, O16, O19, O23): inspect, retry, expedite, purge, retention. Every write
+is audited."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .schema import dispatch_outbox
 OPERATOR_ACTOR = Actor("operator", "api")
 RETENTION_ACTOR = Actor("system", "retention")
 RETRYABLE = ("dead_letter", "expired")
+EXPEDITED = "dispatch.pending.operator_expedited"
 SUCCEEDED = ("delivered", "acked")
 """Terminal statuses kept for ``delivered_days`` by retention; the other terminal ones for ``failed_days``."""
 DAY = 86400.0
@@ -99,6 +101,50 @@ async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATO
             tx, "dispatch", dispatch_id, "pending", expected=row.status, guards={"attempt": row.attempt},
             patch={"attempt": 0, "next_attempt_at": tx.clock.now(), "last_error": None},
             reason=Reason("dispatch.pending.operator_retry", f"operator retry from {row.status}"), actor=actor,
+        )
+        if outcome.applied:
+            await notify(tx, dispatch_id)
+    return outcome.applied
+
+
+async def expedite_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR) -> bool:
+    """Deliver a pending dispatch now instead of after its backoff: ONE operator transition ``pending ->
+    pending`` (``dispatch.pending.operator_expedited``) that patches ``next_attempt_at = now``, compared
+    and set on the due time and attempt read (O23). The attempt count and its bound stay, so expediting
+    never sends more than ``max_attempts`` times; a running worker sends it at once (woken on PostgreSQL).
+
+    True when the dispatch is due now (made so, or it already was: nothing written); False when a
+    concurrent change won the race. Raises :class:`EntityNotFound` when the row does not exist and
+    :class:`TransitionRejected` (rule ``status``) in another status — a dead letter or an expired dispatch
+    is retried instead (:func:`retry_dispatch`) — and (rule ``actor``) for an actor that is not an operator.
+    """
+    checks.book_arg(book)
+    checks.dispatch_id(dispatch_id)
+    checks.actor(actor)
+    t = dispatch_outbox
+    async with book.read() as conn:
+        row = (await conn.execute(sa.select(t.c.status, t.c.attempt, t.c.next_attempt_at)
+                                  .where(t.c.id == dispatch_id))).first()
+    if row is None:
+        raise EntityNotFound(f"dispatch {dispatch_id!r} does not exist")
+    if row.status != "pending":
+        hint = "; retry it instead (statebook dispatch retry)" if row.status in RETRYABLE else ""
+        raise TransitionRejected(
+            f"dispatch {dispatch_id} is {row.status!r}; only a pending dispatch can be expedited{hint}", rule="status")
+    guards = {"next_attempt_at": row.next_attempt_at, "attempt": row.attempt}
+    # The policy's edge decides who may (an operator), also when there is nothing to write.
+    book.policy("dispatch").check_command(["pending"], "pending", actor_type=actor.type, patch=("next_attempt_at",),
+                                          guard=tuple(guards), reason_code=EXPEDITED)
+    if row.next_attempt_at <= book.clock.now():
+        return True  # already due: the next pass takes it in its turn
+    async with book.begin() as tx:
+        now = tx.clock.now()
+        outcome = await transition(
+            tx, "dispatch", dispatch_id, "pending", expected="pending", guards=guards, patch={"next_attempt_at": now},
+            reason=Reason(EXPEDITED,
+                          f"expedited by an operator: attempt {row.attempt + 1} due now, not in "
+                          f"{row.next_attempt_at - now:.0f} s"),
+            actor=actor,
         )
         if outcome.applied:
             await notify(tx, dispatch_id)

@@ -59,7 +59,7 @@ def _validate(
         text = dumps(body)
         # A copy: the row (and an offer serialised later) must not see the caller change its dict.
         stored, size = json.loads(text), len(text.encode())
-    _check_payload(limits, kind, deliver_to, ack_required, size)
+    _check_payload(limits, kind, deliver_to, ack_required, size, max_attempts)
     return stored
 
 
@@ -70,17 +70,20 @@ _CREATED_AT_SLACK = 24 - len("0.0")
 """A float's ``repr`` is at most 24 characters (``-1.2345678901234567e-100``); sizes count ``created_at`` so."""
 
 
-def _check_payload(limits: Limits, kind: str, deliver_to: str, ack_required: bool, body_bytes: int) -> None:
+def _check_payload(limits: Limits, kind: str, deliver_to: str, ack_required: bool, body_bytes: int,
+                   max_attempts: int) -> None:
     """Refuse a body whose envelope would exceed what the book's delivery carries (O22).
 
     The envelope's size is known before the row is built: canonical JSON of a fixed shape, counted
-    with ``created_at`` at its longest, so the check needs neither the clock nor a second encode.
+    with ``created_at`` at its longest and ``attempt`` at the last one allowed (a send carries the attempt
+    it makes, O1), so the check needs neither the clock nor a second encode.
     """
     bound, why = payload_bound(limits)
-    rough = _ENVELOPE_BYTES + _CREATED_AT_SLACK + 34 + body_bytes + 6 * (len(kind) + len(deliver_to))
+    attempt_slack = len(str(max_attempts)) - 1  # the stored envelope counts "0"
+    rough = _ENVELOPE_BYTES + _CREATED_AT_SLACK + attempt_slack + 34 + body_bytes + 6 * (len(kind) + len(deliver_to))
     if rough <= bound:  # every character encodes to at most 6 bytes (an escape): certainly fits
         return
-    size = (_ENVELOPE_BYTES + _CREATED_AT_SLACK + body_bytes - 2 + len(dumps(kind).encode()) - 2
+    size = (_ENVELOPE_BYTES + _CREATED_AT_SLACK + attempt_slack + body_bytes - 2 + len(dumps(kind).encode()) - 2
             + len(dumps(deliver_to).encode()) - 2 + (30 if ack_required else 0))  # a token's 34 bytes for null's 4
     if size > bound:
         raise DispatchInvalid(

@@ -32,8 +32,13 @@ DISPATCH_V1_REASONS = frozenset(
 )
 """The reason codes of the first declaration (:data:`DISPATCH_V1`)."""
 
-DISPATCH_REASONS = DISPATCH_V1_REASONS | {
+DISPATCH_V2_REASONS = DISPATCH_V1_REASONS | {
     "dispatch.pending.released",  # a lease skipped before its send gives its attempt back (O21)
+}
+"""The reason codes of the second declaration (:data:`DISPATCH_V2`)."""
+
+DISPATCH_REASONS = DISPATCH_V2_REASONS | {
+    "dispatch.pending.operator_expedited",  # an operator makes a pending dispatch due now (O23)
 }
 
 DISPATCH_V1 = Lifecycle(
@@ -62,9 +67,21 @@ DISPATCH_V1 = Lifecycle(
 which databases written until then hold their facts; :data:`DISPATCH` accepts them (specs/lifecycle.md
 L12c). Frozen: a later change to the built-in policy adds a declaration, it never edits this one."""
 
-DISPATCH = dataclasses.replace(DISPATCH_V1, reasons=DISPATCH_REASONS, accepts=(DISPATCH_V1,))
-"""The built-in ``dispatch`` lifecycle: :data:`DISPATCH_V1` plus the release reason (O21), accepting
-the facts written under :data:`DISPATCH_V1`."""
+DISPATCH_V2 = dataclasses.replace(DISPATCH_V1, reasons=DISPATCH_V2_REASONS, accepts=(DISPATCH_V1,))
+""":data:`DISPATCH_V1` plus the release reason (O21), accepting the facts written under it (fingerprint
+``e19234f507ba628f``): the policy databases written until the operator's expedite hold their facts under.
+Frozen, as :data:`DISPATCH_V1` is."""
+
+DISPATCH = dataclasses.replace(
+    DISPATCH_V2,
+    # An operator makes a pending dispatch due now (O23): the due time alone changes, compared-and-set.
+    edges=(*DISPATCH_V2.edges,
+           *edges("pending", "pending", actors=OPERATOR, patch="next_attempt_at", guard="next_attempt_at")),
+    reasons=DISPATCH_REASONS,
+    accepts=(DISPATCH_V2,),
+)
+"""The built-in ``dispatch`` lifecycle: :data:`DISPATCH_V2` plus the operator's ``pending -> pending``
+expedite (O23), accepting the facts written under :data:`DISPATCH_V2` and :data:`DISPATCH_V1`."""
 
 DUE_STATUSES = DISPATCH.active
 """The statuses a delivery scan claims from: ``pending`` (to send) and ``delivering`` (a lapsed lease),

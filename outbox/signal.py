@@ -1,25 +1,26 @@
 """The payload envelope: a versioned signal, serialised once at enqueue (specs/outbox.md O1).
 
-A stored payload is ``DispatchSignal(...).to_json()``: JSON-mode values, an id, the book clock's
-``created_at`` and a ``metadata["class"]`` marker naming the concrete model.
+A stored payload is ``DispatchSignal(...).to_json()``: JSON-mode values, an id and the book clock's
+``created_at``; each attempt sends it with ``attempt`` set to the attempt being made (:func:`with_attempt`).
 
 >>> s = DispatchSignal(created_at=0.0, dispatch_id="ab" * 16, kind="ping", deliver_to="seat-1")
->>> s.to_json()["metadata"]
-{'class': 'statebook.outbox.DispatchSignal'}
+>>> (s.to_json()["schema_version"], s.to_json()["attempt"], s.to_json()["metadata"])
+(2, 0, {})
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.codec import dumps, loads, new_id
 
 from .errors import DispatchInvalid
 
-SIGNAL_SCHEMA_VERSION: int = 1
-"""Changes only when a field is removed or renamed; adding a nullable field is not breaking."""
+SIGNAL_SCHEMA_VERSION: int = 2
+"""Changes when a field is removed or renamed or changes meaning; adding a nullable field is not breaking.
+2: ``attempt`` is the attempt being made (it stayed 0), and ``metadata`` no longer names a Python class."""
 
 
 class Signal(BaseModel):
@@ -49,20 +50,14 @@ class Signal(BaseModel):
         except ValidationError as exc:
             raise _refusal(exc) from None
 
-    @model_validator(mode="after")
-    def _mark_class(self) -> Signal:
-        marker = f"statebook.outbox.{type(self).__name__}"
-        if self.metadata.get("class") != marker:
-            object.__setattr__(self, "metadata", {**self.metadata, "class": marker})
-        return self
-
     def to_json(self) -> dict[str, Any]:
         """The envelope as JSON-mode values (what is stored and sent)."""
         return self.model_dump(mode="json")
 
 
 class DispatchSignal(Signal):
-    """The envelope of one dispatch. ``attempt`` stays 0: the row's column is the live count."""
+    """The envelope of one dispatch. Stored with ``attempt`` 0 (none made yet); each send carries the
+    attempt it makes (:func:`with_attempt`), the row's column being the live count between sends."""
 
     dispatch_id: str = ""
     kind: str = ""
@@ -83,9 +78,6 @@ def _refusal(exc: ValidationError) -> DispatchInvalid:
                            argument=field[:255], rule=first["type"])
 
 
-_DISPATCH_MARKER = {"class": f"statebook.outbox.{DispatchSignal.__name__}"}
-
-
 def dispatch_envelope(
     *, created_at: float, dispatch_id: str, kind: str, deliver_to: str, ack_token: str | None, body: dict[str, Any]
 ) -> dict[str, Any]:
@@ -95,8 +87,29 @@ def dispatch_envelope(
     A test keeps it equal to the model's output field for field.
     """
     return {
-        "id": new_id(), "created_at": float(created_at), "metadata": dict(_DISPATCH_MARKER), "data": None,
+        "id": new_id(), "created_at": float(created_at), "metadata": {}, "data": None,
         "emitter_role": None, "schema_version": SIGNAL_SCHEMA_VERSION, "dispatch_id": dispatch_id, "kind": kind,
         "deliver_to": deliver_to, "attempt": 0, "ack_token": ack_token, "body": body,
     }
 
+
+_STORED_ATTEMPT = ',"attempt":0,'
+"""How the stored envelope's canonical text (sorted keys, no spaces) holds its attempt: right after
+``ack_token`` (null or 32 hex), within the first 64 characters, before ``body`` could begin."""
+
+
+def with_attempt(stored: str, attempt: int) -> str:
+    """The text attempt ``attempt`` sends: the stored envelope's, its top-level ``attempt`` set to ``attempt``.
+
+    The stored text is canonical JSON, so the field sits at a known place and one splice gives the same
+    bytes but the number; text in another form (written by other means) is decoded and encoded again.
+
+    >>> with_attempt('{"ack_token":null,"attempt":0,"body":{"attempt":0}}', 3)
+    '{"ack_token":null,"attempt":3,"body":{"attempt":0}}'
+    """
+    at = stored.find(_STORED_ATTEMPT, 0, 64) if stored.startswith('{"ack_token":') else -1
+    if at >= 0:
+        return f'{stored[:at]},"attempt":{attempt},{stored[at + len(_STORED_ATTEMPT):]}'
+    envelope = loads(stored)
+    envelope["attempt"] = attempt
+    return dumps(envelope)

@@ -26,6 +26,7 @@ from .attempts import (
     release_command,
     settle_command,
 )
+from .signal import with_attempt
 from .transport import NOTIFY_TIMEOUT_SECONDS, Transport, TransportResult
 
 __all__ = ["claim", "execute", "expire", "finalize", "release", "settle"]
@@ -91,12 +92,13 @@ async def execute(lease: Lease, transport: Transport, *, now: float | None = Non
     """
     try:
         if now is None:
-            result = await transport.send(lease.deliver_to, lease.payload)
+            result = await transport.send(lease.deliver_to, with_attempt(lease.payload, lease.attempt))
         elif not lease.may_start(now):
             return None
         else:
+            payload = with_attempt(lease.payload, lease.attempt)  # the envelope carries the attempt it makes (O1)
             async with asyncio.timeout(lease.lease_until - now):  # same task: no per-send Task (wait_for on 3.11)
-                result = await transport.send(lease.deliver_to, lease.payload)
+                result = await transport.send(lease.deliver_to, payload)
     except TimeoutError:
         return TransportResult.failed("timeout: the send outlived its lease and was cut", timed_out=True)
     except Exception as exc:

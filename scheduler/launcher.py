@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -19,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from statebook.lifecycle.codec import loads_checked
 
 from .errors import LaunchRefused
 
@@ -270,8 +271,8 @@ async def spawn_and_wait(
 
 def _read_report(path: str) -> dict[str, Any]:
     """The child's optional ``{"cost_usd": .., "tokens": ..}``; anything else is ignored."""
-    try:
-        data = json.loads(Path(path).read_text())
+    try:  # by statebook's JSON rules: a cost or token count past 64 bits or not finite is no report
+        data = loads_checked(Path(path).read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):

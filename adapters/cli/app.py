@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("audit", "Write an audit bundle: the facts as JSON Lines, their checkpoint and a manifest (counts, chain heads, file digests), signed with --sign."),
     "check": ("check", "Check an application's registry (and, with --db, its history's policies); exit 1 on a finding."),
     "lifecycle": ("lifecycle", "Inspect the declared lifecycles (works without a database)."),
-    "dispatch": ("dispatch", "The dispatch outbox: inspect, ack, retry, purge, deliver."),
+    "dispatch": ("dispatch", "The dispatch outbox: inspect, ack, retry, expedite, purge, deliver."),
     "notify": ("notify", "Notifications: list them, show one with its channel attempts, recover failures, answer them, apply retention."),
     "schedule": ("schedule", "Create, inspect, pause and fire schedules."),
     "runs": ("schedule", "Inspect or cancel one run of a schedule."),
@@ -138,13 +138,29 @@ def __getattr__(name: str) -> Any:
     if name in ("console", "err_console"):
         from rich.console import Console
 
-        made = Console(stderr=name == "err_console")
+        stderr = name == "err_console"
+        stream = sys.stderr if stderr else sys.stdout
+        # Off a terminal (a pipe, a file, typer's runner) nothing wraps: rich would otherwise assume 80
+        # columns (or $COLUMNS) and split sentences, ids and table cells (C12).
+        wide = {} if _is_tty(stream) else {"width": OFF_TERMINAL_WIDTH, "soft_wrap": True}
+        made = Console(stderr=stderr, **wide)  # type: ignore[arg-type]
         globals()[name] = made
         return made
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 T = TypeVar("T")
+
+OFF_TERMINAL_WIDTH = 100_000
+"""The width the consoles take off a terminal: wider than any line statebook prints, so none wraps."""
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
+
 
 DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
 APP_HELP = (
@@ -302,7 +318,7 @@ def parse_time(text: str, option: str) -> float:
     """POSIX seconds or an ISO-8601 time (UTC unless it names a zone), from 1970 to 9999 as the API
     takes it (``inputs.timestamp``: no NaN, no infinity); anything else is InvalidArgument naming ``option``."""
     from statebook.lifecycle.errors import InvalidArgument
-    from statebook.lifecycle.inputs import timestamp
+    from statebook.lifecycle.inputs import shown, timestamp
 
     try:
         seconds = float(text)
@@ -310,7 +326,8 @@ def parse_time(text: str, option: str) -> float:
         try:
             parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
-            raise fail(f"{option} {text!r} is neither POSIX seconds nor an ISO-8601 time (e.g. 2026-05-01T09:00:00Z)") from None
+            raise fail(f"{option} {shown(text)} is neither POSIX seconds nor an ISO-8601 time "
+                       "(e.g. 2026-05-01T09:00:00Z)") from None
         if parsed.tzinfo is None:
             parsed = parsed.replace(tzinfo=timezone.utc)
         try:
@@ -320,7 +337,7 @@ def parse_time(text: str, option: str) -> float:
     try:
         return timestamp(option, seconds)
     except InvalidArgument as exc:  # name what was typed, not the float it became ("1e400" is inf)
-        raise InvalidArgument(f"{option}: {text.strip()!r} is not a time from 1970 to 9999 "
+        raise InvalidArgument(f"{option}: {shown(text.strip())} is not a time from 1970 to 9999 "
                               f"({str(exc).split(': ', 1)[1]})", argument=option, rule=exc.rule) from None
 
 

@@ -1,4 +1,4 @@
-"""``statebook dispatch``: inspect, acknowledge, retry, purge and deliver outbox rows.
+"""``statebook dispatch``: inspect, acknowledge, retry, expedite, purge and deliver outbox rows.
 
 There is no enqueue command: producers use the library API (specs/outbox.md O18). Ack tokens are
 capabilities, so ``ls`` and ``show`` mask them (in the row and in the payload) unless ``--reveal``.
@@ -26,6 +26,7 @@ from statebook.outbox import (
     Retention,
     ack_dispatch,
     deliver_due_dispatches,
+    expedite_dispatch,
     get_dispatch,
     list_dispatches,
     purge_dispatch,
@@ -37,7 +38,8 @@ from statebook.outbox.schema import DISPATCH_STATUSES
 from .app import (YES_HELP, app, confirm, emit_json, fail, format_time, parse_time, print_table,
                   require_consent, run, with_book)
 
-dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, purge, deliver.", no_args_is_help=True)
+dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, expedite, purge, deliver.",
+                            no_args_is_help=True)
 app.add_typer(dispatch_app, name="dispatch")
 
 MASK = "********"
@@ -149,6 +151,20 @@ def retry_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
     typer.echo(f"retried {dispatch_id}")
 
 
+@dispatch_app.command("expedite")
+def expedite_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Deliver a pending dispatch now instead of after its backoff (its attempts and their bound stay)."""
+
+    async def go(book: Book) -> bool:
+        return await expedite_dispatch(book, dispatch_id, actor=operator())
+
+    if not run(with_book(go)()):
+        raise fail(f"dispatch {dispatch_id} changed while it was expedited; run the command again if it still "
+                   "waits", 1)
+    typer.echo(f"expedited {dispatch_id}: due now; a running worker (statebook run, statebook dispatch deliver) "
+               "sends it")
+
+
 @dispatch_app.command("purge")
 def purge_cmd(
     dispatch_id: str = typer.Argument(None, metavar="[ID]", help="One dispatch to purge."),
@@ -238,8 +254,8 @@ def deliver_cmd(
     registry = cli_registry(settings.app)
     cfg = settings.dispatch
     transport = ArgvTransport(cfg.notify_template, timeout=cfg.transport_timeout_seconds)
-    if transport.problem is not None:
-        typer.echo(f"warning: {transport.problem}; every claimed dispatch will fail", err=True)
+    if transport.problem is not None:  # every claim would be a failed attempt: refuse before the database
+        raise fail(f"{transport.problem}; `dispatch deliver` needs a transport to send with: nothing was claimed")
 
     async def go() -> dict[str, int] | None:
         book = await open_book(ctx_state.db_url or settings.db, registry=registry, must_exist=True, create=True,

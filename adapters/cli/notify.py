@@ -18,7 +18,11 @@ from statebook.outbox.notifications import (
     get_response, list_dead_letters, list_notifications, notification_attempts, replay_notification,
     resolve_notification, timeout_callbacks,
 )
-from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES
+from statebook.outbox.notifications.policy import NOTIFICATION_STATUSES, RESPONSE_STATUSES
+
+ANSWERS = tuple(s for s in RESPONSE_STATUSES if s not in NOTIFICATION_STATUSES)
+"""Response statuses ``notify ls --status`` takes besides the notification's own (``pending`` is the
+notification's: a response's ``pending`` is the absence of an answer)."""
 
 from .app import (YES_HELP, app, confirm, emit_json, fail, format_time, parse_time, print_table,
                   require_consent, run, with_book)
@@ -32,16 +36,22 @@ app.add_typer(notify_app, name="notify")
 
 @notify_app.command("ls")
 def ls_cmd(
-    status: str = typer.Option(None, "--status", help=f"Only this status ({', '.join(NOTIFICATION_STATUSES)})."),
+    status: str = typer.Option(None, "--status", help=f"Only this status ({', '.join(NOTIFICATION_STATUSES)}), or "
+                                                       f"this answer ({', '.join(ANSWERS)})."),
     dead_letter: bool = typer.Option(False, "--dead-letter", help="Only dead letters (failed, visible to operators)."),
     limit: int = typer.Option(50, "--limit", min=1, help="At most this many rows, newest first."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List notifications, newest first."""
     integer("--limit", limit, low=1, high=INT32[1])
+    if status is not None and status not in NOTIFICATION_STATUSES and status not in ANSWERS:
+        raise fail(f"--status: unknown status {status[:60]!r}; statuses are {', '.join(NOTIFICATION_STATUSES)}, "
+                   f"and answers {', '.join(ANSWERS)}")
+    answer = status if status in ANSWERS else None
 
     async def go(book: Book) -> list[dict[str, Any]]:
-        return await list_notifications(book, status=status, dead_letter=True if dead_letter else None, limit=limit)
+        return await list_notifications(book, status=None if answer else status, response=answer,
+                                        dead_letter=True if dead_letter else None, limit=limit)
 
     rows = run(with_book(go)())
     if as_json:
@@ -172,11 +182,22 @@ def resolve_cmd(
 
 
 # -- responses: acknowledge, dismiss (specs/notifications.md N31-N39) ------------------------------------
-def _answer(notification_id: str, actor: str, note: str | None, target: str) -> None:
+ACTOR_FORMAT = "type:id (e.g. operator:alice)"
+
+
+def parse_actor(text: str, option: str = "--actor") -> Actor:
+    """``type:id`` as an :class:`Actor`; anything else (no ``:``, an empty type or id) is refused in one line."""
+    kind, colon, ident = text.partition(":")
+    if not colon or not kind.strip() or not ident.strip():
+        raise fail(f"{option}: expected {ACTOR_FORMAT}, got {text[:60]!r}")
     try:
-        who = Actor.parse(actor)
+        return Actor(kind, ident)
     except ValueError as exc:
-        raise fail(f"--actor: {exc}") from None
+        raise fail(f"{option}: {exc}; expected {ACTOR_FORMAT}") from None
+
+
+def _answer(notification_id: str, actor: str, note: str | None, target: str) -> None:
+    who = parse_actor(actor)
 
     async def go(book: Book) -> dict[str, Any]:
         answer = ack_notification if target == "acked" else dismiss_notification

@@ -78,42 +78,21 @@ def run_cmd(
         result = run(run_daemon(settings, config_path=_settings_path(config), run_for=run_for, tty=sys.stdout.isatty(),
                                 registry=registry, metrics_port=metrics_port, metrics_host=metrics_host,
                                 metrics_every=metrics_every, verify_every=verify_every))
-    _story(result)
+    _story(result, log_format)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)
 
 
-def _counted(by_status: dict[str, int]) -> str:
-    """``3 (completed 2, failed 1)``; ``0`` for nothing."""
-    total = sum(by_status.values())
-    parts = ", ".join(f"{k} {v}" for k, v in sorted(by_status.items()) if v)
-    return f"{total} ({parts})" if parts else str(total)
+def _story(result: dict[str, Any], log_format: str) -> None:
+    """What this run did, the database's totals, the full history of a dispatch it delivered, then verify
+    (specs/operations.md O8): text lines, or under ``--log-format json`` one JSON record like the log's."""
+    from statebook.adapters.story import lines, record
 
-
-def _story(result: dict[str, Any]) -> None:
-    """What this run did, the database's totals, the full history of a delivered dispatch, then verify."""
-    this = result.get("run") or {}
-    sched = this.get("scheduler", {})
-    say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731 - never wrapped or cut
-    say(f"this run: fired {sched.get('fired', 0)}, skipped {sched.get('skipped', 0)}, deferred "
-        f"{sched.get('deferred', 0)}; runs {_counted(this.get('runs', {}))}")
-    for lifecycle, counts in sorted((this.get("deliveries") or {}).items()):
-        outcomes = {k: v for k, v in counts.items() if k not in ("attempted", "claimed")}
-        tried = counts.get("attempted", counts.get("claimed", 0))
-        done = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()) if v) or "none ended"
-        say(f"this run's {lifecycle} deliveries: {tried} attempted; {done}")
-    if this.get("delivered_dispatch"):
-        say(f"history of delivered dispatch {this['delivered_dispatch']}:")
-        for h in this["delivered_history"]:
-            say(f"  v{h['version']} {format_time(h['at'])} {h['from'] or '-'} -> {h['to'] or '(purged)'}  {h['reason']}"
-                f"  ({h['actor']}) {h['summary']}")
-    else:
-        say("no dispatch was delivered yet")
-    notified = result.get("notifications") or {}
-    verdict = "ok" if result["verify"]["ok"] else f"FAILED: {result['verify']['findings']} finding(s)"
-    say(  # one line, however narrow the terminal: scripts look for "verify ok"
-        f"database: runs {_counted(result['runs'])}; dispatches {_counted(result['dispatches'])}; "
-        + (f"notifications {_counted(notified)}; " if notified else "") + f"verify {verdict}")
+    if log_format == "json":
+        typer.echo(record(result))
+        return
+    for line in lines(result, format_time):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)  # never wrapped or cut
 
 
 # -- schedules ----------------------------------------------------------------------------------

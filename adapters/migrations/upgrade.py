@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import StatebookError
 from statebook.lifecycle.schema import schema_for
 
-from . import ADVISORY_LOCK_KEY, BASELINE, HEAD, HERE, LEGACY_VERSION, VERSION_TABLE, read_stamp, revisions
+from . import ADVISORY_LOCK_KEY, BASELINE, HEAD, HERE, LEGACY_VERSION, read_stamp, revisions
 from .ddl import apply_registry_ddl, registry_drift
 
 if TYPE_CHECKING:
@@ -136,15 +136,21 @@ def schema_diff(conn: sa.Connection, registry: Registry) -> list[str]:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
+    expected = schema_for(registry)
+    managed = set(expected.tables)
+
     def include(obj, name, kind, reflected, compare_to):  # type: ignore[no-untyped-def]
-        if kind == "table" and name == VERSION_TABLE:
+        # A table statebook does not manage (the application's, its alembic_version) is not statebook's
+        # drift, nor anything on it: the database may be shared with the application (M7).
+        table = name if kind == "table" else getattr(getattr(obj, "table", None), "name", None)
+        if table is not None and table not in managed:
             return False
         # The facts table's tailing index is created by the PostgreSQL adapter's DDL, not the metadata.
         return not (kind == "index" and name == "ix_fact_tail" and reflected and compare_to is None)
 
     ctx = MigrationContext.configure(conn, opts={"include_object": include, "compare_type": False})
     out = []
-    for diff in compare_metadata(ctx, schema_for(registry)):
+    for diff in compare_metadata(ctx, expected):
         out.append(_describe(diff))
     return out
 
@@ -171,9 +177,11 @@ def check(conn: sa.Connection, registry: Registry | None = None) -> Report:
         report.drift.append(f"revision: the database is at {stamp.describe()}, this statebook expects {HEAD}")
         if stamp.kind != "revision":
             return report
-    report.drift += [str(d) for d in registry_drift(conn, registry)]
+    found = registry_drift(conn, registry)
+    report.drift += [str(d) for d in found]
+    named = {f"add_index {d.table}.{d.name}" for d in found if d.name}  # Alembic's line for the same index
     report.drift += [d for d in schema_diff(conn, registry)
-                     if not any(d.endswith(f" {t}") for t in _missing(report.drift))]
+                     if d not in named and not any(d.endswith(f" {t}") for t in _missing(report.drift))]
     return report
 
 

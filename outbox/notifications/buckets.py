@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create
 from statebook.lifecycle.errors import StorageError
-from statebook.lifecycle.inputs import KEY_CHARS, number, text, timestamp
+from statebook.lifecycle.inputs import KEY_CHARS, number, shown, text, timestamp
 
 from .channels import CHANNEL_NAMES
 from .errors import checked, refused
@@ -61,7 +61,7 @@ def bucket_id(channel: str, scope: str) -> str:
     """The bucket's id, ``"<channel>:<scope>"``, after checking both (:class:`NotificationInvalid`)."""
     checked(text, "channel", channel, max_chars=KEY_CHARS)
     if channel not in CHANNEL_NAMES:
-        raise refused("channel", "channel", f"unknown channel {channel!r:.60}; channels are {', '.join(CHANNEL_NAMES)}")
+        raise refused("channel", "channel", f"unknown channel {shown(channel)}; channels are {', '.join(CHANNEL_NAMES)}")
     checked(text, "scope", scope, max_chars=KEY_CHARS - len(channel) - 1, empty=False)
     return f"{channel}:{scope}"
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create, transition
+from statebook.lifecycle.inputs import shown
 from statebook.lifecycle.codec import loads, new_id
 from statebook.lifecycle.errors import StatebookError
 from statebook.lifecycle.schema import status_in
@@ -479,7 +480,7 @@ def _judged(guard: LeaseGuard, observed: Observation | None, failure: str | None
         return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED, failure)
     if not isinstance(observed, Observation):
         return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED,
-                           f"the channel returned {observed!r:.60}, not an Observation")
+                           f"the channel returned {shown(observed)}, not an Observation")
     if not admitted and observed.outcome not in (ProviderOutcome.NOT_STARTED, ProviderOutcome.RATE_LIMITED):
         # A channel that reports its admission returned a result without admitting: an adapter bug.
         # Its effect had no STARTED before it; record it as UNKNOWN, never as a success.

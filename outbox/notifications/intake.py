@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Reason, create
 from statebook.lifecycle.codec import digest, dumps, new_id
-from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, text
+from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, shown, text
 
 from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
@@ -66,7 +66,7 @@ def check_mode(value: Any) -> Mode:
         for mode in Mode:
             if value.lower() == mode.value:
                 return mode
-    raise refused("mode", "type", f"expected 'guaranteed' or 'best_effort', got {value!r:.60}")
+    raise refused("mode", "type", f"expected 'guaranteed' or 'best_effort', got {shown(value)}")
 
 
 def check_channels(value: Any, mode: Mode) -> tuple[str, ...]:
@@ -80,7 +80,7 @@ def check_channels(value: Any, mode: Mode) -> tuple[str, ...]:
     for item in value:
         checked(text, "channels", item, max_chars=KEY_CHARS)
         if item not in CHANNEL_NAMES:
-            raise refused("channels", "channel", f"unknown channel {item!r:.60}; channels are {', '.join(CHANNEL_NAMES)}")
+            raise refused("channels", "channel", f"unknown channel {shown(item)}; channels are {', '.join(CHANNEL_NAMES)}")
         if item in names:
             raise refused("channels", "channel", f"{item!r} is selected twice")
         names.append(item)
@@ -266,15 +266,21 @@ async def get_notification(book: Book, notification_id: str) -> dict[str, Any] |
 
 
 async def list_notifications(
-    book: Book, *, status: str | None = None, dead_letter: bool | None = None, limit: int = 50
+    book: Book, *, status: str | None = None, dead_letter: bool | None = None, limit: int = 50,
+    response: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Newest first (created_at, then id), optionally one status and/or only dead letters."""
+    """Newest first (created_at, then id), optionally one status, only dead letters, and/or one response
+    status (``acked``, ``dismissed``, ...: the answer its obligation got, a follower's through its owner)."""
     book = _book(book)
-    if status is not None:
-        checked(text, "status", status, max_chars=KEY_CHARS)
-        declared = book.policy("notification").statuses
-        if status not in declared:
-            raise refused("status", "status", f"unknown status {status!r:.60}; statuses are {', '.join(declared)}")
+    for argument, value, lifecycle in (("status", status, "notification"), ("response", response,
+                                                                            "notification_response")):
+        if value is None:
+            continue
+        checked(text, argument, value, max_chars=KEY_CHARS)
+        declared = book.policy(lifecycle).statuses
+        if value not in declared:
+            raise refused(argument, "status", f"unknown {'response ' if argument == 'response' else ''}status "
+                          f"{shown(value)}; statuses are {', '.join(declared)}")
     if dead_letter is not None and not isinstance(dead_letter, bool):
         raise refused("dead_letter", "type", f"expected true, false or None, got {type(dead_letter).__name__}")
     checked(integer, "limit", limit, low=1, high=MAX_LIST)
@@ -284,6 +290,10 @@ async def list_notifications(
         query = query.where(t.c.status == status)
     if dead_letter is not None:
         query = query.where(t.c.dead_letter == (1 if dead_letter else 0))
+    if response is not None:
+        r = notification_responses
+        answered = sa.select(r.c.id).where(r.c.status == response)
+        query = query.where(sa.func.coalesce(t.c.obligation_owner_id, t.c.id).in_(answered))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
     return await _with_responses(book, [_decoded(r) for r in rows])

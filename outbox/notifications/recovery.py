@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, EntityNotFound, Reason, apply_many
 from statebook.lifecycle.errors import StatebookError
-from statebook.lifecycle.inputs import KEY_CHARS, integer, text
+from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 
 from . import ownership
 from .errors import checked, refused
@@ -120,7 +120,7 @@ def _id(value: Any) -> str:
 
 def _actor(value: Any) -> Actor:
     if not isinstance(value, Actor) or value.type != OPERATOR:
-        raise refused("actor", "type", f"recovery is an operator's: expected Actor('{OPERATOR}', ...), got {value!r:.60}")
+        raise refused("actor", "type", f"recovery is an operator's: expected Actor('{OPERATOR}', ...), got {shown(value)}")
     return value
 
 

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, EntityNotFound, Reason, apply_many, create
 from statebook.lifecycle.errors import StatebookError
-from statebook.lifecycle.inputs import KEY_CHARS, integer, text
+from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 from statebook.lifecycle.schema import status_in
 from statebook.outbox.claims import read_rows
 from statebook.outbox.enqueue import enqueue_dispatches
@@ -75,7 +75,7 @@ def register_timeout_callback(name: str, fn: Callback) -> None:
     checked(text, "name", name, max_chars=KEY_CHARS, empty=False)
     target = getattr(fn, "__call__", None) if not inspect.isfunction(fn) and not inspect.ismethod(fn) else fn
     if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(target)):
-        raise refused("fn", "type", f"a timeout callback must be an async def (a coroutine function), got {fn!r:.60}: "
+        raise refused("fn", "type", f"a timeout callback must be an async def (a coroutine function), got {shown(fn)}: "
                                     "a blocking callable would stall the event loop")
     _callbacks[name] = fn
 
@@ -300,7 +300,7 @@ def check_timeout(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TIMEOUT_SECONDS:
-        raise refused("response_timeout", "range", f"expected seconds in (0, {MAX_TIMEOUT_SECONDS:g}], got {value!r:.60}")
+        raise refused("response_timeout", "range", f"expected seconds in (0, {MAX_TIMEOUT_SECONDS:g}], got {shown(value)}")
     return float(value)
 
 

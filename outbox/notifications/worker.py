@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from statebook.lifecycle import Book
+from statebook.lifecycle.inputs import shown
 from statebook.outbox.passes import ERROR_PAUSE_SECONDS, PassWorker
 
 from .channels import CHANNEL_NAMES, PERSISTENT_ORDER, Channel, check_order
@@ -39,7 +40,7 @@ def check_adapters(channels: Any) -> dict[str, Channel]:
                                   f"{type(channels).__name__}", argument="channels", rule="type")
     for name, adapter in channels.items():
         if name not in CHANNEL_NAMES:
-            raise NotificationInvalid(f"channels: unknown channel {name!r:.60}; channels are {', '.join(CHANNEL_NAMES)}",
+            raise NotificationInvalid(f"channels: unknown channel {shown(name)}; channels are {', '.join(CHANNEL_NAMES)}",
                                       argument="channels", rule="channel")
         if not isinstance(adapter, Channel) or getattr(adapter, "name", None) != name:
             raise NotificationInvalid(f"channels: {name!r} needs a Channel adapter named {name!r} (name, persistent, "
@@ -75,8 +76,8 @@ class NotificationWorker(PassWorker):
             raise NotificationInvalid("book: a NotificationWorker needs an unbound statebook Book (channels run "
                                       "outside any transaction)", argument="book", rule="bound")
         if not 0 < deadline < lease_seconds:
-            raise NotificationInvalid(f"deadline: the adapter deadline ({deadline!r:.30}) must be positive and shorter "
-                                      f"than the lease ({lease_seconds!r:.30})", argument="deadline", rule="range")
+            raise NotificationInvalid(f"deadline: the adapter deadline ({shown(deadline, 30)}) must be positive and shorter "
+                                      f"than the lease ({shown(lease_seconds, 30)})", argument="deadline", rule="range")
         super().__init__(book, tick_seconds=tick_seconds, extra_wakeups=extra_wakeups)
         self.channels = check_adapters(channels)
         self.batch_size = batch_size

@@ -230,7 +230,8 @@ def test_dispatch_deliver_loads_the_settings_app(tmp_path, app_module):
     toml = tmp_path / "s.toml"
     toml.write_text(f'db = "sqlite:///{db}"\napp = "{app_module}:not_a_registry"\n')
     assert_one_line_error(invoke("dispatch", "deliver", "--once", "--config", str(toml)), "not a statebook Registry")
-    toml.write_text(f'db = "sqlite:///{db}"\napp = "{app_module}:registry"\n')
+    toml.write_text(f'db = "sqlite:///{db}"\napp = "{app_module}:registry"\n'
+                    '[dispatch]\nnotify_template = ["/bin/true", "{deliver_to}"]\n')  # deliver needs a transport
     db.touch()
     ok = invoke("dispatch", "deliver", "--once", "--config", str(toml))
     assert ok.exit_code == 0, ok.output

@@ -177,6 +177,46 @@ def test_an_unreachable_database_is_one_masked_line():
     assert "s3cret" not in result.output
 
 
+def test_a_time_of_5000_digits_is_one_short_line(tmp_path):
+    """C3 (issue 25): a time typed as 5,000 digits is refused in one line that does not echo them all."""
+    db = f"sqlite:///{tmp_path / 'long.db'}"
+    for args in (("dispatch", "purge", "--before", "1" + "0" * 5000, "--yes"),
+                 ("dispatch", "purge", "--before", "x" * 5000, "--yes")):
+        result = invoke("--db", db, *args)
+        assert_one_line(result, 2, "--before")
+        assert len(result.stderr) < 300, len(result.stderr)
+
+
+def test_a_sqlite_path_that_is_a_directory_is_named(tmp_path):
+    """C7b: a SQLite path naming a directory is one line naming the path and saying it is a directory (not
+    SQLite's "unable to open database file"), exit 2, and nothing is created in the directory."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for url in (str(folder), f"sqlite:///{folder}"):
+        for args in (("dispatch", "ls"), ("db", "upgrade"), ("verify",)):
+            result = invoke("--db", url, *args)
+            assert_one_line(result, 2, str(folder), "is a directory")
+            assert "unable to open" not in result.stderr
+    assert list(folder.iterdir()) == []
+
+
+def test_a_refused_postgres_connection_names_the_host_and_port():
+    """C7b: a PostgreSQL server that refuses the connection (or a host that does not resolve) is one line
+    naming the host and port the URL gave, never the password, exit 2."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for host in ("127.0.0.1", "localhost"):
+        result = invoke("--db", f"postgresql://ann:s3cret@{host}:{port}/books", "dispatch", "ls")
+        assert_one_line(result, 2, "database error", f"{host}:{port}", "refused")
+        assert "s3cret" not in result.output
+    result = invoke("--db", "postgresql://ann:s3cret@db.invalid/books", "verify")
+    assert_one_line(result, 2, "database error", "db.invalid:5432")
+    assert "s3cret" not in result.output
+
+
 def test_urls_and_tokens_are_masked():
     """C6: a password in any echoed URL, and token=/password= values, never reach the line."""
     from statebook.adapters.cli.funnel import mask

@@ -139,6 +139,42 @@ def test_tables_through_a_pipe_keep_each_row_and_its_id_whole(tmp_path):
     assert max(len(line) for line in shown.stdout.splitlines()) > 80  # wider than the runner's 80 columns
 
 
+def piped(*args: str, cwd) -> str:  # type: ignore[no-untyped-def]
+    """``statebook ARGS``'s standard output read through a real pipe, a narrow terminal width in the environment."""
+    out = subprocess.run([sys.executable, "-m", "statebook", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, timeout=120, cwd=cwd, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "COLUMNS": "60"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_demo_and_listings_through_a_pipe_never_wrap(tmp_path):
+    """C12: the README's promise holds for every line, not only tables: `statebook demo > file` keeps each
+    sentence, id and table row on one line (it wrapped at 80 columns), and so do `history` of a demo ticket and
+    `runs show`, read through a real pipe."""
+    shown = piped("demo", cwd=tmp_path)
+    lines = shown.splitlines()
+    created = next(line for line in lines if line.startswith("created tickets "))
+    ids = [word for word in created.split() if len(word) == 32]
+    assert len(ids) == 2 and created.endswith("(open)"), created
+    assert any(line.startswith("bo tries to close it unresolved: rejected (edge): ") and line.endswith("open, resolved")
+               for line in lines), shown
+    assert any("user:ana" in line and "ticket.open.reported: reported by mail" in line for line in lines), shown
+    assert any("operator:root" in line and "ticket.open.reopened: smoke again" in line for line in lines), shown
+    assert max(len(line) for line in lines) > 80
+    db = f"sqlite:///{tmp_path / 'runs.db'}"
+    name = "a-schedule-with-a-long-name-for-the-pipe"
+    made = invoke("--db", db, "schedule", "add", name, "--every", "3600", "--command", "/bin/true", "--json")
+    assert made.exit_code == 0, made.output
+    history = piped("--db", db, "history", "schedule", json.loads(made.stdout)["id"], cwd=tmp_path)
+    assert any("(new) -> active" in line and f"{name} created" in line for line in history.splitlines()), history
+    fired = invoke("--db", db, "schedule", "fire", name, "--json")  # fails (no working directory): a run to show
+    run_id = json.loads(fired.stdout)[0]["id"]
+    run = piped("--db", db, "runs", "show", run_id, cwd=tmp_path)
+    assert any(line.split() == ["id", run_id] for line in run.splitlines()), run
+    assert any(line.startswith("error_detail") and line.endswith("never uses the daemon's cwd")
+               for line in run.splitlines()), run
+
+
 # -- --json on every listing --------------------------------------------------------------------------------
 
 

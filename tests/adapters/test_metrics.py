@@ -199,17 +199,19 @@ def test_metrics_of_a_running_daemon_equal_statebook_stats(tmp_path, db_url, bac
 
 def test_make_run_tells_the_story_of_the_run(tmp_path):
     """O8: the per-run summary, a delivered dispatch's whole history (enqueued, attempt, delivered), then
-    `verify ok` on the last line."""
+    `verify ok` on the last line; the payload the example's receiver logged says it was attempt 1 (O1)."""
     proc = subprocess.run([EXE, "run", "--config", str(ROOT / "examples" / "statebook.toml"), "--for", "5"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[0].startswith("this run: fired ") and not lines[0].startswith("this run: fired 0")
-    start = next(i for i, line in enumerate(lines) if line.startswith("history of delivered dispatch "))
+    assert lines[0].startswith("this run (daemon ") and "runs 0" not in lines[0]
+    start = next(i for i, line in enumerate(lines) if line.startswith("history of dispatch "))
     history = lines[start + 1:-1]
     moves = [line.split()[3:6] for line in history]
     assert moves[:3] == [["-", "->", "pending"], ["pending", "->", "delivering"], ["delivering", "->", "delivered"]]
     assert "verify ok" in lines[-1]
+    sent = [json.loads(line) for line in (tmp_path / "notified.log").read_text().splitlines()]
+    assert sent and all(p["attempt"] == 1 and p["schema_version"] == 2 and p["metadata"] == {} for p in sent)
     # Deliveries as they complete: one readable line each on stderr.
     assert any("dispatch.delivered" not in line and ": delivered" in line for line in proc.stderr.splitlines())
 

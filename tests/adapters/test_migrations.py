@@ -393,3 +393,35 @@ async def test_a_pre_migration_schema_other_than_2_is_refused_by_open_and_upgrad
         await run_upgrade(f"sqlite:///{path}")
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("SELECT version FROM statebook_schema").fetchall() == [(1,)]
+
+
+async def test_db_check_leaves_the_applications_own_tables_alone(backend, tmp_path, request):
+    """M7b: in a database the application shares, its own tables (and its own Alembic version table) are not
+    statebook's drift: ``db check`` passes and never advises removing them; a dropped statebook index beside
+    them is still found, and ``db upgrade`` leaves the application's table and rows as they were."""
+    async with previous_database(backend, tmp_path, request) as url:
+        await run_upgrade(url)
+        engine = connect(url)
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)")
+            await conn.exec_driver_sql("CREATE INDEX ix_invoices_total ON invoices (total)")
+            await conn.exec_driver_sql("INSERT INTO invoices (id, total) VALUES (1, 100)")
+            await conn.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        await engine.dispose()
+        out = cli("--db", url, "db", "check")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "invoices" not in out.stdout and "alembic_version" not in out.stdout
+        assert (await run_check(url)).drift == []
+        engine = connect(url)
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql("DROP INDEX idx_dispatch_outbox_created")
+        await engine.dispose()
+        found = json.loads(cli("--db", url, "db", "check", "--json").stdout)
+        assert found["ok"] is False and not any("invoices" in d or "alembic_version" in d for d in found["drift"])
+        assert any("idx_dispatch_outbox_created" in d for d in found["drift"])
+        assert cli("--db", url, "db", "upgrade").returncode == 0
+        assert (await run_check(url)).drift == []
+        engine = connect(url)
+        async with engine.connect() as conn:
+            assert (await conn.execute(sa.text("SELECT id, total FROM invoices"))).all() == [(1, 100)]
+        await engine.dispose()

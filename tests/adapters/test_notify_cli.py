@@ -187,3 +187,55 @@ def test_retain_refuses_a_cutoff_younger_than_the_horizon_and_bad_options_in_one
         if len(args) == 4:  # ours, not typer's usage box: one line
             assert len(out.output.strip().splitlines()) == 1, out.output
     assert sorted(r["id"] for r in json.loads(invoke(db, "ls", "--json").output)) == sorted(ids.values())
+
+
+def test_ls_filters_by_response_status_and_ack_wants_type_and_id(db_url, backend):
+    """N34: `notify ls --status` takes the response statuses too (acked, dismissed, timed_out: the answer a
+    notification's obligation got, a follower's through its owner) besides the notification's own; `--actor`
+    without `type:` (or without an id) is refused before anything is read or written. Both backends."""
+    from statebook.adapters.db import reset_schema
+    from statebook.outbox.notifications import get_response
+
+    async def go() -> dict[str, str]:
+        book = await open_book(db_url)  # the system clock, as the CLI's
+        try:
+            if backend == "postgres":
+                await reset_schema(book.engine)
+            ids = {}
+            for name in ("acked", "dismissed", "open"):
+                made = await send_notification(book, recipient=name, content={"text": name}, mode="guaranteed",
+                                               channels=["email"], response_timeout=600)
+                ids[name] = made.id
+            ids["plain"] = (await send_notification(book, recipient="ops", content={"text": "x"}, mode="guaranteed",
+                                                    channels=["email"])).id
+            await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"] * 4)}, deadline=2)
+            return ids
+        finally:
+            await book.engine.dispose()
+
+    ids = asyncio.run(go())
+    assert invoke(db_url, "ack", ids["acked"], "--actor", "operator:ana").exit_code == 0
+    assert invoke(db_url, "dismiss", ids["dismissed"], "--actor", "operator:ana").exit_code == 0
+    for status, expected in (("acked", ["acked"]), ("dismissed", ["dismissed"]), ("timed_out", [])):
+        listed = invoke(db_url, "ls", "--status", status, "--json")
+        assert listed.exit_code == 0, listed.output
+        assert [r["id"] for r in json.loads(listed.stdout)] == [ids[n] for n in expected]
+        assert invoke(db_url, "ls", "--status", status).exit_code == 0
+    delivered = json.loads(invoke(db_url, "ls", "--status", "delivered", "--json").stdout)
+    assert sorted(r["id"] for r in delivered) == sorted(ids.values())  # the notification's own status, as before
+    bad = invoke(db_url, "ls", "--status", "lost")
+    assert bad.exit_code == 2 and "timed_out" in bad.output and "rate_limited" in bad.output
+    for actor in ("ana", "operator:", ":ana"):
+        refused = invoke(db_url, "ack", ids["open"], "--actor", actor)
+        assert refused.exit_code == 2, refused.output
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--actor" in lines[0] and "type:id" in lines[0] and "operator:alice" in lines[0]
+
+    async def answer() -> dict | None:
+        book = await open_book(db_url)
+        try:
+            return await get_response(book, ids["open"])
+        finally:
+            await book.engine.dispose()
+
+    assert asyncio.run(answer())["status"] == "pending"  # nothing was written

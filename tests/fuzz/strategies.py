@@ -2,7 +2,7 @@
 
 Each strategy mixes a few well-formed values (so the success path is exercised too) with the
 shapes issue 10 found: lone surrogates, NUL, huge text, deep JSON, NaN and infinities, numbers past
-32 and 64 bits, times outside 1970..9999, wrong types. ``Seed`` stands for an entity the harness
+32 and 64 bits (and past 4,300 digits, issue 25), times outside 1970..9999, wrong types. ``Seed`` stands for an entity the harness
 created before the example (tests/fuzz/support.py resolves it per backend, since ids differ).
 """
 
@@ -79,6 +79,16 @@ def wrong_types() -> st.SearchStrategy[Any]:
 
 # -- numbers and times --------------------------------------------------------------------------
 EDGE_INTS = (0, 1, -1, 2**31 - 1, 2**31, -(2**31) - 1, 2**63 - 1, 2**63, -(2**63) - 1, 2**80)
+
+
+def _huge(sign: int) -> int:
+    return sign * 10**5000
+
+
+def huge_ints() -> st.SearchStrategy[int]:
+    """Integers Python refuses to write as text (more than 4,300 digits): a message showing one must not
+    fail. Built by a function, since Hypothesis writes the values of ``sampled_from`` in its own reprs."""
+    return st.sampled_from((1, -1)).map(_huge)
 EDGE_FLOATS = (math.nan, math.inf, -math.inf, 1e400, -0.0, 5e-324, 1.7976931348623157e308)
 EDGE_TIMES = (0.0, -1.0, 1_700_000_000.0, 253402300799.0, 253402300800.0, 1e12, -1e12)
 
@@ -89,6 +99,7 @@ def integers(*fair: int) -> st.SearchStrategy[Any]:
         st.sampled_from(fair or (1,)),
         st.sampled_from(EDGE_INTS),
         st.integers(min_value=-(2**80), max_value=2**80),
+        huge_ints(),
         st.floats(allow_nan=True, allow_infinity=True),
         wrong_types(),
     )
@@ -101,6 +112,7 @@ def numbers(*fair: float) -> st.SearchStrategy[Any]:
         st.sampled_from(EDGE_FLOATS),
         st.floats(allow_nan=True, allow_infinity=True),
         st.integers(min_value=-(2**80), max_value=2**80),
+        huge_ints(),
         wrong_types(),
     )
 
@@ -126,7 +138,7 @@ def number_texts() -> st.SearchStrategy[str]:
     """What an operator types for a numeric option: a number in any range, or not a number."""
     return st.one_of(
         st.sampled_from(("1", "0", "-1", "nan", "inf", "1e400", "2147483648", "9223372036854775808",
-                         "99999999999", "0.2", "")),
+                         "99999999999", "0.2", "", "1" + "0" * 5000)),
         st.integers(min_value=-(2**80), max_value=2**80).map(str),
         st.floats(allow_nan=True, allow_infinity=True).map(repr),
         texts(),
@@ -146,7 +158,7 @@ def json_values() -> st.SearchStrategy[Any]:
     """JSON-ish values, some not JSON: NaN, surrogates, NUL, 64-bit overflow, sets, bytes, deep nesting."""
     scalars = st.one_of(
         st.none(), st.booleans(), st.floats(allow_nan=True, allow_infinity=True),
-        st.integers(min_value=-(2**80), max_value=2**80), st.text(any_char, max_size=8),
+        st.integers(min_value=-(2**80), max_value=2**80), huge_ints(), st.text(any_char, max_size=8),
         st.text(st.one_of(fair_chars, surrogates, st.just("\x00")), max_size=6),
     )
     trees = st.recursive(

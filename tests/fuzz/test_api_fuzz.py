@@ -19,8 +19,8 @@ from statebook.lifecycle import (
 )
 from statebook.outbox import (
     ArgvTransport, CallableTransport, DeliveryWorker, Retention, ack_dispatch, apply_retention,
-    deliver_due_dispatches, enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat, get_dispatch,
-    list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
+    deliver_due_dispatches, enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat, expedite_dispatch,
+    get_dispatch, list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
 )
 from statebook.scheduler import (
     CreateScheduleRequest, cancel_run, create_schedule, delete_schedule, disable_schedule, enable_schedule,
@@ -34,7 +34,7 @@ from statebook.outbox.notifications import (
 )
 
 from .strategies import Deep, Seed, bodies, ids, integers, json_values, numbers, texts, times, wrong_types
-from .support import examples, open_pair
+from .support import START, examples, open_pair
 
 pytestmark = pytest.mark.postgres
 
@@ -234,15 +234,18 @@ def test_ack_dispatch(pair, dispatch_id, token, who):
 
 
 @examples(EXAMPLES["dispatch_by_id"])
-@given(st.sampled_from(["get", "purge", "retry"]), ids("pending", "delivered", "dead_letter"), actors, BOOLS)
+@given(st.sampled_from(["get", "purge", "retry", "expedite"]), ids("pending", "delivered", "dead_letter"), actors,
+       BOOLS)
 def test_get_purge_retry_dispatch(pair, which, dispatch_id, who, force):
     async def call(book, r):
         if which == "get":
             await get_dispatch(book, r(dispatch_id))
         elif which == "purge":
             await purge_dispatch(book, r(dispatch_id), actor=actor(who), force=force)
-        else:
+        elif which == "retry":
             await retry_dispatch(book, r(dispatch_id), actor=actor(who))
+        else:
+            await expedite_dispatch(book, r(dispatch_id), actor=actor(who))
 
     pair.check(call)
 
@@ -509,3 +512,109 @@ def test_notification_responses(pair, which, notification_id, who, note, limit):
             await expire_responses(book, limit=limit)
 
     pair.check(call)
+
+
+# -- integers too long to print (issue 25) -----------------------------------------------------------
+HUGE = 10**5000
+"""Past the 64-bit rule, and past Python's 4,300-digit limit on writing an integer as text."""
+
+
+def _spec(**extra: Any) -> dict[str, Any]:
+    return {"name": "huge", "trigger_type": "interval", "interval_sec": 60, "action_kind": "command",
+            "action_command": "/bin/true", **extra}
+
+
+HUGE_CALLS: dict[str, tuple[str, Any]] = {
+    "dispatch body": ("DispatchInvalid", lambda b, r: enqueue_dispatch(b, kind="k", deliver_to="x", body={"n": HUGE})),
+    "dispatch body, negative, nested": ("DispatchInvalid", lambda b, r: enqueue_dispatch(
+        b, kind="k", deliver_to="x", body={"n": [{"m": -HUGE}]})),
+    "dispatch batch body": ("DispatchInvalid", lambda b, r: enqueue_dispatches(
+        b, [{"kind": "k", "deliver_to": "x", "body": {"n": HUGE}}])),
+    "dispatch max_attempts": ("DispatchInvalid", lambda b, r: enqueue_dispatch(b, kind="k", deliver_to="x",
+                                                                              max_attempts=HUGE)),
+    "dispatch expires_at": ("DispatchInvalid", lambda b, r: enqueue_dispatch(b, kind="k", deliver_to="x",
+                                                                            expires_at=HUGE)),
+    "dispatch list limit": ("DispatchInvalid", lambda b, r: list_dispatches(b, limit=HUGE)),
+    "dispatch purge before": ("DispatchInvalid", lambda b, r: purge_dispatches(b, before=HUGE)),
+    "dispatch retention days": ("DispatchInvalid", lambda b, r: apply_retention(b, now=START, delivered_days=HUGE)),
+    "dispatch pass batch_size": ("DispatchInvalid", lambda b, r: deliver_due_dispatches(
+        b, transport=CallableTransport(_ok), batch_size=HUGE)),
+    "notification content": ("NotificationInvalid", lambda b, r: send_notification(
+        b, recipient="ops", content={"n": HUGE}, mode="guaranteed", channels=["email"])),
+    "notification response_timeout": ("NotificationInvalid", lambda b, r: send_notification(
+        b, recipient="ops", content={}, mode="guaranteed", channels=["email"], response_timeout=HUGE)),
+    "notification dedup_window": ("NotificationInvalid", lambda b, r: send_notification(
+        b, recipient="ops", content={}, mode="guaranteed", channels=["email"], dedup_key="d", dedup_window=HUGE)),
+    "notification list limit": ("NotificationInvalid", lambda b, r: list_notifications(b, limit=HUGE)),
+    "rate bucket capacity": ("NotificationInvalid", lambda b, r: ensure_bucket(b, "email", "all", capacity=HUGE,
+                                                                               refill_per_second=1.0)),
+    "rate bucket refill": ("NotificationInvalid", lambda b, r: ensure_bucket(b, "email", "all", capacity=1,
+                                                                             refill_per_second=HUGE)),
+    "schedule interval_sec": ("InvalidSchedule", lambda b, r: create_schedule(b, _spec(interval_sec=HUGE))),
+    "schedule max_runs": ("InvalidSchedule", lambda b, r: create_schedule(b, _spec(max_runs=HUGE))),
+    "schedule budget_usd": ("InvalidSchedule", lambda b, r: create_schedule(b, _spec(budget_usd=HUGE))),
+    "schedule budget_tokens": ("InvalidSchedule", lambda b, r: create_schedule(b, _spec(budget_tokens=HUGE))),
+    "schedule on_success": ("InvalidSchedule", lambda b, r: create_schedule(b, _spec(on_success={"n": HUGE}))),
+    "schedule threshold_config": ("InvalidSchedule", lambda b, r: create_schedule(
+        b, _spec(threshold_config={"n": HUGE}))),
+    "schedule runs limit": ("InvalidArgument", lambda b, r: list_runs(b, r(Seed("schedule")), limit=HUGE)),
+    "transition metadata": ("InvalidArgument", lambda b, r: transition(
+        b, "dispatch", r(Seed("pending")), "delivering", expected="pending", guards={"attempt": 0},
+        patch={"attempt": 1}, reason=Reason("dispatch.delivering.attempt"), actor=Actor("system", "fuzz"),
+        metadata={"n": HUGE})),
+    "transition guard": ("InvalidArgument", lambda b, r: transition(
+        b, "dispatch", r(Seed("pending")), "delivering", expected="pending", guards={"attempt": HUGE},
+        patch={"attempt": 1}, reason=Reason("dispatch.delivering.attempt"), actor=Actor("system", "fuzz"))),
+    "transition patch": ("InvalidArgument", lambda b, r: transition(
+        b, "dispatch", r(Seed("pending")), "delivering", expected="pending", guards={"attempt": 0},
+        patch={"attempt": -HUGE}, reason=Reason("dispatch.delivering.attempt"), actor=Actor("system", "fuzz"))),
+    "create column": ("InvalidArgument", lambda b, r: create(
+        b, "dispatch", values={"kind": "k", "deliver_to": "x", "payload": {}, "next_attempt_at": START,
+                               "created_at": START, "max_attempts": HUGE},
+        status="pending", reason=Reason("dispatch.pending.enqueued"), actor=Actor("system", "fuzz"))),
+    "as_of time": ("InvalidArgument", lambda b, r: as_of(b, "dispatch", r(Seed("pending")), HUGE)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HUGE_CALLS))
+def test_an_integer_too_long_to_print_is_each_parts_own_refusal(pair, case):
+    """L21 (issue 25): an integer of 5,000 digits — in a JSON body, content, metadata or patch, or as a count,
+    time or limit — is refused by the 64-bit (or the argument's own) rule with the part's own error, never
+    Python's ``ValueError: Exceeds the limit (4300 digits)``, and writes nothing; the same on both backends."""
+    expected, fn = HUGE_CALLS[case]
+
+    async def call(book, r):
+        await fn(book, r)
+
+    outcomes = pair.check(call)
+    assert [o.kind for o in outcomes] == [expected, expected]
+
+
+def test_json_text_from_outside_is_read_by_the_same_rules(tmp_path):
+    """L20 (issue 25): JSON text statebook reads from outside — a setting's JSON in the environment, a run's
+    report file written by its child — goes through ``codec.loads_checked``: an integer past 64 bits (5,000
+    digits or 20), a number too large for a float, NaN or Infinity is refused by that rule (a setting: one
+    ConfigError naming the variable; a child's report: ignored as no report), never an OverflowError or
+    Python's digit-limit ValueError."""
+    from statebook.adapters.errors import ConfigError
+    from statebook.adapters.settings import load_settings
+    from statebook.lifecycle.codec import loads_checked
+    from statebook.scheduler.launcher import _read_report
+
+    for text, rule in (("[1" + "0" * 5000 + "]", "5001 digits"), ("[9223372036854775808]", "64-bit"),
+                       ("[-9223372036854775809]", "64-bit"), ("[1e400]", "finite"), ("[NaN]", "NaN"),
+                       ('{"a": [Infinity]}', "Infinity")):
+        with pytest.raises(ValueError, match=rule):
+            loads_checked(text)
+    assert loads_checked('{"n": [-9223372036854775808, 9223372036854775807, 1.5]}') == {
+        "n": [-(2**63), 2**63 - 1, 1.5]}
+    huge = '[{"name": "x", "trigger_type": "interval", "interval_sec": 1' + "0" * 5000 + "}]"
+    with pytest.raises(ConfigError, match="STATEBOOK_SCHEDULER__SCHEDULES takes JSON.*5001 digits"):
+        load_settings(None, environ={"STATEBOOK_SCHEDULER__SCHEDULES": huge})
+    for body in ('{"cost_usd": 1' + "0" * 400 + ', "tokens": 5}', '{"tokens": 1' + "0" * 30 + "}",
+                 '{"cost_usd": 1e400}'):
+        report = tmp_path / "report.json"
+        report.write_text(body)
+        assert _read_report(str(report)) == {}
+    report.write_text('{"cost_usd": 0.5, "tokens": 7}')
+    assert _read_report(str(report)) == {"cost_usd": 0.5, "tokens": 7}

@@ -147,9 +147,12 @@ def test_dispatch_ls_and_show(pair, args):
 
 @examples(EXAMPLES["dispatch_ack_retry"])
 @example(["dispatch", "retry", Seed("pending")])
+@example(["dispatch", "expedite", Seed("pending")])
+@example(["dispatch", "expedite", Seed("dead_letter")])
 @given(st.one_of(
     st.tuples(entity_ids, st.one_of(st.just(Seed("ack_token")), texts())).map(lambda a: ["dispatch", "ack", *a]),
     entity_ids.map(lambda i: ["dispatch", "retry", i]),
+    entity_ids.map(lambda i: ["dispatch", "expedite", i]),
 ))
 def test_dispatch_ack_and_retry(pair, args):
     check(pair, args)

@@ -23,10 +23,12 @@ DISPATCH_EDGES = {
     ("pending", "delivering"), ("pending", "expired"), ("pending", "acked"),
     ("delivering", "delivering"), ("delivering", "pending"), ("delivering", "delivered"),
     ("delivering", "acked"), ("delivering", "dead_letter"), ("delivering", "expired"),
-    ("dead_letter", "pending"), ("expired", "pending"),
+    ("dead_letter", "pending"), ("expired", "pending"), ("pending", "pending"),
 }
 DISPATCH_OPERATOR_ONLY = {("dead_letter", "pending"), ("expired", "pending")}
 OPERATOR_PATCH = {"attempt", "next_attempt_at", "last_error"}
+DISPATCH_EXPEDITE = ("pending", "pending")
+"""An operator's expedite (specs/outbox.md O23): the due time alone, compared and set."""
 
 RUN_STATUSES = {
     "queued", "waiting_dependency", "running", "retry_wait", "completed", "failed", "timed_out", "skipped",
@@ -45,6 +47,8 @@ RUN_EDGES = {
 
 def _requirements(source: str, target: str) -> tuple[dict[str, int], dict[str, int]]:
     """Patch and guards the spec requires for a dispatch edge (empty for anything else)."""
+    if (source, target) == DISPATCH_EXPEDITE:
+        return {"next_attempt_at": 0}, {"next_attempt_at": 0}
     patch = {f: 0 for f in OPERATOR_PATCH} if (source, target) in DISPATCH_OPERATOR_ONLY else {}
     guards = {"attempt": 1} if (source, target) == ("delivering", "delivering") else {}
     return patch, guards
@@ -68,7 +72,7 @@ def test_dispatch_status_sets():
 def test_dispatch_edge_matrix(source, target):
     """L3: source -> target is accepted (by the actor and with the fields it needs) iff the spec lists it."""
     patch, guards = _requirements(source, target)
-    actor = "operator" if (source, target) in DISPATCH_OPERATOR_ONLY else "system"
+    actor = "operator" if (source, target) in DISPATCH_OPERATOR_ONLY | {DISPATCH_EXPEDITE} else "system"
     check = lambda: DISPATCH.check_command(  # noqa: E731
         [source], target, actor_type=actor, patch=patch, guard=guards, reason_code=_any_reason(DISPATCH)
     )
@@ -129,9 +133,27 @@ def test_dispatch_redelivery_needs_an_attempt_guard():
                            guard={"attempt": 1}, reason_code="dispatch.delivering.reclaimed")
 
 
+@pytest.mark.parametrize("actor", ["system", "delivery", "consumer", "scheduler"])
+def test_dispatch_expedite_is_the_operators_and_moves_the_due_time_alone(actor):
+    """L3 / O23: pending -> pending is an operator's, patches next_attempt_at and nothing it does not name,
+    and must compare-and-set on the due time."""
+    with pytest.raises(TransitionRejected) as excinfo:
+        DISPATCH.check_command(["pending"], "pending", actor_type=actor, patch={"next_attempt_at": 1},
+                               guard={"next_attempt_at": 0}, reason_code="dispatch.pending.operator_expedited")
+    assert excinfo.value.rule == "actor"
+    with pytest.raises(TransitionRejected) as excinfo:
+        DISPATCH.check_command(["pending"], "pending", actor_type="operator", patch={"next_attempt_at": 1},
+                               reason_code="dispatch.pending.operator_expedited")
+    assert excinfo.value.rule == "guard"
+    (edge,) = [e for e in DISPATCH.edges if (e.source, e.target) == DISPATCH_EXPEDITE]
+    assert (edge.actors, edge.requires_patch, edge.requires_guard) == ({"operator"}, {"next_attempt_at"},
+                                                                       {"next_attempt_at"})
+
+
 def test_dispatch_ungated_edges_accept_any_actor():
-    """L3: only the two reopen edges are gated; the delivery pipeline's edges take any actor type."""
-    for source, target in DISPATCH_EDGES - DISPATCH_OPERATOR_ONLY:
+    """L3: only the two reopen edges and the expedite are gated; the delivery pipeline's edges take any actor
+    type."""
+    for source, target in DISPATCH_EDGES - DISPATCH_OPERATOR_ONLY - {DISPATCH_EXPEDITE}:
         patch, guards = _requirements(source, target)
         for actor in ("system", "operator", "consumer"):
             DISPATCH.check_command([source], target, actor_type=actor, patch=patch, guard=guards,

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from statebook.lifecycle import Actor, TransitionRejected, verify
+from statebook.lifecycle import Actor, EntityNotFound, TransitionRejected, verify
 from statebook.outbox import (
     DispatchInvalid,
     apply_retention,
     deliver_due_dispatches,
     enqueue_dispatch,
+    expedite_dispatch,
     get_dispatch,
     list_dispatches,
     purge_dispatch,
     purge_dispatches,
     retry_dispatch,
 )
+from statebook.outbox.attempts import scan
+from statebook.outbox.steps import claim
 
-from dispatch_support import Recorder, facts, failing, row
+from dispatch_support import Recorder, facts, failing, moves, row
 
 DAY = 86400.0
 
@@ -63,6 +66,92 @@ class DispatchAdminCases:
             await retry_dispatch(book, pending)  # delivered now
         assert await retry_dispatch(book, expiring) is True
         assert (await row(book, expiring))["status"] == "pending"
+
+    async def test_an_operator_expedites_a_pending_dispatch_waiting_out_its_backoff(self, book, clock):
+        """O23: a pending dispatch waiting out its backoff (attempt 1 failed, due 60 s later) is made due now by
+        ONE operator transition pending -> pending (``dispatch.pending.operator_expedited``) whose patch is the
+        due time alone: the attempt count, its bound and the last error stay; the next pass sends it as
+        attempt 2 at once; a retry of it is still refused (it is pending); verify passes."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="r", max_attempts=8)
+        await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
+        clock.advance(5)
+        waiting = await row(book, did)
+        assert (waiting["status"], waiting["attempt"], waiting["next_attempt_at"]) == ("pending", 1, clock.now() + 55)
+        with pytest.raises(TransitionRejected, match="'pending'; only dead_letter or expired"):
+            await retry_dispatch(book, did)
+        assert await deliver_due_dispatches(book, transport=Recorder().transport) == {
+            "attempted": 0, "delivered": 0, "dead_letter": 0, "expired": 0, "retried": 0}
+        assert await expedite_dispatch(book, did, actor=Actor("operator", "ana")) is True
+        now = await row(book, did)
+        assert (now["status"], now["attempt"], now["max_attempts"], now["next_attempt_at"], now["last_error"]) == (
+            "pending", 1, 8, clock.now(), "down")
+        last = (await facts(book, did))[-1]
+        assert (last.previous_status, last.status, last.reason_code) == ("pending", "pending",
+                                                                        "dispatch.pending.operator_expedited")
+        assert (last.actor_type, last.actor_id, last.patch) == ("operator", "ana", {"next_attempt_at": clock.now()})
+        assert await expedite_dispatch(book, did) is True  # already due: nothing more to write
+        assert len(await facts(book, did)) == 4
+        sent = Recorder()
+        assert (await deliver_due_dispatches(book, transport=sent.transport))["delivered"] == 1
+        assert (await row(book, did))["attempt"] == 2 and len(sent.calls) == 1
+        assert (await verify(book, "dispatch")).ok
+
+    async def test_expedite_refuses_other_statuses_and_actors_without_writing(self, book, clock):
+        """O23: only a pending dispatch is expedited. A missing one is ``EntityNotFound``; delivering, delivered,
+        dead_letter (the hint names retry) and expired are ``TransitionRejected`` (rule ``status``); an actor that
+        is not an operator is refused by the dispatch policy's operator-only edge (rule ``actor``); none writes."""
+        with pytest.raises(EntityNotFound):
+            await expedite_dispatch(book, "0" * 32)
+        dead = await enqueue_dispatch(book, kind="k", deliver_to="dead", max_attempts=1)
+        await deliver_due_dispatches(book, transport=Recorder(outcome=failing()).transport)
+        done = await enqueue_dispatch(book, kind="k", deliver_to="done")
+        await deliver_due_dispatches(book, transport=Recorder().transport)
+        held = await enqueue_dispatch(book, kind="k", deliver_to="held")
+        [candidate] = await scan(book, now=clock.now())  # a live lease: the dispatch is being sent
+        assert await claim(book, candidate, now=clock.now()) is not None
+        for did, status in ((dead, "dead_letter"), (done, "delivered"), (held, "delivering")):
+            with pytest.raises(TransitionRejected, match=f"'{status}'; only a pending dispatch") as caught:
+                await expedite_dispatch(book, did)
+            assert caught.value.rule == "status"
+            if status == "dead_letter":
+                assert "retry" in str(caught.value)
+        waiting = await enqueue_dispatch(book, kind="k", deliver_to="wait")
+        await deliver_due_dispatches(book, transport=Recorder(outcome=failing()).transport)
+        before = await facts(book, waiting)
+        with pytest.raises(TransitionRejected) as caught:
+            await expedite_dispatch(book, waiting, actor=Actor("system", "cron"))
+        assert caught.value.rule == "actor"
+        assert await facts(book, waiting) == before
+        assert moves(before)[-1] == ("delivering", "pending", "dispatch.pending.transport_failed")
+        assert (await verify(book, "dispatch")).ok
+
+    async def test_facts_written_before_the_expedite_edge_verify(self, book, clock):
+        """O23, L12c: the expedite edge changed the dispatch policy's fingerprint; ``DISPATCH`` accepts the
+        declaration before it (``DISPATCH_V2``, itself accepting ``DISPATCH_V1``), so a database written until
+        then verifies, its facts beside today's; a declaration accepting nothing reports them."""
+        import dataclasses
+
+        from statebook.lifecycle import Book, Registry
+        from statebook.outbox import DISPATCH
+        from statebook.outbox.policy import DISPATCH_V1, DISPATCH_V2
+        from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
+
+        assert DISPATCH.policy_for(DISPATCH_V2.fingerprint) is DISPATCH_V2
+        assert DISPATCH.policy_for(DISPATCH_V1.fingerprint) is DISPATCH_V1
+        assert DISPATCH.reasons - DISPATCH_V2.reasons == {"dispatch.pending.operator_expedited"}
+        assert {(e.source, e.target) for e in DISPATCH.edges} - {(e.source, e.target) for e in DISPATCH_V2.edges} \
+            == {("pending", "pending")}
+        older = Book(book.engine, Registry([DISPATCH_V2, SCHEDULE, SCHEDULE_RUN]).seal(), clock)
+        old = await enqueue_dispatch(older, kind="k", deliver_to="old")
+        await deliver_due_dispatches(older, transport=Recorder(outcome=failing()).transport)
+        assert {f.policy_fingerprint for f in await facts(book, old)} == {DISPATCH_V2.fingerprint}
+        clock.advance(1)
+        assert await expedite_dispatch(book, old) is True
+        assert (await facts(book, old))[-1].policy_fingerprint == DISPATCH.fingerprint
+        assert (await verify(book, "dispatch")).ok
+        strict = Book(book.engine, Registry([dataclasses.replace(DISPATCH, accepts=()), SCHEDULE, SCHEDULE_RUN]).seal(),
+                      clock)
+        assert {f.kind for f in (await verify(strict, "dispatch")).findings} == {"unknown_policy"}
 
     async def test_single_purge_refuses_live_rows_unless_forced(self, book):
         """O16: purging a pending row is refused (TransitionRejected, nothing written) unless forced;

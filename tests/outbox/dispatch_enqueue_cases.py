@@ -93,16 +93,20 @@ class DispatchEnqueueCases:
         assert opened == ([True] if book.store.dialect == "postgresql" else [])
 
     async def test_envelope_is_a_versioned_signal_serialised_once(self, book, clock):
-        """O1: the stored payload is a DispatchSignal in JSON mode with its own id, the book clock's
-        created_at and the class marker; every attempt sends exactly that stored text."""
+        """O1: the stored payload is a DispatchSignal in JSON mode (schema 2) with its own id, the book clock's
+        created_at, ``attempt`` 0 (none made yet) and no implementation detail (no class marker in
+        ``metadata``); every attempt sends that stored text with ``attempt`` set to the attempt being made —
+        1 on the first (it said 0 before), 2 on the second — and not one other byte changed."""
         did = await enqueue_dispatch(book, kind="terminal_notify", deliver_to="seat-1", body={"n": 1, "s": "x"})
         stored = (await row(book, did))["payload"]
-        assert stored["metadata"] == {"class": "statebook.outbox.DispatchSignal"}
+        assert stored["metadata"] == {}
+        assert "DispatchSignal" not in json.dumps(stored)
         assert HEX32.match(stored["id"]) and stored["id"] != did
         assert stored["created_at"] == clock.now()
-        assert stored["schema_version"] == SIGNAL_SCHEMA_VERSION == 1
+        assert stored["schema_version"] == SIGNAL_SCHEMA_VERSION == 2
         assert (stored["dispatch_id"], stored["kind"], stored["deliver_to"]) == (did, "terminal_notify", "seat-1")
         assert (stored["attempt"], stored["ack_token"], stored["body"]) == (0, None, {"n": 1, "s": "x"})
+        assert (stored["data"], stored["emitter_role"]) == (None, None)
         assert DispatchSignal.model_validate(stored).to_json() == stored
         assert DispatchSignal.model_validate({**stored, "added_later": 1}).to_json() == stored  # additions not breaking
 
@@ -112,8 +116,10 @@ class DispatchEnqueueCases:
         await deliver_due_dispatches(book, transport=rec.transport)
         assert len(rec.calls) == 2
         first, second = (p for _, p in rec.calls)
-        assert first == second  # not re-serialised per attempt
-        assert json.loads(first) == stored
+        assert json.loads(first) == {**stored, "attempt": 1}
+        assert json.loads(second) == {**stored, "attempt": 2}
+        assert first.replace('"attempt":1', '"attempt":2', 1) == second  # stored once: only the attempt differs
+        assert (await row(book, did))["payload"] == stored  # the stored envelope is never rewritten
 
     async def test_ids_are_32_hex_and_a_token_exists_only_when_required(self, book):
         """O2: dispatch ids are 32 hex; an ack token (32 hex) is generated only for ack_required, and

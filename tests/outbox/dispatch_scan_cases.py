@@ -96,9 +96,11 @@ class DispatchScanCases:
         assert rec.calls == []
 
     async def test_the_payload_sent_is_the_stored_envelope(self, book):
-        """O1: the transport gets (deliver_to, stored JSON text) for each row."""
-        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-9", body={"x": [1, 2]})
+        """O1: the transport gets (deliver_to, the stored JSON text with the attempt being made) for each row."""
+        did = await enqueue_dispatch(book, kind="k", deliver_to="seat-9", body={"x": [1, 2], "attempt": 0})
         rec = Recorder()
         await deliver_due_dispatches(book, transport=rec.transport)
         [(to, payload)] = rec.calls
-        assert to == "seat-9" and json.loads(payload) == (await row(book, did))["payload"]
+        stored = (await row(book, did))["payload"]
+        assert to == "seat-9" and json.loads(payload) == {**stored, "attempt": 1}
+        assert json.loads(payload)["body"] == {"x": [1, 2], "attempt": 0}  # the body's own field is the body's

@@ -30,7 +30,7 @@ from statebook.outbox.attempts import scan
 from statebook.outbox.delivery import run_leases
 from statebook.outbox.steps import claim, execute, finalize, release
 from statebook.outbox.transport import NOTIFY_TIMEOUT_SECONDS
-from statebook.outbox.policy import DISPATCH_V1
+from statebook.outbox.policy import DISPATCH_V1, DISPATCH_V2
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 from dispatch_support import Recorder, facts, row
@@ -230,7 +230,7 @@ class LeaseTimeoutCases:
         report each of those facts as ``unknown_policy``."""
         assert DISPATCH.fingerprint != DISPATCH_V1.fingerprint
         assert DISPATCH.policy_for(DISPATCH_V1.fingerprint) is DISPATCH_V1
-        assert DISPATCH.reasons - DISPATCH_V1.reasons == {"dispatch.pending.released"}
+        assert DISPATCH_V2.reasons - DISPATCH_V1.reasons == {"dispatch.pending.released"}
         older = Book(book.engine, Registry([DISPATCH_V1, SCHEDULE, SCHEDULE_RUN]).seal(), clock)
         ok = await enqueue_dispatch(older, kind="k", deliver_to="ok")
         failed = await enqueue_dispatch(older, kind="k", deliver_to="fail")

@@ -26,7 +26,8 @@ class OfferCases:
 
     async def test_an_idle_worker_claims_the_offered_row_and_sends_the_stored_bytes(self, book):
         """O14: an enqueue through the worker's book is offered to it; it claims and delivers that row, the
-        payload it sends is byte for byte the stored text, and the history is the usual one."""
+        payload it sends is byte for byte the stored text (but the attempt it makes, O1), and the history is the
+        usual one."""
         rec = Signalled()
         worker = DeliveryWorker(book, rec.transport, tick_seconds=30.0)
         task = asyncio.ensure_future(worker.run_until_stopped())
@@ -41,7 +42,7 @@ class OfferCases:
             await asyncio.wait_for(task, WAIT)
         async with book.read() as conn:
             stored = (await conn.execute(sa.text("SELECT CAST(payload AS TEXT) FROM dispatch_outbox"))).scalar_one()
-        assert rec.calls == [("seat-1", stored)]
+        assert rec.calls == [("seat-1", stored.replace('"attempt":0,', '"attempt":1,', 1))]  # O1: with its attempt
         assert [f.status for f in await facts(book, did)] == ["pending", "delivering", "delivered"]
         assert (await verify(book, "dispatch")).ok
 

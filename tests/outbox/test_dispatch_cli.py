@@ -155,3 +155,95 @@ def test_deliver_once_expands_python_and_config_dir_as_run_does(db, tmp_path):
     assert json.loads(result.output.strip().splitlines()[-1])["delivered"] == 1
     assert (folder / "routes.txt").read_text() == "seat-3"
     assert row(db, ids["pending"])["status"] == "delivered"
+
+
+@pytest.fixture
+def any_db(db_url, backend) -> str:
+    """An empty statebook database on either backend (PostgreSQL's is shared: emptied first)."""
+    from statebook.adapters.db import reset_schema
+
+    async def go(book):
+        if backend == "postgres":
+            await reset_schema(book.engine)
+
+    run_async(_with_book(db_url, go))
+    return db_url
+
+
+def snapshot(url: str) -> tuple[list[tuple], int]:
+    """Every dispatch's (id, status, attempt, due time, claim id), and the number of facts."""
+    import sqlalchemy as sa
+
+    from statebook.lifecycle.facts import facts_table
+    from statebook.outbox import dispatch_outbox as t
+
+    async def go(book):
+        async with book.read() as conn:
+            rows = (await conn.execute(sa.select(t.c.id, t.c.status, t.c.attempt, t.c.next_attempt_at, t.c.claim_id)
+                                       .order_by(t.c.id))).all()
+            count = await conn.scalar(sa.select(sa.func.count()).select_from(facts_table))
+        return [tuple(r) for r in rows], count
+
+    return run_async(_with_book(url, go))
+
+
+def test_deliver_without_a_transport_refuses_to_start_and_claims_nothing(any_db, tmp_path):
+    """O18 (issue 25): `dispatch deliver` with no `dispatch.notify_template` refuses to start — one line naming
+    the setting, exit 2 — before it opens the database: no dispatch is claimed or failed (it used to burn
+    attempts, a pending dispatch going to attempt 4 of 8 due 15 minutes later), with --once and without,
+    on both backends. The same template given through the environment starts it."""
+    import os
+    import subprocess
+
+    ids = setup_rows(any_db)
+    before = snapshot(any_db)
+    config = tmp_path / "statebook.toml"
+    config.write_text("[dispatch]\nbatch_size = 10\n")
+    once = invoke(any_db, "deliver", "--once", "--config", str(config))
+    assert once.exit_code == 2, once.output
+    lines = once.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "notify_template" in lines[0], once.stderr
+    assert "nothing was claimed" in lines[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STATEBOOK_")}
+    served = subprocess.run([sys.executable, "-m", "statebook", "--db", any_db, "dispatch", "deliver", "--config",
+                             str(config)], capture_output=True, text=True, timeout=60, env=env)
+    assert served.returncode == 2 and "notify_template" in served.stderr, served.stderr
+    assert "delivering;" not in served.stderr
+    assert snapshot(any_db) == before
+    assert row(any_db, ids["pending"])["attempt"] == 0
+    env["STATEBOOK_DISPATCH__NOTIFY_TEMPLATE"] = json.dumps(["/bin/true", "{deliver_to}"])
+    started = subprocess.run([sys.executable, "-m", "statebook", "--db", any_db, "dispatch", "deliver", "--once",
+                              "--config", str(config)], capture_output=True, text=True, timeout=60, env=env)
+    assert started.returncode == 0, started.stderr
+    assert row(any_db, ids["pending"])["status"] == "delivered"
+
+
+def test_expedite_from_the_command_line_acts_as_the_operator(any_db, monkeypatch):
+    """O18, O23: `dispatch expedite ID` makes a pending dispatch waiting out its backoff due now, as
+    operator:$USER, and says so; a dead letter is refused in one line naming retry (exit 2), a missing id is
+    one line (exit 2); nothing else changes. Both backends."""
+    monkeypatch.setenv("USER", "dana")
+
+    async def go(book):
+        waiting = await enqueue_dispatch(book, kind="k", deliver_to="seat-9")
+        await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
+        return waiting
+
+    ids = setup_rows(any_db)
+    waiting = run_async(_with_book(any_db, go))
+    due = row(any_db, waiting)["next_attempt_at"]
+    done = invoke(any_db, "expedite", waiting)
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith(f"expedited {waiting}")
+    now = row(any_db, waiting)
+    assert now["status"] == "pending" and now["attempt"] == 1 and now["next_attempt_at"] < due
+    last = run_async(_with_book(any_db, lambda book: history(book, "dispatch", waiting)))[-1]
+    assert (last.reason_code, last.actor_type, last.actor_id) == ("dispatch.pending.operator_expedited", "operator",
+                                                                  "dana")
+    before = snapshot(any_db)
+    for target, message in ((ids["dead"], "dispatch retry"), ("0" * 32, "does not exist")):
+        refused = invoke(any_db, "expedite", target)
+        assert refused.exit_code == 2, refused.output
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], refused.stderr
+    assert snapshot(any_db) == before

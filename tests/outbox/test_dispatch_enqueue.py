@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import sqlalchemy as sa
@@ -18,7 +19,8 @@ from statebook.outbox import (
     enqueue_dispatches,
 )
 
-from statebook.outbox.signal import dispatch_envelope
+from statebook.lifecycle.codec import dumps
+from statebook.outbox.signal import dispatch_envelope, with_attempt
 
 from dispatch_support import facts, moves
 
@@ -94,3 +96,25 @@ def test_the_fast_envelope_is_the_models_json(created_at, kind, deliver_to, toke
                            deliver_to=deliver_to, ack_token=token, body=body).to_json()
     assert fast == model
     assert [type(v) for v in fast.values()] == [type(v) for v in model.values()]
+
+
+@given(
+    attempt=st.integers(1, 10_000), token=st.one_of(st.none(), st.just("ab" * 16)),
+    body=st.dictionaries(st.sampled_from(["attempt", "a", "zz", "ack_token"]), st.one_of(st.integers(), st.text()),
+                         max_size=3),
+    legacy=st.booleans(), spaced=st.booleans(),
+)
+def test_each_attempt_sends_the_stored_envelope_with_its_attempt(attempt, token, body, legacy, spaced):
+    """O1: the text an attempt sends is the stored envelope's with ``attempt`` (the top-level field alone) set to
+    the attempt being made — for today's envelope, one an older statebook stored (schema 1, a class marker),
+    and stored text not in canonical form (spaces): equal as JSON, and byte for byte the stored text but the
+    attempt when it is canonical. A body's own ``attempt`` is left alone."""
+    envelope = dispatch_envelope(created_at=1.5, dispatch_id="d" * 32, kind="k", deliver_to="r", ack_token=token,
+                                 body=body)
+    if legacy:
+        envelope = {**envelope, "schema_version": 1, "metadata": {"class": "statebook.outbox.DispatchSignal"}}
+    stored = json.dumps(envelope) if spaced else dumps(envelope)
+    sent = with_attempt(stored, attempt)
+    assert json.loads(sent) == {**envelope, "attempt": attempt}
+    if not spaced:
+        assert sent == stored.replace('"attempt":0,', f'"attempt":{attempt},', 1)

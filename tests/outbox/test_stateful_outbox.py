@@ -2,7 +2,7 @@
 
 Three claimants advance deliveries one step per rule (scan, settle+claim, run the transport,
 finalize) in any interleaving with each other, with whole ``deliver_due_dispatches`` passes, acks,
-operator retries and purges, and jumps of a FakeClock. A claimant may crash between any two steps
+operator retries, expedites and purges, and jumps of a FakeClock. A claimant may crash between any two steps
 (it forgets what it held); a claim or finalization may commit while its claimant is told it failed
 ("ambiguous": it then behaves as crashed) or roll back inside its transaction ("aborted"). Every
 lease ever won stays drawable, so stale "zombie" finalizations come late and must be refused.
@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 import statebook.outbox.enqueue as enqueue_module
 from statebook.adapters.db import open_book, reset_schema
-from statebook.lifecycle import EntityNotFound, FakeClock, TransitionRejected, verify
+from statebook.lifecycle import Actor, EntityNotFound, FakeClock, TransitionRejected, verify
 from statebook.lifecycle.replay import read_row
 from statebook.outbox import (
     AckRejected,
@@ -42,6 +42,7 @@ from statebook.outbox import (
     ack_dispatch,
     deliver_due_dispatches,
     enqueue_dispatch,
+    expedite_dispatch,
     purge_dispatch,
     retry_dispatch,
 )
@@ -451,6 +452,31 @@ class OutboxMachine(RuleBasedStateMachine):
         """An operator retries a dead-lettered or expired row: its old leases become the zombies
         of a new epoch that restarts at attempt 1 (the ABA case of O8)."""
         self.operator(data.draw(st.sampled_from(self.retryable()), label="dispatch"), purge=False)
+
+    def waiting(self) -> list[str]:
+        rows = self.last.rows if self.last is not None else {}
+        now = self.clock.now()
+        return sorted(i for i, r in rows.items() if r["status"] == "pending" and r["next_attempt_at"] > now)
+
+    @precondition(lambda self: self.waiting())
+    @rule(data=st.data())
+    def operator_expedites_a_waiting_row(self, data):
+        """O23: an operator makes a pending row waiting out its backoff due now: one fact, the due time alone
+        changes (attempt, error and bound stay); candidates scanned before it are stale, their claims lose."""
+        did = data.draw(st.sampled_from(self.waiting()), label="dispatch")
+        before = self.before()
+        row = before.rows[did]
+        assert self.run(expedite_dispatch(self.book, did, actor=Actor("operator", "model"))) is True
+        event("operator expedite")
+        after = self.snap()
+        moved = {"next_attempt_at", "version", "updated_at", "status_reason_code", "status_reason_summary",
+                 "last_fact_id", "chain_hash"}
+        assert {k: v for k, v in after.rows[did].items() if k not in moved} == {
+            k: v for k, v in row.items() if k not in moved}
+        assert (after.rows[did]["next_attempt_at"], after.rows[did]["version"]) == (self.clock.now(),
+                                                                                   row["version"] + 1)
+        assert after.rows[did]["status_reason_code"] == "dispatch.pending.operator_expedited"
+        assert after.fact_count(did) == before.fact_count(did) + 1
 
     def ack(self, did, right):
         """O10: LookupError for a missing row; ValueError when no ack was requested or the token is
