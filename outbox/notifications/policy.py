@@ -37,6 +37,7 @@ NOTIFICATION_REASONS = frozenset({
     "notification.pending.retry",             # the attempt failed; backoff within the cycle
     "notification.pending.released",          # a claim given back without using the cycle's budget
     "notification.delivered.channel_success",  # a qualifying channel succeeded
+    "notification.delivered.recorded_success",  # settled by the next claim from a success its lapsed claim recorded
     "notification.failed.cycle_exhausted",    # GUARANTEED: the cycle's attempts are used up (dead letter)
     "notification.failed.best_effort",        # BEST_EFFORT: no channel succeeded (no dead letter)
     "notification.rate_limited.no_token",     # no selected channel had a token; due when one refills
@@ -85,6 +86,9 @@ ATTEMPT_STATUSES = ("started", "success", "rejected", "unknown", "not_started", 
 ATTEMPT_RESULTS = frozenset(ATTEMPT_STATUSES) - {"started"}
 STARTED_REASON = "channel_attempt.started.admitted"
 """The seed's CHANNEL_ATTEMPT_STARTED: the provider admitted a send (the only way into ``started``)."""
+RETRIED_REASON = "channel_attempt.started.retried"
+"""A guarded provider retry of an admitted send, recorded before its effect (``provider_retries`` + 1):
+not another start, a count the observation's closer can trust (N49)."""
 RESULT_REASONS = {outcome: f"channel_attempt.{outcome}.observed" for outcome in sorted(ATTEMPT_RESULTS)}
 """The seed's CHANNEL_ATTEMPT_RESULT, one code per result status: ``channel_attempt.<outcome>.observed``."""
 
@@ -94,10 +98,11 @@ CHANNEL_ATTEMPT = Lifecycle(
     statuses=ATTEMPT_STATUSES,
     initial={"started", "not_started", "rate_limited"},
     terminal=ATTEMPT_RESULTS,
-    edges=tuple(edges("started", "success", "rejected", "unknown", "rate_limited")),
+    edges=(*edges("started", "success", "rejected", "unknown", "rate_limited"),
+           *edges("started", "started", patch=("provider_retries",))),
     patch_fields={"provider_retries", "duplicate_risk", "detail", "ended_at"},
     reason_prefixes={"channel_attempt"},
-    reasons={STARTED_REASON, *RESULT_REASONS.values(), "channel_attempt.purged.retention"},
+    reasons={STARTED_REASON, RETRIED_REASON, *RESULT_REASONS.values(), "channel_attempt.purged.retention"},
     same_status="edge",
     description="One channel observation of a notification attempt: started at the provider's send "
                 "admission, then its one result; made under the lease it names.",

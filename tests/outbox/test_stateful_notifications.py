@@ -45,7 +45,7 @@ from statebook.outbox.notifications.delivery import (
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from notification_model import SEEN, TERMINAL, Snapshot, event, problems, snapshot  # noqa: E402
+from notification_model import SEEN, SETTLED, TERMINAL, Snapshot, event, problems, snapshot  # noqa: E402
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 SETTINGS = settings(
@@ -209,19 +209,28 @@ class NotificationMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(w.lease is None for w in self.workers))
     @rule(data=st.data())
     def scan_and_claim(self, data):
-        """N2, N5: a claim wins only when the row is still what the scan read; it writes a fresh token."""
-        w = self.pick(data, lambda w: w.lease is None)
+        """N2, N5, N48: a claim wins only when the row is still what the scan read; it writes a fresh token
+        — or settles the notification from the success its lapsed claim recorded."""
+        self.claim_with(self.pick(data, lambda w: w.lease is None), data)
+
+    def claim_with(self, w: Worker, data) -> Lease | None:  # noqa: ANN001
         found = w.candidates or self.run(scan_due(w.book, now=w.clock.now()))
         w.forget()
         if not found:
-            return
+            return None
         cand = found[data.draw(st.integers(0, len(found) - 1), label="candidate")]
         lease = self.run(claim(w.book, cand, now=w.clock.now(), lease_seconds=LEASE))
-        event(f"claim: {'won' if lease else 'none'} from {cand.status}{' (lapsed)' if cand.claim_id else ''}")
-        if lease is not None:
-            row = self.snap().rows[lease.notification_id]
-            assert (row["claim_id"], row["cycle_attempts"]) == (lease.claim_id, lease.cycle_attempt)
-            w.lease = lease
+        event(f"claim: {'won' if lease else 'none'} from {cand.status}{' (lapsed)' if cand.claim_id else ''}"
+              f"{' at risk' if lease and lease.duplicate_risk else ''}")
+        if lease is None:
+            facts = self.snap().notification_facts(cand.id)
+            if facts[-1].reason_code == SETTLED and facts[-1].at == w.clock.now():
+                event("claim: settled from the recorded success")
+            return lease
+        row = self.snap().rows[lease.notification_id]
+        assert (row["claim_id"], row["cycle_attempts"]) == (lease.claim_id, lease.cycle_attempt)
+        w.lease = lease
+        return lease
 
     @precondition(lambda self: any(w.lease is None for w in self.workers))
     @rule(data=st.data())
@@ -248,25 +257,27 @@ class NotificationMachine(RuleBasedStateMachine):
     @contextlib.contextmanager
     def storage(self, mode: str):
         """Evidence writes fail for this rule: the started fact (``create`` with status started) or
-        the result (a channel_attempt ``transition`` or a direct ``create``)."""
-        real_create, real_transition = delivery.create, delivery.transition
+        the result (the admitted observation's result through ``apply_many``, or a direct ``create``);
+        a provider retry's record still succeeds, so a retried send can be left ``started``."""
+        real_create, real_apply = delivery.create, delivery.apply_many
 
         async def create(book, entity_type, **kw):  # noqa: ANN001
             if entity_type == "channel_attempt" and (mode == "fail_result") != (kw.get("status") == "started"):
                 raise StorageDown("disk full")
             return await real_create(book, entity_type, **kw)
 
-        async def transition(book, entity_type, *args, **kw):  # noqa: ANN001
-            if entity_type == "channel_attempt" and mode == "fail_result":
+        async def apply_many(book, commands, **kw):  # noqa: ANN001
+            if mode == "fail_result" and any(c.entity_type == "channel_attempt" and c.target != "started"
+                                             for c in commands):
                 raise StorageDown("disk full")
-            return await real_transition(book, entity_type, *args, **kw)
+            return await real_apply(book, commands, **kw)
 
         if mode != "ok":
-            delivery.create, delivery.transition = create, transition
+            delivery.create, delivery.apply_many = create, apply_many
         try:
             yield
         finally:
-            delivery.create, delivery.transition = real_create, real_transition
+            delivery.create, delivery.apply_many = real_create, real_apply
 
     @precondition(lambda self: any(w.lease is not None and not w.done for w in self.workers))
     @rule(data=st.data(), behaviour=BEHAVIOURS, storage=STORAGE)
@@ -282,7 +293,7 @@ class NotificationMachine(RuleBasedStateMachine):
         ch.script = (behaviour,)
         before = self.snap()
         effects = len(ch.effects)
-        risk = any(r.observation.outcome is ProviderOutcome.UNKNOWN for r in w.seen)
+        risk = lease.duplicate_risk or any(r.observation.outcome is ProviderOutcome.UNKNOWN for r in w.seen)
         try:
             with self.storage(storage):
                 recorded = self.run(attempt_channel(w.book, lease, ch, deadline=DEADLINE, duplicate_risk=risk))
@@ -383,6 +394,33 @@ class NotificationMachine(RuleBasedStateMachine):
             return
         self.pick(data, lambda w: w.lease is not None).forget()
         event("crash")
+
+    @precondition(lambda self: any(w.lease is not None and w.seen for w in self.workers))
+    @rule(data=st.data())
+    def crash_after_evidence(self, data):
+        """N48: a worker dies after its observations were written and before it finalized — perhaps after
+        a success: the next claim must settle from that success rather than send again."""
+        w = self.pick(data, lambda w: w.lease is not None and w.seen)
+        event(f"crash after evidence ({', '.join(r.observation.outcome.value for r in w.seen)})")
+        w.forget()
+
+    @precondition(lambda self: any(w.lease is None for w in self.workers))
+    @rule(data=st.data(), behaviour=st.sampled_from((None, "hang_after", "success", "retry_success")))
+    def claim_and_die(self, data, behaviour):
+        """N49: a worker claims and dies at once — before any admission, or after one channel call —
+        so that after a crash that left a risk, the next claimant dies too (two crashes in a row)."""
+        w = self.pick(data, lambda w: w.lease is None)
+        w.candidates = []
+        lease = self.claim_with(w, data)
+        if lease is None:
+            return
+        if behaviour is not None and (name := self.next_channel(w)) is not None:
+            ch = self.channels[name]
+            ch.script = (behaviour,)
+            with contextlib.suppress(LeaseLost, EvidenceLost):
+                self.run(attempt_channel(w.book, lease, ch, deadline=DEADLINE, duplicate_risk=lease.duplicate_risk))
+        event(f"claim and die ({behaviour or 'before admission'}{', at risk' if lease.duplicate_risk else ''})")
+        w.forget()
 
     @rule(seconds=st.sampled_from((0.5, 2.0, 5.0, LEASE + 1, 120.0)))
     def tick(self, seconds):
