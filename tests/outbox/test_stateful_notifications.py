@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import statebook.outbox.notifications.intake as intake_module
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Book, FakeClock, verify
-from statebook.outbox.notifications import LeaseLost, ProviderOutcome, send_notification
+from statebook.outbox.notifications import Delivery, LeaseLost, NoToken, ProviderOutcome, send_notification
 from statebook.outbox.notifications import delivery
 from statebook.outbox.notifications.buckets import ensure_bucket
 from statebook.outbox.notifications.channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER
@@ -404,23 +404,66 @@ class NotificationMachine(RuleBasedStateMachine):
         event(f"crash after evidence ({', '.join(r.observation.outcome.value for r in w.seen)})")
         w.forget()
 
+    def die(self, w: Worker, lease: Lease, how: str | None) -> None:
+        """Worker ``w`` holding ``lease`` dies: before any admission (None), killed right after an
+        admission and the provider effect (``admitted``), or after a guarded retry too (``retried``),
+        or after its success was recorded (``success``)."""
+        name = self.next_channel(w)
+        if how is not None and name is not None:
+            ch = self.channels[name]
+            if how == "success":
+                ch.script = ("success",)
+                with contextlib.suppress(LeaseLost, EvidenceLost):
+                    self.run(attempt_channel(w.book, lease, ch, deadline=DEADLINE, duplicate_risk=lease.duplicate_risk))
+            else:
+                with contextlib.suppress(LeaseLost, NoToken):
+                    self.run(self.killed_after_admission(w, lease, ch, retries=int(how == "retried")))
+        w.forget()
+
+    async def killed_after_admission(self, w: Worker, lease: Lease, ch: Checked, *, retries: int) -> None:
+        guard = CheckedGuard(delivery.LeaseGuard(w.book, lease, ch.name, deadline_end=w.clock.now() + DEADLINE,
+                                                 duplicate_risk=lease.duplicate_risk), self)
+        sent = Delivery(lease.notification_id, lease.recipient, lease.content, lease.cycle, lease.attempt, ch.name)
+        await guard.admit()
+        ch.effects.append(sent)
+        for _ in range(retries):
+            await guard.guard_provider_attempt()
+            ch.effects.append(sent)
+
     @precondition(lambda self: any(w.lease is None for w in self.workers))
-    @rule(data=st.data(), behaviour=st.sampled_from((None, "hang_after", "success", "retry_success")))
-    def claim_and_die(self, data, behaviour):
-        """N49: a worker claims and dies at once — before any admission, or after one channel call —
-        so that after a crash that left a risk, the next claimant dies too (two crashes in a row)."""
+    @rule(data=st.data(), how=st.sampled_from((None, "admitted", "retried", "success")))
+    def claim_and_die(self, data, how):
+        """N48, N49: a worker claims and dies at once — before any admission, right after one, after a
+        guarded retry, or after a recorded success."""
         w = self.pick(data, lambda w: w.lease is None)
         w.candidates = []
         lease = self.claim_with(w, data)
-        if lease is None:
+        if lease is not None:
+            event(f"claim and die ({how or 'before admission'}{', at risk' if lease.duplicate_risk else ''})")
+            self.die(w, lease, how)
+
+    @precondition(lambda self: any(w.lease is None for w in self.workers))
+    @rule(data=st.data(), how=st.sampled_from(("admitted", "retried", "success")))
+    def die_twice(self, data, how):
+        """N48, N49: two crashes in a row on one notification: a worker is killed after an admission (or
+        its recorded success), its lease lapses, the next claimant dies before admitting anything, and
+        its lease lapses too. Whoever claims it next must still send it as a duplicate risk — or must
+        have settled it from the success."""
+        w = self.pick(data, lambda w: w.lease is None)
+        w.candidates = []
+        first = self.claim_with(w, data)
+        if first is None:
             return
-        if behaviour is not None and (name := self.next_channel(w)) is not None:
-            ch = self.channels[name]
-            ch.script = (behaviour,)
-            with contextlib.suppress(LeaseLost, EvidenceLost):
-                self.run(attempt_channel(w.book, lease, ch, deadline=DEADLINE, duplicate_risk=lease.duplicate_risk))
-        event(f"claim and die ({behaviour or 'before admission'}{', at risk' if lease.duplicate_risk else ''})")
-        w.forget()
+        self.die(w, first, how)
+        self.clock.advance(self.skewed.skew + LEASE + 1)
+        again = [c for c in self.run(scan_due(w.book, now=w.clock.now())) if c.id == first.notification_id]
+        w.candidates = again
+        second = self.claim_with(w, data) if again else None
+        if second is not None:
+            self.die(w, second, None)
+            self.clock.advance(LEASE + 1)
+        event(f"die twice ({how}; second {'claimed' if second else 'settled or not due'}"
+              f"{', at risk' if second is not None and second.duplicate_risk else ''})")
 
     @rule(seconds=st.sampled_from((0.5, 2.0, 5.0, LEASE + 1, 120.0)))
     def tick(self, seconds):
