@@ -189,7 +189,7 @@ def _command(c: Candidate, target: str, code: str, summary: str, patch: dict[str
 def claim_command(c: Candidate, *, now: float, lease_seconds: float, record: evidence.Record = evidence.NOTHING
                   ) -> tuple[Command, Lease | Outcome]:
     """The candidate's claim and the lease it grants — or the settlement it gets instead, and its name:
-    ``delivered`` from a qualifying success its lapsed claim recorded (N48), or, for a lapsed lease on the
+    ``delivered`` from a qualifying success its lapsed claim recorded (N10a), or, for a lapsed lease on the
     cycle's last attempt, ``failed`` (dead-lettered when GUARANTEED). ``record``: what the cycle holds
     (:func:`.evidence.read_records`)."""
     if record.success is not None and c.claim_id is not None:
@@ -233,7 +233,7 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
                 ) -> Lease | None:
     """Claim one due notification: a fresh fencing token and lease, the attempt counted; None when
     another claimant won (nothing written). A notification whose lapsed claim recorded a qualifying
-    success is settled delivered from it instead (N48), and a lapsed lease on the cycle's last attempt
+    success is settled delivered from it instead (N10a), and a lapsed lease on the cycle's last attempt
     is not claimed again: the notification is failed (dead-lettered when GUARANTEED); None either way.
     The single step of :func:`claim_due`, for tests and tools that interleave claimants."""
     c = candidate
@@ -378,7 +378,7 @@ class LeaseGuard:
         checked. Before the admission that is all (nothing is written); after it, the retry is recorded
         on the started observation (``channel_attempt.started.retried``, ``provider_retries`` + 1)
         before the effect, so whoever closes the observation later knows how many effects it may stand
-        for (N49)."""
+        for (N10b)."""
         await self._owned()
         if self.attempt_id is not None:
             await self._to_the_end(self._retry(self.retries + 1, self.book.clock.now()))
@@ -498,7 +498,7 @@ def _judged(guard: LeaseGuard, observed: Observation | None, failure: str | None
     if guard.no_token is not None:
         return Observation(ProviderOutcome.RATE_LIMITED, "no rate-limit token", retry_after=guard.no_token)
     admitted = guard.attempt_id is not None
-    # Where the channel reports nothing, the retries its guards recorded are what is known (N49).
+    # Where the channel reports nothing, the retries its guards recorded are what is known (N10b).
     if observed is None:
         return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED, failure,
                            guard.retries)

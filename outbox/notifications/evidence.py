@@ -1,4 +1,4 @@
-"""What the record says about a notification's cycle when a claim takes it (specs/notifications.md N5, N10, N48, N49).
+"""What the record says about a notification's cycle when a claim takes it (specs/notifications.md N5, N10, N10a, N10b).
 
 A worker can stop anywhere: after a send was admitted and before its result was written, or after a
 result was written and before the notification was finalized. The next claim reads the channel
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 EVIDENCE_ACTOR = Actor("system", "notification_delivery")
 SETTLED_REASON = "notification.delivered.recorded_success"
-"""The reason of a notification settled from the success its stopped worker recorded (N48)."""
+"""The reason of a notification settled from the success its stopped worker recorded (N10a)."""
 MAY_HAVE_REACHED = ("started", "unknown", "success")
 """Observation statuses whose send may have reached the person."""
 _CHUNK = 500
@@ -80,7 +80,7 @@ async def read_records(tx: Book, candidates: Iterable[Candidate], *, now: float)
     lapsed = [r for r in rows if r.status == "started" and r.claim_id == wanted[r.notification_id].claim_id]
     reason = Reason(RESULT_REASONS["unknown"], "the worker holding the lease stopped before recording a result")
     patch = {"detail": "the lease lapsed after the send was admitted; no result was recorded", "ended_at": now}
-    # provider_retries stays as the record holds it: the guards wrote each retry before its effect (N49).
+    # provider_retries stays as the record holds it: the guards wrote each retry before its effect (N10b).
     # A close that does not apply met a result written meanwhile (perhaps a success); it was read as a
     # send that may have reached the person, so the next attempt carries the risk all the same.
     await apply_many(tx, [Command("channel_attempt", r.id, "unknown", reason, EVIDENCE_ACTOR, ("started",), {}, patch)

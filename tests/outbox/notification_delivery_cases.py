@@ -119,7 +119,7 @@ class NotificationDeliveryCases:
         """N6: a channel cut by its deadline before admission is NOT_STARTED (nothing was sent, no started
         fact); after admission it is UNKNOWN, and the fallback goes on marking the next observation as a
         possible duplicate; one observation summarises provider retries, each recorded (not as another
-        start) before its effect (N49)."""
+        start) before its effect (N10b)."""
         nid = await accept(book, ["slack", "email", "pagerduty"])
         chans = adapters(slack=["hang_before"], email=["hang_after"], pagerduty=["retry_success"])
         await one_pass(book, chans)
@@ -181,7 +181,8 @@ class NotificationDeliveryCases:
 
     async def test_a_provider_retry_is_guarded_and_a_lease_only_check_writes_nothing(self, book: Book, clock):
         """N4: ``guard_provider_attempt`` before a provider retry refuses once the claim is another's; the
-        checks that pass write no fact."""
+        checks that pass write no notification fact (after the admission each records its retry on the
+        observation, N10b)."""
         nid = await accept(book, ["email"])
         [candidate] = await scan_due(book, now=clock.now())
         lease = await claim(book, candidate, now=clock.now())

@@ -1,4 +1,4 @@
-"""Notifications, what a stopped worker left on record (specs/notifications.md N5, N10, N48, N49): a
+"""Notifications, what a stopped worker left on record (specs/notifications.md N5, N10, N10a, N10b): a
 recorded success settles the notification at the next claim instead of a second send; the duplicate
 risk stays with the cycle across reclaims; a reclaim keeps the provider retries the record holds; a
 late result after another claim closed its observation is recorded nowhere."""
@@ -60,7 +60,7 @@ class NotificationEvidenceCases:
 
     async def test_a_success_recorded_before_a_crash_settles_the_notification_without_a_second_send(
             self, book: Book, clock):
-        """N48 (N5, N10): the provider accepted, the success observation is on record, the worker died before
+        """N10a (N5, N10): the provider accepted, the success observation is on record, the worker died before
         finalizing; once the lease lapsed, the next claim — a pass's set claim or the single step — settles
         the notification delivered from that observation (one transition fenced by the lapsed claim's token),
         sends nothing again, and the dead worker's late finalization is a conflict."""
@@ -89,7 +89,7 @@ class NotificationEvidenceCases:
 
     async def test_a_success_recorded_after_the_lease_lapsed_settles_while_its_claim_is_still_the_row_s(
             self, book: Book, clock):
-        """N48: the claim token, not the clock, fences the evidence, as it fences a finalization: a stalled
+        """N10a: the claim token, not the clock, fences the evidence, as it fences a finalization: a stalled
         worker whose success was recorded after its lease lapsed, before anyone claimed the notification
         again, could still have finalized it itself — so the next claim settles from that success too."""
         nid = await accept(book, ["email"])
@@ -110,7 +110,7 @@ class NotificationEvidenceCases:
         await assert_consistent(book, nid)
 
     async def test_a_success_on_the_cycle_s_last_attempt_settles_instead_of_a_dead_letter(self, book: Book, clock):
-        """N48 (N2): a lapsed last attempt is dead-lettered only when nothing qualifying is on record: with a
+        """N10a (N2): a lapsed last attempt is dead-lettered only when nothing qualifying is on record: with a
         recorded success it is delivered."""
         nid = await accept(book, ["email"])
         await one_pass(book, adapters(email=["reject"]))
@@ -129,7 +129,7 @@ class NotificationEvidenceCases:
 
     async def test_an_owner_settled_from_its_record_satisfies_its_followers_and_starts_its_response(
             self, book: Book, clock):
-        """N48 (N18, N31): settling an owner from its recorded success is its delivery: in ONE transaction
+        """N10a (N18, N31): settling an owner from its recorded success is its delivery: in ONE transaction
         (claim row first) its followers are deduplicated, the claim satisfied and its response started."""
         owner = (await send_notification(book, recipient="ops", content={"t": 1}, mode="guaranteed",
                                          channels=["email"], dedup_key="disk", response_timeout=300)).id
@@ -148,7 +148,7 @@ class NotificationEvidenceCases:
 
     async def test_a_guaranteed_notification_is_not_settled_by_a_websocket_success_and_the_repeat_is_a_risk(
             self, book: Book, clock):
-        """N48, N49: a recorded success that does not qualify (WebSocket, for a GUARANTEED notification)
+        """N10a, N10b: a recorded success that does not qualify (WebSocket, for a GUARANTEED notification)
         settles nothing: the next attempt sends again, and every observation it makes is a duplicate risk
         (the WebSocket send is repeated)."""
         nid = await accept(book, ["email", "websocket"])
@@ -164,7 +164,7 @@ class NotificationEvidenceCases:
         await assert_consistent(book, nid)
 
     async def test_the_duplicate_risk_stays_with_the_cycle_across_chained_reclaims(self, book: Book, clock):
-        """N49 (N5, N10): attempt 1 admitted and its worker killed; attempt 2's claim closes it unknown and
+        """N10b (N5, N10): attempt 1 admitted and its worker killed; attempt 2's claim closes it unknown and
         carries the risk, but its worker dies before admission; attempt 3 still sends as a duplicate risk.
         A live UNKNOWN finalized as a retry makes the cycle's next attempt a risk the same way."""
         nid = await accept(book, ["email"])
@@ -192,7 +192,7 @@ class NotificationEvidenceCases:
         await assert_consistent(book, live)
 
     async def test_a_reclaim_keeps_the_provider_retries_on_record(self, book: Book, clock):
-        """N49 (N4, N5): each guarded provider retry after the admission is recorded on the started
+        """N10b (N4, N5): each guarded provider retry after the admission is recorded on the started
         observation before its effect, so a reclaim that closes the observation as unknown keeps what is
         known and a history bounds the provider's receipts (at most 1 + provider_retries per observation);
         a call the deadline cuts after retries records them too; a channel's own count wins when it reports."""

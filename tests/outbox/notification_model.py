@@ -126,7 +126,7 @@ def problems(snap: Snapshot, registry: Registry, written_by: dict[str, str],
                 if lapsed:
                     found += _no_success_left_behind(snap, row, before, f, obs)
                 if code == SETTLED and f.at < before["lease_until"]:
-                    found.append(f"N48: {nid} settled from its record at {f.at}, before the lease ended at "
+                    found.append(f"N10a: {nid} settled from its record at {f.at}, before the lease ended at "
                                  f"{before['lease_until']}")
                 if code == "notification.rate_limited.no_token":
                     if f.patch.get("cycle_attempts") != before["cycle_attempts"] - 1:
@@ -198,12 +198,12 @@ def problems(snap: Snapshot, registry: Registry, written_by: dict[str, str],
         first = snap.first_status(aid)
         if (first == "started") != (a["started_at"] is not None):
             found.append(f"N5: channel_attempt {aid} started_at {a['started_at']} but first fact {first}")
-    # N49: the record bounds the provider's receipts: at most 1 + provider_retries effects per admitted observation.
+    # N10b: the record bounds the provider's receipts: at most 1 + provider_retries effects per admitted observation.
     made = Counter(effects)
     for a in snap.attempts.values():
         key = (a["notification_id"], a["channel"], a["attempt"])
         if a["started_at"] is not None and made[key] > 1 + a["provider_retries"]:
-            found.append(f"N49: {key} made {made[key]} provider effects; its observation ({a['status']}) records "
+            found.append(f"N10b: {key} made {made[key]} provider effects; its observation ({a['status']}) records "
                          f"{a['provider_retries']} retries")
     return found
 
@@ -214,14 +214,14 @@ def _qualifies(row: dict[str, Any], channel: str) -> bool:
 
 def _no_success_left_behind(snap: Snapshot, row: dict[str, Any], before: dict[str, Any], f: Fact,
                             obs: list[dict[str, Any]]) -> list[str]:
-    """N48: a claim (or a lapsed last attempt's dead letter) never replaces a claim that recorded a qualifying
+    """N10a: a claim (or a lapsed last attempt's dead letter) never replaces a claim that recorded a qualifying
     success before it: that success settles the notification instead of another send."""
     if before["claim_id"] is None:
         return []
     left = [a["channel"] for a in obs if a["claim_id"] == before["claim_id"] and a["cycle"] == before["cycle"]
             and a["status"] == "success" and _qualifies(row, a["channel"])
             and snap.facts[("channel_attempt", a["id"])][-1].seq < f.seq]
-    return [f"N48: {row['id']} {f.reason_code} past the success of {left} its lapsed claim recorded"] if left else []
+    return [f"N10a: {row['id']} {f.reason_code} past the success of {left} its lapsed claim recorded"] if left else []
 
 
 def _status_at(facts: list[Fact], seq: int) -> str | None:
@@ -235,7 +235,7 @@ def _status_at(facts: list[Fact], seq: int) -> str | None:
 
 
 def _risk_stays_with_the_cycle(snap: Snapshot, nid: str, obs: list[dict[str, Any]]) -> list[str]:
-    """N49: every send admitted after an earlier attempt of its cycle may have reached the person (an
+    """N10b: every send admitted after an earlier attempt of its cycle may have reached the person (an
     ``unknown`` or a ``success`` on record before the admission) carries duplicate_risk."""
     found = []
     for a in obs:
@@ -245,6 +245,6 @@ def _risk_stays_with_the_cycle(snap: Snapshot, nid: str, obs: list[dict[str, Any
         earlier = [b for b in obs if b["cycle"] == a["cycle"] and b["attempt"] < a["attempt"]
                    and _status_at(snap.facts[("channel_attempt", b["id"])], admitted) in MAY_HAVE_REACHED]
         if earlier:
-            found.append(f"N49: {nid} attempt {a['attempt']} {a['channel']} was admitted without duplicate_risk after "
+            found.append(f"N10b: {nid} attempt {a['attempt']} {a['channel']} was admitted without duplicate_risk after "
                          f"{[(b['attempt'], b['channel'], b['status']) for b in earlier]} of its cycle")
     return found

@@ -209,7 +209,7 @@ class NotificationMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(w.lease is None for w in self.workers))
     @rule(data=st.data())
     def scan_and_claim(self, data):
-        """N2, N5, N48: a claim wins only when the row is still what the scan read; it writes a fresh token
+        """N2, N5, N10a: a claim wins only when the row is still what the scan read; it writes a fresh token
         — or settles the notification from the success its lapsed claim recorded."""
         self.claim_with(self.pick(data, lambda w: w.lease is None), data)
 
@@ -398,7 +398,7 @@ class NotificationMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(w.lease is not None and w.seen for w in self.workers))
     @rule(data=st.data())
     def crash_after_evidence(self, data):
-        """N48: a worker dies after its observations were written and before it finalized — perhaps after
+        """N10a: a worker dies after its observations were written and before it finalized — perhaps after
         a success: the next claim must settle from that success rather than send again."""
         w = self.pick(data, lambda w: w.lease is not None and w.seen)
         event(f"crash after evidence ({', '.join(r.observation.outcome.value for r in w.seen)})")
@@ -433,7 +433,7 @@ class NotificationMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(w.lease is None for w in self.workers))
     @rule(data=st.data(), how=st.sampled_from((None, "admitted", "retried", "success")))
     def claim_and_die(self, data, how):
-        """N48, N49: a worker claims and dies at once — before any admission, right after one, after a
+        """N10a, N10b: a worker claims and dies at once — before any admission, right after one, after a
         guarded retry, or after a recorded success."""
         w = self.pick(data, lambda w: w.lease is None)
         w.candidates = []
@@ -445,7 +445,7 @@ class NotificationMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(w.lease is None for w in self.workers))
     @rule(data=st.data(), how=st.sampled_from(("admitted", "retried", "success")))
     def die_twice(self, data, how):
-        """N48, N49: two crashes in a row on one notification: a worker is killed after an admission (or
+        """N10a, N10b: two crashes in a row on one notification: a worker is killed after an admission (or
         its recorded success), its lease lapses, the next claimant dies before admitting anything, and
         its lease lapses too. Whoever claims it next must still send it as a duplicate risk — or must
         have settled it from the success."""
