@@ -269,3 +269,37 @@ class NotificationEvidenceCases:
         assert await finalize(book, lease, late, now=clock.now()) == "conflict"
         assert (await get_notification(book, nid))["claim_id"] == taken.claim_id
         await assert_consistent(book, nid)
+
+    async def test_a_result_written_while_the_claim_closes_the_observation_is_read_again(
+            self, book: Book, clock, monkeypatch):
+        """N10a, N10b: the worker was slow, not dead — its success lands between the claim's read of the
+        record and its close of the started observation. The close does not apply; the claim reads the
+        observation again and settles the notification from the success instead of sending again."""
+        from statebook.lifecycle import Command, Reason
+
+        from statebook.outbox.notifications import evidence
+
+        nid = await accept(book, ["email"])
+        lease = await first_claim(book, nid, clock)
+        guard = delivery.LeaseGuard(book, lease, "email", deadline_end=clock.now() + 10, duplicate_risk=False)
+        await guard.admit()
+        clock.advance(61)
+        real = evidence.apply_many
+
+        async def result_lands_first(tx, commands, **kwargs):  # noqa: ANN001
+            if commands and commands[0].entity_type == "channel_attempt":
+                late = Command("channel_attempt", guard.attempt_id, "success",
+                               Reason("channel_attempt.success.observed", "email: success"), delivery.DELIVERY_ACTOR,
+                               ("started",), {}, {"detail": "accepted", "ended_at": clock.now()})
+                [landed] = await real(tx, [late])
+                assert landed.applied
+            return await real(tx, commands, **kwargs)
+
+        monkeypatch.setattr(evidence, "apply_many", result_lands_first)
+        email = ScriptedChannel("email", ["success"])
+        counts = await one_pass(book, {"email": email})
+        assert (counts["delivered"], counts["claimed"], email.calls) == (1, 0, 0), counts
+        assert await attempts(book, nid) == [("email", "success", 1, False)]
+        assert (await codes(book, nid))[-1] == SETTLED
+        monkeypatch.setattr(evidence, "apply_many", real)
+        await assert_consistent(book, nid)
