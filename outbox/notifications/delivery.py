@@ -3,8 +3,10 @@
 Each step is its own function, so tests can interleave claimants and crash between any two:
 
 - :func:`scan_due` — due notifications in (due time, id) order, read without locks;
-- :func:`claim` — ONE fenced transition writing a fresh ``claim_id`` and the lease's end (or, for a
-  lapsed lease on the cycle's last attempt, the dead letter it now is);
+- :func:`claim` — ONE fenced transition writing a fresh ``claim_id`` and the lease's end, after
+  reading what the cycle holds on record (:mod:`.evidence`) — or the settlement the record calls for
+  instead: delivered from a success the lapsed claim recorded, or the dead letter of a lapsed last
+  attempt;
 - :func:`run_attempt` — the channels of one attempt, outside any transaction: GUARANTEED runs the
   selected persistent channels in order until one succeeds (WebSocket runs after them, for what it
   is worth: it never satisfies the obligation); BEST_EFFORT runs them all at once. Every channel
@@ -27,7 +29,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create, transition
+from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create
 from statebook.lifecycle.codec import loads, new_id
 from statebook.lifecycle.errors import StatebookError
 from statebook.lifecycle.schema import status_in
@@ -42,7 +44,7 @@ from .channels import (
 from . import evidence, ownership, responses
 from .errors import NotificationInvalid
 from .policy import RESULT_REASONS, RETRIED_REASON, STARTED_REASON
-from .schema import channel_attempts, notifications
+from .schema import notifications
 
 log = logging.getLogger("statebook.outbox.notifications")
 

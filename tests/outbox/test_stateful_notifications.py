@@ -1,11 +1,13 @@
-"""Notification delivery as a Hypothesis state machine (issue 12; specs/notifications.md N1, N2, N4-N9).
+"""Notification delivery as a Hypothesis state machine (issues 12, 25; specs/notifications.md N1, N2, N4-N10b).
 
 Three workers — each a Book on its own engine; two share the FakeClock, the third's clock can be
 skewed ahead — interleave the steps of attempts: scan and claim, ONE channel call of a held lease
 (``attempt_channel`` with a ScriptedChannel whose next behaviour the rule draws: success, reject,
 hang before/after admission under a tiny real deadline, provider 429, raise before/after), or a whole
-``run_attempt``, then ``finalize``. A worker may crash between any two steps (it drops its lease);
-evidence writes fail at random (``delivery.create`` / ``delivery.transition`` patched for one call
+``run_attempt``, then ``finalize``. A worker may crash between any two steps (it drops its lease),
+right after an admission or a guarded retry, after its evidence was written and before it finalized,
+and twice in a row on one notification (N10a, N10b);
+evidence writes fail at random (``delivery.create`` / ``delivery.apply_many`` patched for one call
 inside the rule); rate-limit buckets hold few tokens; the clock jumps past leases and deadlines.
 Every lease ever won stays drawable, so stale finalizations come late and must be fenced.
 
