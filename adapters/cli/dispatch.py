@@ -158,7 +158,7 @@ def expedite_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
     async def go(book: Book) -> bool:
         return await expedite_dispatch(book, dispatch_id, actor=operator())
 
-    if not run(with_book(go)()):
+    if not run(with_book(go, writes=True)()):
         raise fail(f"dispatch {dispatch_id} changed while it was expedited; run the command again if it still "
                    "waits", 1)
     typer.echo(f"expedited {dispatch_id}: due now; a running worker (statebook run, statebook dispatch deliver) "

@@ -8,9 +8,10 @@ runtime holds the lease; the channel tells it when the provider admits the send:
   the lease, draws the channel's rate-limit token and writes ``channel_attempt.started`` — in one
   transaction — and only then may the effect happen. No token raises :class:`NoToken` (the channel
   returns without sending; the runtime records ``RATE_LIMITED``).
-- ``await guard.guard_provider_attempt()`` before each further provider effect (a retry): a
-  lease-only check, which writes nothing and raises :class:`LeaseLost` when the claim is gone or
-  the lease would lapse.
+- ``await guard.guard_provider_attempt()`` before each further provider effect (a retry): a lease
+  check raising :class:`LeaseLost` when the claim is gone or the lease would lapse. Before the
+  admission it writes nothing; after it, the runtime records the retry on the started observation
+  before returning (not another start), so the record bounds how many effects the observation stands for.
 
 An exception escaping ``send`` is recorded by its type only (its text may carry a secret): an adapter
 reports what went wrong in its :class:`Observation`'s ``detail``, built from status codes and provider

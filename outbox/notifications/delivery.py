@@ -3,8 +3,10 @@
 Each step is its own function, so tests can interleave claimants and crash between any two:
 
 - :func:`scan_due` — due notifications in (due time, id) order, read without locks;
-- :func:`claim` — ONE fenced transition writing a fresh ``claim_id`` and the lease's end (or, for a
-  lapsed lease on the cycle's last attempt, the dead letter it now is);
+- :func:`claim` — ONE fenced transition writing a fresh ``claim_id`` and the lease's end, after
+  reading what the cycle holds on record (:mod:`.evidence`) — or the settlement the record calls for
+  instead: delivered from a success the lapsed claim recorded, or the dead letter of a lapsed last
+  attempt;
 - :func:`run_attempt` — the channels of one attempt, outside any transaction: GUARANTEED runs the
   selected persistent channels in order until one succeeds (WebSocket runs after them, for what it
   is worth: it never satisfies the obligation); BEST_EFFORT runs them all at once. Every channel
@@ -27,7 +29,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create, transition
+from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create
 from statebook.lifecycle.inputs import shown
 from statebook.lifecycle.codec import loads, new_id
 from statebook.lifecycle.errors import StatebookError
@@ -40,10 +42,10 @@ from .buckets import MAX_HOLD_SECONDS, draw, hold
 from .channels import (
     EPHEMERAL, PERSISTENT_ORDER, Channel, check_order, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
 )
-from . import ownership, responses
+from . import evidence, ownership, responses
 from .errors import NotificationInvalid
-from .policy import RESULT_REASONS, STARTED_REASON
-from .schema import channel_attempts, notifications
+from .policy import RESULT_REASONS, RETRIED_REASON, STARTED_REASON
+from .schema import notifications
 
 log = logging.getLogger("statebook.outbox.notifications")
 
@@ -187,10 +189,20 @@ def _command(c: Candidate, target: str, code: str, summary: str, patch: dict[str
                    {"claim_id": c.claim_id, "cycle_attempts": c.cycle_attempts}, patch)
 
 
-def claim_command(c: Candidate, *, now: float, lease_seconds: float, duplicate_risk: bool
+def claim_command(c: Candidate, *, now: float, lease_seconds: float, record: evidence.Record = evidence.NOTHING
                   ) -> tuple[Command, Lease | Outcome]:
-    """The candidate's claim and the lease it grants — or, for a lapsed lease on the cycle's last
-    attempt, the settlement it gets instead (``failed``; dead-lettered when GUARANTEED) and its name."""
+    """The candidate's claim and the lease it grants — or the settlement it gets instead, and its name:
+    ``delivered`` from a qualifying success its lapsed claim recorded (N10a), or, for a lapsed lease on the
+    cycle's last attempt, ``failed`` (dead-lettered when GUARANTEED). ``record``: what the cycle holds
+    (:func:`.evidence.read_records`)."""
+    if record.success is not None and c.claim_id is not None:
+        # Fenced by the lapsed claim's token, as that worker's own finalization would have been.
+        command = _command(c, "delivered", evidence.SETTLED_REASON,
+                           f"{record.success} accepted attempt {c.cycle_attempts} of cycle {c.cycle}; its worker "
+                           "stopped before recording the outcome",
+                           {"claim_id": None, "lease_until": None, "delivered_channel": record.success,
+                            "last_error": None})
+        return command, "delivered"
     if c.cycle_attempts >= c.attempt_limit and c.claim_id is not None:
         dead = c.mode == Mode.GUARANTEED.value
         command = _command(c, "failed", "notification.failed.cycle_exhausted" if dead else "notification.failed.best_effort",
@@ -208,7 +220,7 @@ def claim_command(c: Candidate, *, now: float, lease_seconds: float, duplicate_r
     patch = {"claim_id": token, "lease_until": until, "next_attempt_at": until, "attempts": c.attempts + 1,
              "cycle_attempts": c.cycle_attempts + 1}
     lease = Lease(c.id, token, until, c.cycle, c.attempts + 1, c.cycle_attempts + 1, c.attempt_limit, c.mode,
-                  c.channels, c.recipient, c.content, duplicate_risk=duplicate_risk, dedup_claim_id=c.dedup_claim_id,
+                  c.channels, c.recipient, c.content, duplicate_risk=record.duplicate_risk, dedup_claim_id=c.dedup_claim_id,
                   response_timeout=c.response_timeout, timeout_callback=c.timeout_callback)
     return _command(c, "pending", code, summary, patch), lease
 
@@ -223,16 +235,19 @@ def _won(lease: Lease, outcome: Any) -> Lease:
 async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: float = LEASE_SECONDS
                 ) -> Lease | None:
     """Claim one due notification: a fresh fencing token and lease, the attempt counted; None when
-    another claimant won (nothing written). A lapsed lease on the cycle's last attempt is not claimed
-    again: the notification is failed (dead-lettered when GUARANTEED) and None is returned. The
-    single step of :func:`claim_due`, for tests and tools that interleave claimants."""
+    another claimant won (nothing written). A notification whose lapsed claim recorded a qualifying
+    success is settled delivered from it instead (N10a), and a lapsed lease on the cycle's last attempt
+    is not claimed again: the notification is failed (dead-lettered when GUARANTEED); None either way.
+    The single step of :func:`claim_due`, for tests and tools that interleave claimants."""
     c = candidate
-    stale = 0 if c.claim_id is None else await settle_stale(book, c.id, c.claim_id, now=now)
-    command, what = claim_command(c, now=now, lease_seconds=lease_seconds, duplicate_risk=stale > 0)
-    if not isinstance(what, Lease) and c.dedup_claim_id is not None:
-        # A failing owner: its obligation's successor is elected in the same transaction.
+    record = evidence.NOTHING
+    if evidence.needs_reading(c):
         async with book.begin() as tx:
-            await _fail_owner(tx, command, c.head, c.dedup_claim_id, now=now)
+            record = (await evidence.read_records(tx, [c], now=now)).get(c.id, evidence.NOTHING)
+    command, what = claim_command(c, now=now, lease_seconds=lease_seconds, record=record)
+    if not isinstance(what, Lease) and _settles_more(c, what):
+        async with book.begin() as tx:
+            await _settle(tx, command, c, what, now=now)
         return None
     # Compared against the row as scanned: a candidate whose row moved since (another claim, even one that
     # put claim_id and cycle_attempts back as they were) is a lost race, nothing more.
@@ -242,10 +257,27 @@ async def claim(book: Book, candidate: Candidate, *, now: float, lease_seconds: 
     return _won(what, outcome)
 
 
-async def _settled(book: Book, notification_id: str) -> bool:
+def _settles_more(c: Candidate, what: Outcome) -> bool:
+    """Whether a claim's settlement writes more than the notification — its obligation's changes, or the
+    response a delivery starts — so that it runs in a transaction of its own, claim row first."""
+    if what == "delivered":
+        return c.dedup_claim_id is not None or c.response_timeout is not None
+    return c.dedup_claim_id is not None
+
+
+async def _settle(tx: Book, command: Command, c: Candidate, what: Outcome, *, now: float) -> bool:
+    """A claim's settlement with what it causes, in ``tx``; True when it applied."""
+    if what == "delivered":
+        return await _deliver(tx, command, c.head, cid=c.dedup_claim_id, response_timeout=c.response_timeout,
+                              callback=c.timeout_callback, now=now)
+    assert c.dedup_claim_id is not None
+    return await _fail_owner(tx, command, c.head, c.dedup_claim_id, now=now)
+
+
+async def _status(book: Book, notification_id: str) -> str | None:
     t = notifications
     async with book.read() as conn:
-        return (await conn.execute(sa.select(t.c.status).where(t.c.id == notification_id))).scalar() == "failed"
+        return (await conn.execute(sa.select(t.c.status).where(t.c.id == notification_id))).scalar()
 
 
 async def _fail_owner(tx: Book, command: Command, head: Mapping[str, Any] | None, cid: str, *, now: float) -> bool:
@@ -265,29 +297,35 @@ async def claim_due(book: Book, *, now: float, limit: int, lease_seconds: float 
                     ) -> tuple[list[Lease], dict[str, int]]:
     """Scan, settle and claim up to ``limit`` due notifications in ONE transaction
     (:func:`statebook.outbox.claims.claim_set`, the dispatch claim's too): rows locked ``FOR UPDATE
-    SKIP LOCKED`` on PostgreSQL, what lapsed claims left ``started`` closed as ``unknown``, one
-    claim (or settlement) per row compared against the row as read. The leases won, and counters
-    ``claimed``, ``dead_letter`` and ``failed``."""
+    SKIP LOCKED`` on PostgreSQL, the record of each cycle read (:func:`.evidence.read_records`: what
+    lapsed claims left ``started`` closed as ``unknown``), one claim (or settlement) per row compared
+    against the row as read. The leases won, and counters ``claimed``, ``delivered`` (settled from a
+    recorded success), ``dead_letter`` and ``failed``."""
 
     async def plan(tx: Book, rows: list[dict[str, Any]]) -> list[Planned[Lease | Outcome]]:
         found = [_candidate(r) for r in rows]
-        risky = await settle_stale_many(tx, [(c.id, c.claim_id) for c in found if c.claim_id is not None], now=now)
+        records = await evidence.read_records(tx, found, now=now)
         planned = []
         for c in found:
-            command, what = claim_command(c, now=now, lease_seconds=lease_seconds, duplicate_risk=c.id in risky)
-            if not isinstance(what, Lease) and c.dedup_claim_id is not None:
+            command, what = claim_command(c, now=now, lease_seconds=lease_seconds,
+                                          record=records.get(c.id, evidence.NOTHING))
+            if not isinstance(what, Lease) and _settles_more(c, what):
                 owners.append(c)  # settled after this transaction, claim row first (the ownership lock order)
                 continue
             planned.append(Planned(command, c.head, what))
         return planned
 
     owners: list[Candidate] = []
-    counts = dict.fromkeys(("claimed", "dead_letter", "failed"), 0)
+    counts = dict.fromkeys(("claimed", "delivered", "dead_letter", "failed"), 0)
     leases: list[Lease] = []
     done = await claim_set(book, SCAN, {"b_now": now, "b_limit": limit}, plan)
     for c in owners:
-        if await claim(book, c, now=now, lease_seconds=lease_seconds) is None and await _settled(book, c.id):
-            counts["dead_letter" if c.mode == Mode.GUARANTEED.value else "failed"] += 1
+        if await claim(book, c, now=now, lease_seconds=lease_seconds) is None:
+            status = await _status(book, c.id)
+            if status == "delivered":
+                counts["delivered"] += 1
+            elif status == "failed":
+                counts["dead_letter" if c.mode == Mode.GUARANTEED.value else "failed"] += 1
     for what, outcome in done:
         if not outcome.applied:
             continue
@@ -297,48 +335,6 @@ async def claim_due(book: Book, *, now: float, limit: int, lease_seconds: float 
         else:
             counts[what] += 1
     return leases, counts
-
-
-async def settle_stale(book: Book, notification_id: str, claim_id: str, *, now: float) -> int:
-    """Close the observations a lapsed claim left ``started`` (its worker stopped between the admission
-    and the result): each becomes ``unknown`` — the send was admitted, its effect may have happened —
-    with what is known. Returns how many were closed (N5, N10)."""
-    t = channel_attempts
-    query = sa.select(t.c.id).where(t.c.notification_id == notification_id, t.c.claim_id == claim_id,
-                                    t.c.status == "started")
-    async with book.read() as conn:
-        ids = [r.id for r in await conn.execute(query)]
-    closed = 0
-    for attempt_id in ids:
-        outcome = await transition(
-            book, "channel_attempt", attempt_id, "unknown", expected="started", actor=DELIVERY_ACTOR,
-            reason=Reason(RESULT_REASONS["unknown"], "the worker holding the lease stopped before recording a result"),
-            patch={"detail": "the lease lapsed after the send was admitted; no result was recorded", "ended_at": now},
-        )
-        closed += outcome.applied
-    return closed
-
-
-async def settle_stale_many(book: Book, claims: list[tuple[str, str]], *, now: float) -> set[str]:
-    """:func:`settle_stale` for several lapsed claims (``(notification_id, claim_id)`` pairs) in one
-    read and one engine call, joining ``book``'s transaction; the notifications whose claim left an
-    admitted send without a result (their next attempt may repeat an effect)."""
-    if not claims:
-        return set()
-    t = channel_attempts
-    lapsed = set(claims)
-    query = sa.select(t.c.id, t.c.notification_id, t.c.claim_id).where(
-        t.c.notification_id.in_(sorted({n for n, _ in claims})), t.c.status == "started")
-    async with book.read() as conn:
-        open_ = [r for r in await conn.execute(query) if (r.notification_id, r.claim_id) in lapsed]
-    if not open_:
-        return set()
-    reason = Reason(RESULT_REASONS["unknown"], "the worker holding the lease stopped before recording a result")
-    patch = {"detail": "the lease lapsed after the send was admitted; no result was recorded", "ended_at": now}
-    commands = [Command("channel_attempt", r.id, "unknown", reason, DELIVERY_ACTOR, ("started",), {}, patch)
-                for r in open_]
-    outcomes = await apply_many(book, commands)
-    return {r.notification_id for r, o in zip(open_, outcomes, strict=True) if o.applied}
 
 
 # -- one channel call -------------------------------------------------------------------------------
@@ -357,6 +353,7 @@ class LeaseGuard:
         self.no_token: float | None = None
         self.storage_error: BaseException | None = None
         self.lease_lost: str | None = None
+        self.retries = 0  # provider retries recorded on the started observation
 
     def remaining(self) -> float:
         """Seconds left before the adapter deadline or the lease's end, whichever comes first."""
@@ -380,8 +377,14 @@ class LeaseGuard:
             raise LeaseLost(self.lease_lost)
 
     async def guard_provider_attempt(self) -> None:
-        """Before a provider effect after the first (a provider-local retry): a lease-only check."""
+        """Before a provider effect after the first (a provider-local retry): the claim and the lease
+        checked. Before the admission that is all (nothing is written); after it, the retry is recorded
+        on the started observation (``channel_attempt.started.retried``, ``provider_retries`` + 1)
+        before the effect, so whoever closes the observation later knows how many effects it may stand
+        for (N10b)."""
         await self._owned()
+        if self.attempt_id is not None:
+            await self._to_the_end(self._retry(self.retries + 1, self.book.clock.now()))
 
     async def admit(self) -> None:
         """Right before the first provider effect: the claim and lease checked, the channel's token
@@ -389,12 +392,15 @@ class LeaseGuard:
         if self.attempt_id is not None:
             return
         await self._owned()
-        now = self.book.clock.now()
-        attempt_id = new_id()
-        # The admission's transaction runs to its end even when the call's deadline (or a stop) cuts the
-        # call meanwhile: a transaction is never cancelled mid-statement, and afterwards it is known
-        # whether the started fact committed. The call is then cut as soon as the transaction ended.
-        writing = asyncio.ensure_future(self._admission(attempt_id, now))
+        await self._to_the_end(self._admission(new_id(), self.book.clock.now()))
+        if self.no_token is not None:
+            raise NoToken(self.no_token)
+
+    async def _to_the_end(self, write: Any) -> None:
+        """Run an evidence write to its end even when the call's deadline (or a stop) cuts the call
+        meanwhile: a transaction is never cancelled mid-statement, and afterwards it is known whether
+        the fact committed. The call is then cut as soon as the transaction ended."""
+        writing = asyncio.ensure_future(write)
         try:
             await asyncio.shield(writing)
         except asyncio.CancelledError:
@@ -404,8 +410,27 @@ class LeaseGuard:
         except Exception as exc:
             self.storage_error = exc
             raise
-        if self.no_token is not None:
-            raise NoToken(self.no_token)
+
+    async def _retry(self, n: int, now: float) -> None:
+        """Record provider retry ``n`` on the started observation, compared against the row as the last
+        write left it: a reclaim that closed the observation meanwhile means the claim is another's."""
+        assert self.attempt_id is not None
+        command = Command("channel_attempt", self.attempt_id, "started",
+                          Reason(RETRIED_REASON, f"{self.channel}: provider retry {n}"), DELIVERY_ACTOR, ("started",),
+                          {}, {"provider_retries": n})
+        seen = {self.attempt_id: self.started} if self.started is not None else None
+        try:
+            async with self.book.begin() as tx:
+                [outcome] = await apply_many(tx, [command], seen=seen)
+        except Exception as exc:
+            self.storage_error = exc
+            raise
+        if not outcome.applied:
+            self.lease_lost = "another claim closed the observation"
+            raise LeaseLost(self.lease_lost)
+        self.retries = n
+        self.started = {"status": "started", "version": outcome.version, "last_fact_id": outcome.fact_id,
+                        "chain_hash": outcome.chain_hash}
 
     async def _admission(self, attempt_id: str, now: float) -> None:
         """Draw the token and write the started fact in ONE transaction (or find no token: nothing written)."""
@@ -476,11 +501,13 @@ def _judged(guard: LeaseGuard, observed: Observation | None, failure: str | None
     if guard.no_token is not None:
         return Observation(ProviderOutcome.RATE_LIMITED, "no rate-limit token", retry_after=guard.no_token)
     admitted = guard.attempt_id is not None
+    # Where the channel reports nothing, the retries its guards recorded are what is known (N10b).
     if observed is None:
-        return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED, failure)
+        return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED, failure,
+                           guard.retries)
     if not isinstance(observed, Observation):
         return Observation(ProviderOutcome.UNKNOWN if admitted else ProviderOutcome.NOT_STARTED,
-                           f"the channel returned {shown(observed)}, not an Observation")
+                           f"the channel returned {shown(observed)}, not an Observation", guard.retries)
     if not admitted and observed.outcome not in (ProviderOutcome.NOT_STARTED, ProviderOutcome.RATE_LIMITED):
         # A channel that reports its admission returned a result without admitting: an adapter bug.
         # Its effect had no STARTED before it; record it as UNKNOWN, never as a success.
@@ -576,7 +603,8 @@ async def _guaranteed(book: Book, lease: Lease, channels: Mapping[str, Channel],
         risk = risk or recorded.observation.outcome is ProviderOutcome.UNKNOWN
     for name in (n for n in EPHEMERAL if n in selected):
         with contextlib.suppress(LeaseLost):  # never satisfies a GUARANTEED obligation, so never decides it
-            result.observations.append(await attempt_channel(book, lease, channels[name], deadline=deadline))
+            result.observations.append(await attempt_channel(book, lease, channels[name], deadline=deadline,
+                                                             duplicate_risk=risk))
 
 
 async def _best_effort(book: Book, lease: Lease, channels: Mapping[str, Channel], selected: list[str],
@@ -666,18 +694,25 @@ async def _finalize_owner(book: Book, lease: Lease, result: AttemptResult, comma
             assert cid is not None
             applied = await _fail_owner(tx, command, lease.head, cid, now=now)
         else:
-            if cid is not None:
-                # Every ownership change takes the claim's row lock first (intakes, failures, replays): so does this.
-                await ownership.lock(tx, cid)
-            seen = {lease.notification_id: lease.head} if lease.head is not None else None
-            [outcome] = await apply_many(tx, [command], seen=seen)
-            applied = outcome.applied
-            if applied and cid is not None:
-                await ownership.owner_delivered(tx, owner_id=lease.notification_id, cid=cid, now=now)
-            if applied and lease.response_timeout is not None:
-                await responses.start_response(tx, lease.notification_id, timeout=lease.response_timeout,
-                                               callback=lease.timeout_callback, now=now)
+            applied = await _deliver(tx, command, lease.head, cid=cid, response_timeout=lease.response_timeout,
+                                     callback=lease.timeout_callback, now=now)
     return result.outcome if applied else "conflict"
+
+
+async def _deliver(tx: Book, command: Command, head: Mapping[str, Any] | None, *, cid: str | None,
+                   response_timeout: float | None, callback: str | None, now: float) -> bool:
+    """A delivering transition and what it causes, in ``tx``: the owner's followers satisfied, the
+    response it expects started. True when it applied."""
+    if cid is not None:
+        # Every ownership change takes the claim's row lock first (intakes, failures, replays): so does this.
+        await ownership.lock(tx, cid)
+    nid = command.entity_id
+    [outcome] = await apply_many(tx, [command], seen={nid: head} if head is not None else None)
+    if outcome.applied and cid is not None:
+        await ownership.owner_delivered(tx, owner_id=nid, cid=cid, now=now)
+    if outcome.applied and response_timeout is not None:
+        await responses.start_response(tx, nid, timeout=response_timeout, callback=callback, now=now)
+    return outcome.applied
 
 
 async def finalize_all(book: Book, done: list[tuple[Lease, AttemptResult]], *, now: float) -> list[str | None]:

@@ -38,7 +38,8 @@ MAX_WINDOW_SECONDS = 366 * 86_400.0
 class Accepted:
     """What an intake returns: the notification's id, its status, whether this call created it, the
     mode and channels (in run order) it was accepted with, and its obligation: the canonical owner
-    (itself when it owns it or has no dedup key) and the response fields part 3 fills."""
+    (itself when it owns it or has no dedup key) and that owner's response as a read of the same row
+    gives it (``effective_ack_status``, ``ack_inherited``: N24, N34)."""
 
     id: str
     status: str
@@ -165,6 +166,7 @@ async def send_notification(
         reason = Reason("notification.pending.accepted", f"accepted {chosen.value} via {', '.join(order)}")
         outcome = await create(book, "notification", values=values, status="pending", reason=reason,
                                actor=INTAKE_ACTOR, fresh_id=True)
+        # Its own obligation, just created: no delivery yet, so no response to report (N24).
         return Accepted(values["id"], "pending", outcome.applied, chosen.value, order, values["id"])
     try:
         async with book.begin() as tx:
@@ -176,7 +178,7 @@ async def send_notification(
     if found is None:
         raise IdempotencyConflict(f"idempotency_key: the intake of {idempotency_key!r:.60} raced another that "
                                   "did not commit; retry")
-    return _replayed(found, values["content_hash"], idempotency_key)
+    return await _replayed(book, found, values["content_hash"], idempotency_key)
 
 
 class _LostRace(Exception):
@@ -194,7 +196,7 @@ async def _keyed_intake(tx: Book, values: dict[str, Any], now: float) -> Accepte
     if key is not None:
         found = await _by_key(tx, values["principal"], values["source"], key)
         if found is not None:
-            return _replayed(found, values["content_hash"], key)
+            return await _replayed(tx, found, values["content_hash"], key)
     if claim is not None and claim[0] is None:
         row = await ownership.create_claim(tx, claim[1], recipient=values["recipient"], dedup_key=values["dedup_key"],
                                            mode=values["mode"], owner_id=values["id"], window=values["dedup_window"],
@@ -202,7 +204,7 @@ async def _keyed_intake(tx: Book, values: dict[str, Any], now: float) -> Accepte
         if row is not None and key is not None:  # a racing intake created the claim: perhaps with this key
             found = await _by_key(tx, values["principal"], values["source"], key)
             if found is not None:
-                return _replayed(found, values["content_hash"], key)
+                return await _replayed(tx, found, values["content_hash"], key)
         claim = (row, claim[1])
     status, code = "pending", "notification.pending.accepted"
     summary = f"accepted {values['mode']} via {', '.join(values['channels'])}"
@@ -223,8 +225,16 @@ async def _keyed_intake(tx: Book, values: dict[str, Any], now: float) -> Accepte
                            actor=INTAKE_ACTOR, fresh_id=True, if_absent=values["idempotency_key"] is not None)
     if not outcome.applied:
         raise _LostRace()
-    owner = values["obligation_owner_id"] or values["id"]
-    return Accepted(values["id"], status, True, values["mode"], tuple(values["channels"]), owner)
+    return await _acceptance(tx, values, status, created=True)
+
+
+async def _acceptance(book: Book, row: Mapping[str, Any], status: str, *, created: bool) -> Accepted:
+    """The acceptance of ``row``, with its canonical obligation's response read in ``book`` (the intake's
+    transaction): the same fields a read of the row gives (N24)."""
+    owner = row["obligation_owner_id"] or row["id"]
+    [read] = await _with_responses(book, [{"id": row["id"], "obligation_owner_id": owner}])
+    return Accepted(row["id"], status, created, row["mode"], tuple(row["channels"]), owner,
+                    read["effective_ack_status"], read["ack_inherited"])
 
 
 _BY_KEY = sa.select(notifications).where(
@@ -240,15 +250,13 @@ async def _by_key(book: Book, principal: str, source: str, key: str | None) -> d
     return None if row is None else dict(row._mapping)
 
 
-def _replayed(found: dict[str, Any], content_hash: str, key: str | None) -> Accepted:
-    """The original acceptance of an idempotency key, or the conflict of other content (N13)."""
+async def _replayed(book: Book, found: dict[str, Any], content_hash: str, key: str | None) -> Accepted:
+    """The original acceptance of an idempotency key as it stands now, or the conflict of other content (N13)."""
     if found["content_hash"] != content_hash:
         raise IdempotencyConflict(
             f"idempotency_key: {key!r:.60} was accepted as notification {found['id']} with other content; "
             "use a new key for a new notification")
-    channels = found["channels"]
-    return Accepted(found["id"], found["status"], False, found["mode"], tuple(channels),
-                    found["obligation_owner_id"] or found["id"])
+    return await _acceptance(book, found, found["status"], created=False)
 
 
 def _id(argument: str, value: Any) -> str:

@@ -18,6 +18,8 @@ attempt it pays for.
 
 from __future__ import annotations
 
+import dataclasses
+
 from statebook.lifecycle import Lifecycle, edges
 
 from .schema import channel_attempts, dedup_claims, notification_responses, notifications, rate_buckets
@@ -59,7 +61,7 @@ NOTIFICATION_PATCH = frozenset({
     "resolved_at", "resolved_by", "resolution", "replayed_in",
 })
 
-NOTIFICATION = Lifecycle(
+NOTIFICATION_V1 = Lifecycle(
     entity_type="notification",
     table=notifications,
     statuses=NOTIFICATION_STATUSES,
@@ -80,15 +82,27 @@ NOTIFICATION = Lifecycle(
     notify_channel=NOTIFY_CHANNEL,
     accepts=(),
 )
+"""The notification policy before a recorded success could settle a notification (issue 25), under which
+databases written until then hold their facts; :data:`NOTIFICATION` accepts them (specs/lifecycle.md
+L12c). Frozen: a later change adds a declaration, it never edits this one."""
+
+NOTIFICATION = dataclasses.replace(NOTIFICATION_V1, reasons=NOTIFICATION_REASONS | {
+    "notification.delivered.recorded_success",  # the next claim settled it from its lapsed claim's success (N10a)
+}, accepts=(NOTIFICATION_V1,))
+"""The built-in ``notification`` lifecycle: :data:`NOTIFICATION_V1` and the settlement from a recorded
+success, accepting the facts written under :data:`NOTIFICATION_V1`."""
 
 ATTEMPT_STATUSES = ("started", "success", "rejected", "unknown", "not_started", "rate_limited")
 ATTEMPT_RESULTS = frozenset(ATTEMPT_STATUSES) - {"started"}
 STARTED_REASON = "channel_attempt.started.admitted"
 """The seed's CHANNEL_ATTEMPT_STARTED: the provider admitted a send (the only way into ``started``)."""
+RETRIED_REASON = "channel_attempt.started.retried"
+"""A guarded provider retry of an admitted send, recorded before its effect (``provider_retries`` + 1):
+not another start, a count the observation's closer can trust (N10b)."""
 RESULT_REASONS = {outcome: f"channel_attempt.{outcome}.observed" for outcome in sorted(ATTEMPT_RESULTS)}
 """The seed's CHANNEL_ATTEMPT_RESULT, one code per result status: ``channel_attempt.<outcome>.observed``."""
 
-CHANNEL_ATTEMPT = Lifecycle(
+CHANNEL_ATTEMPT_V1 = Lifecycle(
     entity_type="channel_attempt",
     table=channel_attempts,
     statuses=ATTEMPT_STATUSES,
@@ -103,6 +117,20 @@ CHANNEL_ATTEMPT = Lifecycle(
                 "admission, then its one result; made under the lease it names.",
     accepts=(),
 )
+"""The channel_attempt policy before provider retries were recorded (issue 25); :data:`CHANNEL_ATTEMPT`
+accepts its facts. Frozen, as :data:`NOTIFICATION_V1`."""
+
+CHANNEL_ATTEMPT = dataclasses.replace(
+    CHANNEL_ATTEMPT_V1,
+    edges=(*CHANNEL_ATTEMPT_V1.edges, *edges("started", "started", patch=("provider_retries",))),
+    reasons=CHANNEL_ATTEMPT_V1.reasons | {RETRIED_REASON},
+    description="One channel observation of a notification attempt: started at the provider's send "
+                "admission, each guarded provider retry recorded before its effect, then its one result; "
+                "made under the lease it names.",
+    accepts=(CHANNEL_ATTEMPT_V1,),
+)
+"""The built-in ``channel_attempt`` lifecycle: :data:`CHANNEL_ATTEMPT_V1` and the recorded provider retry
+(``started -> started``, N10b), accepting the facts written under :data:`CHANNEL_ATTEMPT_V1`."""
 
 RESPONSE_STATUSES = ("pending", "acked", "dismissed", "timed_out")
 RESPONSE_REASONS = frozenset({

@@ -76,6 +76,7 @@ WRITERS: dict[str, dict[str, Args]] = {
     "dispatch retry": {"dispatch retry": lambda i: ["dispatch", "retry", i["dead"]]},
     "dispatch purge": {"dispatch purge ID": lambda i: ["dispatch", "purge", i["dead"]],
                        "dispatch purge --before": lambda i: ["dispatch", "purge", "--before", "2100-01-01", "--yes"]},
+    "dispatch expedite": {"dispatch expedite": lambda i: ["dispatch", "expedite", i["waiting"]]},
     "dispatch deliver": {"dispatch deliver --once": lambda i: ["dispatch", "deliver", "--once"]},
     "notify replay": {"notify replay": lambda i: ["notify", "replay", i["failed"]]},
     "notify resolve": {"notify resolve": lambda i: ["notify", "resolve", i["failed"], "--reason", "known"]},
@@ -125,11 +126,16 @@ def test_every_command_is_classified():
 
 
 async def _seed(url: str, key: ChainKey | None) -> dict[str, str]:
-    """Dispatches (ackable, dead, pending), notifications (delivered, failed), two schedules and a run, written
+    """Dispatches (ackable, dead, pending, one waiting out its backoff), notifications (delivered, failed), two schedules and a run, written
     an hour ago through a book with ``key`` (which keys the chain)."""
     clock = FakeClock(time.time() - 3600)
     book = await open_book(url, clock=clock, chain_key=key)
     try:
+        # First, alone: a dispatch waiting out a backoff that ends after the test runs, whenever that is (the
+        # seed is copied for the whole module), so expedite has something to write: it failed a day ahead.
+        ahead = book.with_clock(FakeClock(time.time() + 86400))
+        waiting = await enqueue_dispatch(ahead, kind="k", deliver_to="seat-4")
+        await deliver_due_dispatches(ahead, transport=Recorder(outcome=failing("down")).transport)
         acked = await enqueue_dispatch(book, kind="k", deliver_to="seat-1", ack_required=True)
         dead = await enqueue_dispatch(book, kind="k", deliver_to="seat-2", max_attempts=1)
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
@@ -151,7 +157,7 @@ async def _seed(url: str, key: ChainKey | None) -> dict[str, str]:
         run = await open_run(book, active, reason=Reason("schedule_run.running.fired"), context={}, daemon_id="d1")
         week_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 8 * 86400))
         return {"acked": acked, "token": token, "dead": dead, "delivered": delivered.id, "failed": failed.id,
-                "run": run, "week_ago": week_ago}
+                "run": run, "week_ago": week_ago, "waiting": waiting}
     finally:
         await book.engine.dispose()
 

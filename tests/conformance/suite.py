@@ -54,6 +54,7 @@ from purge_race_cases import PurgeRaceCases  # noqa: E402
 from notification_bucket_cases import NotificationBucketCases  # noqa: E402
 from notification_channel_cases import NotificationChannelCases  # noqa: E402
 from notification_delivery_cases import NotificationDeliveryCases  # noqa: E402
+from notification_evidence_cases import NotificationEvidenceCases  # noqa: E402
 from notification_intake_cases import NotificationIntakeCases  # noqa: E402
 from notification_ownership_cases import NotificationOwnershipCases  # noqa: E402
 from notification_pass_cases import NotificationPassCases  # noqa: E402
@@ -149,7 +150,7 @@ class OutboxConformance(
 class NotificationConformance(
     NotificationIntakeCases, NotificationDeliveryCases, NotificationBucketCases, NotificationWorkerCases,
     NotificationPassCases, NotificationOwnershipCases, NotificationRecoveryCases, NotificationResponseCases,
-    NotificationRetentionCases, NotificationChannelCases,
+    NotificationRetentionCases, NotificationChannelCases, NotificationEvidenceCases,
 ):
     """The notifications' cases (specs/notifications.md), from tests/outbox/notification_*_cases.py, on each
     backend that inherits this class."""

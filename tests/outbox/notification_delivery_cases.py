@@ -118,7 +118,8 @@ class NotificationDeliveryCases:
     async def test_timeouts_before_and_after_admission_are_not_started_and_unknown(self, book: Book):
         """N6: a channel cut by its deadline before admission is NOT_STARTED (nothing was sent, no started
         fact); after admission it is UNKNOWN, and the fallback goes on marking the next observation as a
-        possible duplicate; one observation summarises provider retries."""
+        possible duplicate; one observation summarises provider retries, each recorded (not as another
+        start) before its effect (N10b)."""
         nid = await accept(book, ["slack", "email", "pagerduty"])
         chans = adapters(slack=["hang_before"], email=["hang_after"], pagerduty=["retry_success"])
         await one_pass(book, chans)
@@ -127,7 +128,10 @@ class NotificationDeliveryCases:
         rows = await notification_attempts(book, nid)
         assert rows[2]["provider_retries"] == 1 and len(chans["pagerduty"].effects) == 2
         facts = {r["channel"]: [f.status for f in await history(book, "channel_attempt", r["id"])] for r in rows}
-        assert facts == {"slack": ["not_started"], "email": ["started", "unknown"], "pagerduty": ["started", "success"]}
+        assert facts == {"slack": ["not_started"], "email": ["started", "unknown"],
+                         "pagerduty": ["started", "started", "success"]}
+        retried = [f.reason_code for f in await history(book, "channel_attempt", rows[2]["id"])]
+        assert retried.count("channel_attempt.started.admitted") == 1 and "channel_attempt.started.retried" in retried
         assert rows[0]["started_at"] is None and rows[1]["started_at"] is not None
 
     async def test_every_provider_effect_has_a_started_fact_before_it(self, book: Book, monkeypatch):
@@ -177,7 +181,8 @@ class NotificationDeliveryCases:
 
     async def test_a_provider_retry_is_guarded_and_a_lease_only_check_writes_nothing(self, book: Book, clock):
         """N4: ``guard_provider_attempt`` before a provider retry refuses once the claim is another's; the
-        checks that pass write no fact."""
+        checks that pass write no notification fact (after the admission each records its retry on the
+        observation, N10b)."""
         nid = await accept(book, ["email"])
         [candidate] = await scan_due(book, now=clock.now())
         lease = await claim(book, candidate, now=clock.now())

@@ -23,9 +23,11 @@ from statebook.outbox.notifications.channels import CHANNEL_NAMES, PERSISTENT_OR
 
 CLAIMS = frozenset({"notification.pending.claimed", "notification.pending.reclaimed",
                     "notification.pending.rate_limit_cleared"})
+SETTLED = "notification.delivered.recorded_success"
 OUTCOMES = frozenset({"notification.pending.retry", "notification.delivered.channel_success",
                       "notification.failed.cycle_exhausted", "notification.failed.best_effort",
-                      "notification.rate_limited.no_token"})
+                      "notification.rate_limited.no_token", SETTLED})
+MAY_HAVE_REACHED = ("started", "unknown", "success")
 TERMINAL = frozenset({"delivered", "failed", "deduplicated"})
 
 SEEN: Counter[str] = Counter()
@@ -109,6 +111,7 @@ def problems(snap: Snapshot, registry: Registry, written_by: dict[str, str],
                                  f"({code} from {before['status']})")
                 if f.patch.get("claim_id") in (None, before["claim_id"]):
                     found.append(f"N5: {nid} claimed without a fresh token")
+                found += _no_success_left_behind(snap, row, before, f, obs)
             elif code in OUTCOMES or code == "notification.failed.cycle_exhausted":
                 if before["status"] != "pending" or before["claim_id"] is None:
                     found.append(f"N5: {nid} {code} written while unclaimed ({before['status']}, {before['claim_id']})")
@@ -120,6 +123,11 @@ def problems(snap: Snapshot, registry: Registry, written_by: dict[str, str],
                 if lapsed and f.at < before["lease_until"]:
                     found.append(f"N2: {nid} dead-lettered by a claimant at {f.at} before the lease ended at "
                                  f"{before['lease_until']} ({f.reason_summary}; {f.actor_id})")
+                if lapsed:
+                    found += _no_success_left_behind(snap, row, before, f, obs)
+                if code == SETTLED and f.at < before["lease_until"]:
+                    found.append(f"N10a: {nid} settled from its record at {f.at}, before the lease ended at "
+                                 f"{before['lease_until']}")
                 if code == "notification.rate_limited.no_token":
                     if f.patch.get("cycle_attempts") != before["cycle_attempts"] - 1:
                         found.append(f"N8: {nid} rate_limited kept the claim's place in the cycle "
@@ -128,7 +136,7 @@ def problems(snap: Snapshot, registry: Registry, written_by: dict[str, str],
                     if not mine or any(a["status"] != "rate_limited" or a["started_at"] is not None for a in mine):
                         found.append(f"N8: {nid} rate_limited after observations "
                                      f"{[(a['channel'], a['status']) for a in mine]}")
-                if code == "notification.delivered.channel_success":
+                if code in ("notification.delivered.channel_success", SETTLED):
                     channel = f.patch.get("delivered_channel")
                     ok = [a for a in obs if a["claim_id"] == before["claim_id"] and a["channel"] == channel
                           and a["status"] == "success" and a["cycle"] == before["cycle"]
@@ -179,6 +187,7 @@ def problems(snap: Snapshot, registry: Registry, written_by: dict[str, str],
             succeeded = [i for i, a in enumerate(seen) if a["status"] == "success" and a["channel"] in PERSISTENT_ORDER]
             if succeeded and any(a["channel"] in PERSISTENT_ORDER for a in seen[succeeded[0] + 1:]):
                 found.append(f"N1: {nid} attempt {number} went on after a persistent success: {names}")
+        found += _risk_stays_with_the_cycle(snap, nid, obs)
     # N5: every provider effect had its started fact before it, under that notification+channel+attempt.
     started = {(a["notification_id"], a["channel"], a["attempt"]) for aid, a in snap.attempts.items()
                if snap.first_status(aid) == "started"}
@@ -189,4 +198,53 @@ def problems(snap: Snapshot, registry: Registry, written_by: dict[str, str],
         first = snap.first_status(aid)
         if (first == "started") != (a["started_at"] is not None):
             found.append(f"N5: channel_attempt {aid} started_at {a['started_at']} but first fact {first}")
+    # N10b: the record bounds the provider's receipts: at most 1 + provider_retries effects per admitted observation.
+    made = Counter(effects)
+    for a in snap.attempts.values():
+        key = (a["notification_id"], a["channel"], a["attempt"])
+        if a["started_at"] is not None and made[key] > 1 + a["provider_retries"]:
+            found.append(f"N10b: {key} made {made[key]} provider effects; its observation ({a['status']}) records "
+                         f"{a['provider_retries']} retries")
+    return found
+
+
+def _qualifies(row: dict[str, Any], channel: str) -> bool:
+    return row["mode"] != "guaranteed" or channel in PERSISTENT_ORDER
+
+
+def _no_success_left_behind(snap: Snapshot, row: dict[str, Any], before: dict[str, Any], f: Fact,
+                            obs: list[dict[str, Any]]) -> list[str]:
+    """N10a: a claim (or a lapsed last attempt's dead letter) never replaces a claim that recorded a qualifying
+    success before it: that success settles the notification instead of another send."""
+    if before["claim_id"] is None:
+        return []
+    left = [a["channel"] for a in obs if a["claim_id"] == before["claim_id"] and a["cycle"] == before["cycle"]
+            and a["status"] == "success" and _qualifies(row, a["channel"])
+            and snap.facts[("channel_attempt", a["id"])][-1].seq < f.seq]
+    return [f"N10a: {row['id']} {f.reason_code} past the success of {left} its lapsed claim recorded"] if left else []
+
+
+def _status_at(facts: list[Fact], seq: int) -> str | None:
+    """An entity's status right before fact ``seq`` was written (None: it did not exist yet)."""
+    status = None
+    for x in facts:
+        if x.seq >= seq:
+            break
+        status = x.status
+    return status
+
+
+def _risk_stays_with_the_cycle(snap: Snapshot, nid: str, obs: list[dict[str, Any]]) -> list[str]:
+    """N10b: every send admitted after an earlier attempt of its cycle may have reached the person (an
+    ``unknown`` or a ``success`` on record before the admission) carries duplicate_risk."""
+    found = []
+    for a in obs:
+        if a["started_at"] is None or a["duplicate_risk"]:
+            continue
+        admitted = snap.facts[("channel_attempt", a["id"])][0].seq
+        earlier = [b for b in obs if b["cycle"] == a["cycle"] and b["attempt"] < a["attempt"]
+                   and _status_at(snap.facts[("channel_attempt", b["id"])], admitted) in MAY_HAVE_REACHED]
+        if earlier:
+            found.append(f"N10b: {nid} attempt {a['attempt']} {a['channel']} was admitted without duplicate_risk after "
+                         f"{[(b['attempt'], b['channel'], b['status']) for b in earlier]} of its cycle")
     return found

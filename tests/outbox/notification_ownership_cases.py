@@ -262,6 +262,47 @@ class NotificationOwnershipCases:
             assert accepted.obligation_owner_id == row["obligation_owner_id"] == expected
             assert (row["effective_ack_status"], row["ack_inherited"]) == (None, False)
 
+    async def test_acceptances_and_reads_agree_on_the_owner_s_response(self, book: Book, clock):
+        """N24: for every owner status (pending; delivered without a response; delivered with its response
+        pending, acked, dismissed or timed out) an acceptance — a new arrival, the idempotent repeat of
+        that arrival, the idempotent repeat of the owner — carries the same obligation_owner_id,
+        effective_ack_status and ack_inherited as get_notification of the same row."""
+        from statebook.lifecycle import Actor
+        from statebook.outbox.notifications import ack_notification, dismiss_notification, expire_responses
+
+        alice = Actor("operator", "alice")
+        answers = {"pending": None, "none": None, "waiting": None, "acked": ack_notification,
+                   "dismissed": dismiss_notification, "timed_out": None}
+        timeouts = {"none": None, "timed_out": 30.0}
+        owners = {k: await send(book, k, idempotency_key=f"{k}-owner", dedup_key=k, dedup_window=3600,
+                                response_timeout=timeouts.get(k, 600.0)) for k in answers if k != "pending"}
+        await one_pass(book, ["success"])  # every owner so far delivers; each with a timeout waits for an answer
+        owners["pending"] = await send(book, "pending", idempotency_key="pending-owner", dedup_key="pending",
+                                       dedup_window=3600, response_timeout=600.0)
+        for k, answer in answers.items():
+            if answer is not None:
+                await answer(book, owners[k].id, actor=alice)
+        clock.advance(31)
+        assert (await expire_responses(book))["timed_out"] == 1
+        want = {"pending": (None, "pending"), "none": (None, "deduplicated"), "waiting": ("pending", "deduplicated"),
+                "acked": ("acked", "deduplicated"), "dismissed": ("dismissed", "deduplicated"),
+                "timed_out": ("timed_out", "deduplicated")}
+        for k, (ack, arrival_status) in want.items():
+            owner = owners[k]
+            arrival = await send(book, f"{k} again", idempotency_key=f"{k}-arrival", dedup_key=k, dedup_window=3600,
+                                 response_timeout=600.0)
+            repeat = await send(book, f"{k} again", idempotency_key=f"{k}-arrival", dedup_key=k, dedup_window=3600,
+                                response_timeout=600.0)
+            owner_again = await send(book, k, idempotency_key=f"{k}-owner", dedup_key=k, dedup_window=3600,
+                                     response_timeout=timeouts.get(k, 600.0))
+            assert (arrival.status, arrival.created, repeat.created, owner_again.id) == (arrival_status, True, False,
+                                                                                        owner.id), k
+            for accepted, inherited in ((arrival, True), (repeat, True), (owner_again, False)):
+                row = await get_notification(book, accepted.id)
+                said = (accepted.obligation_owner_id, accepted.effective_ack_status, accepted.ack_inherited)
+                read = (row["obligation_owner_id"], row["effective_ack_status"], row["ack_inherited"])
+                assert said == read == (owner.id, ack, inherited and ack is not None), (k, accepted, read)
+
     async def test_an_intake_in_a_rolled_back_transaction_leaves_no_claim(self, book: Book):
         """N15: the claim is written in the intake's transaction: a caller's rollback takes both back."""
         with pytest.raises(RuntimeError):

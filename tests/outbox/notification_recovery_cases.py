@@ -131,6 +131,30 @@ class NotificationRecoveryCases:
         clock.advance(601)
         assert (await replay_notification(book, old, actor=ALICE)).cycle == 2
 
+    async def test_a_rate_limited_owner_blocks_a_replay_of_the_failed_former_owner(self, book: Book, clock):
+        """N27: the current owner waiting in rate_limited (its channel's bucket emptied) still holds the
+        obligation: the replay of the failed former owner is refused as owner_pending naming it, in the
+        refusal and in the dead-letter view, until it delivers (then owner_delivered_in_window)."""
+        from statebook.outbox.notifications.buckets import draw, ensure_bucket
+
+        old = (await send(book, dedup_key="disk", dedup_window=600)).id
+        await passes(book, clock, "reject")
+        new = (await send(book, "new", dedup_key="disk", dedup_window=600)).id
+        await ensure_bucket(book, "email", "all", capacity=1, refill_per_second=0.01)
+        async with book.begin() as tx:
+            assert await draw(tx, "email", "all", now=clock.now()) == 0.0  # the bucket is empty now
+        counts = await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"])}, deadline=FAST)
+        assert (counts["rate_limited"], (await row(book, new))["status"]) == (1, "rate_limited")
+        caught = await refused(book, old)
+        assert (caught.reason, caught.blocked_by) == ("owner_pending", new)
+        [view] = await list_dead_letters(book)
+        assert (view["id"], view["replay_block_reason"], view["replay_blocked_by"]) == (old, "owner_pending", new)
+        clock.advance(100)  # the token is back
+        await passes(book, clock, "success", 1)
+        assert (await row(book, new))["status"] == "delivered"
+        assert (await refused(book, old)).reason == "owner_delivered_in_window"
+        await clean(book)
+
     async def test_a_replay_takes_ownership_and_covers_failed_descendants_in_one_transaction(
             self, book: Book, clock, monkeypatch):
         """N28: replaying the first owner of a chain whose successor also failed: the claim names it with a

@@ -25,6 +25,9 @@ The rules it encodes, each where it is applied:
 
 Cycles (N2) as far as ownership needs them: a GUARANTEED owner has 3 attempts per cycle, backoff 1 s
 then 2 s, then a dead letter; a BEST_EFFORT one fails after its first failed attempt, without one.
+Rate limits (N8) as far as ownership needs them: while the email bucket is held empty an attempt is
+``rate_limited`` — still live, its place in the cycle given back, due when the next token comes — so an
+owner may wait there, and a replay of its failed former owner is ``owner_pending`` all the same (N27).
 A window ends at ``window_until``: at that instant it has expired (``now >= window_until``).
 """
 
@@ -35,6 +38,8 @@ from typing import Literal
 
 CYCLE_ATTEMPTS = 3
 LIVE = ("pending", "rate_limited")
+BUCKET_RATE = 1000.0
+"""The email bucket's refill rate and capacity in the ownership machine."""
 
 Obligation = tuple[str, str, str]  # (recipient, dedup_key, mode)
 
@@ -114,6 +119,18 @@ class Model:
     claims: dict[Obligation, Claim] = field(default_factory=dict)
     scopes: dict[str, str] = field(default_factory=dict)  # idempotency key -> the id it accepted
     elections: int = 0  # how many successors were elected (the machine reports it)
+    bucket_held: float | None = None  # the email bucket holds no token up to this instant (None: no bucket)
+    limited: int = 0  # how many attempts found no token (the machine reports it)
+
+    # -- the email channel's rate-limit bucket (N8, N42) -------------------------------------------
+
+    def hold(self, now: float, seconds: float) -> None:
+        """The bucket is emptied so that its next token comes ``seconds`` from ``now`` (a shorter hold never
+        shortens a longer one). Its rate (:data:`BUCKET_RATE` tokens a second, as many at most) refills far
+        more than a pass can draw within a second, and the machine's clock moves in whole seconds while a
+        hold is a half: an attempt finds a token exactly when the hold has passed."""
+        until = now + seconds - 1.0 / BUCKET_RATE  # the refill starts one token's time before
+        self.bucket_held = until if self.bucket_held is None else max(self.bucket_held, until)
 
     # -- intake ------------------------------------------------------------------------------------
 
@@ -177,6 +194,12 @@ class Model:
         n = self.notes[nid]
         assert n.status in LIVE and n.owner is None, f"{nid} is not work: {n}"
         n.attempts += 1
+        if self.bucket_held is not None and now <= self.bucket_held:
+            # N8: no token: rate_limited, its place in the cycle given back, due when the token comes.
+            n.status, n.due = "rate_limited", now + (max(0.0, self.bucket_held - now) + 1.0 / BUCKET_RATE)
+            self.limited += 1
+            return
+        n.status = "pending"
         n.cycle_attempts += 1
         if step == "success":
             n.status, n.due = "delivered", None

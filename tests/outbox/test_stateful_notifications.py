@@ -1,11 +1,13 @@
-"""Notification delivery as a Hypothesis state machine (issue 12; specs/notifications.md N1, N2, N4-N9).
+"""Notification delivery as a Hypothesis state machine (issues 12, 25; specs/notifications.md N1, N2, N4-N10b).
 
 Three workers — each a Book on its own engine; two share the FakeClock, the third's clock can be
 skewed ahead — interleave the steps of attempts: scan and claim, ONE channel call of a held lease
 (``attempt_channel`` with a ScriptedChannel whose next behaviour the rule draws: success, reject,
 hang before/after admission under a tiny real deadline, provider 429, raise before/after), or a whole
-``run_attempt``, then ``finalize``. A worker may crash between any two steps (it drops its lease);
-evidence writes fail at random (``delivery.create`` / ``delivery.transition`` patched for one call
+``run_attempt``, then ``finalize``. A worker may crash between any two steps (it drops its lease),
+right after an admission or a guarded retry, after its evidence was written and before it finalized,
+and twice in a row on one notification (N10a, N10b);
+evidence writes fail at random (``delivery.create`` / ``delivery.apply_many`` patched for one call
 inside the rule); rate-limit buckets hold few tokens; the clock jumps past leases and deadlines.
 Every lease ever won stays drawable, so stale finalizations come late and must be fenced.
 
@@ -34,7 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import statebook.outbox.notifications.intake as intake_module
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Book, FakeClock, verify
-from statebook.outbox.notifications import LeaseLost, ProviderOutcome, send_notification
+from statebook.outbox.notifications import Delivery, LeaseLost, NoToken, ProviderOutcome, send_notification
 from statebook.outbox.notifications import delivery
 from statebook.outbox.notifications.buckets import ensure_bucket
 from statebook.outbox.notifications.channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER
@@ -45,7 +47,7 @@ from statebook.outbox.notifications.delivery import (
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from notification_model import SEEN, TERMINAL, Snapshot, event, problems, snapshot  # noqa: E402
+from notification_model import SEEN, SETTLED, TERMINAL, Snapshot, event, problems, snapshot  # noqa: E402
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 SETTINGS = settings(
@@ -209,19 +211,28 @@ class NotificationMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(w.lease is None for w in self.workers))
     @rule(data=st.data())
     def scan_and_claim(self, data):
-        """N2, N5: a claim wins only when the row is still what the scan read; it writes a fresh token."""
-        w = self.pick(data, lambda w: w.lease is None)
+        """N2, N5, N10a: a claim wins only when the row is still what the scan read; it writes a fresh token
+        — or settles the notification from the success its lapsed claim recorded."""
+        self.claim_with(self.pick(data, lambda w: w.lease is None), data)
+
+    def claim_with(self, w: Worker, data) -> Lease | None:  # noqa: ANN001
         found = w.candidates or self.run(scan_due(w.book, now=w.clock.now()))
         w.forget()
         if not found:
-            return
+            return None
         cand = found[data.draw(st.integers(0, len(found) - 1), label="candidate")]
         lease = self.run(claim(w.book, cand, now=w.clock.now(), lease_seconds=LEASE))
-        event(f"claim: {'won' if lease else 'none'} from {cand.status}{' (lapsed)' if cand.claim_id else ''}")
-        if lease is not None:
-            row = self.snap().rows[lease.notification_id]
-            assert (row["claim_id"], row["cycle_attempts"]) == (lease.claim_id, lease.cycle_attempt)
-            w.lease = lease
+        event(f"claim: {'won' if lease else 'none'} from {cand.status}{' (lapsed)' if cand.claim_id else ''}"
+              f"{' at risk' if lease and lease.duplicate_risk else ''}")
+        if lease is None:
+            facts = self.snap().notification_facts(cand.id)
+            if facts[-1].reason_code == SETTLED and facts[-1].at == w.clock.now():
+                event("claim: settled from the recorded success")
+            return lease
+        row = self.snap().rows[lease.notification_id]
+        assert (row["claim_id"], row["cycle_attempts"]) == (lease.claim_id, lease.cycle_attempt)
+        w.lease = lease
+        return lease
 
     @precondition(lambda self: any(w.lease is None for w in self.workers))
     @rule(data=st.data())
@@ -248,25 +259,27 @@ class NotificationMachine(RuleBasedStateMachine):
     @contextlib.contextmanager
     def storage(self, mode: str):
         """Evidence writes fail for this rule: the started fact (``create`` with status started) or
-        the result (a channel_attempt ``transition`` or a direct ``create``)."""
-        real_create, real_transition = delivery.create, delivery.transition
+        the result (the admitted observation's result through ``apply_many``, or a direct ``create``);
+        a provider retry's record still succeeds, so a retried send can be left ``started``."""
+        real_create, real_apply = delivery.create, delivery.apply_many
 
         async def create(book, entity_type, **kw):  # noqa: ANN001
             if entity_type == "channel_attempt" and (mode == "fail_result") != (kw.get("status") == "started"):
                 raise StorageDown("disk full")
             return await real_create(book, entity_type, **kw)
 
-        async def transition(book, entity_type, *args, **kw):  # noqa: ANN001
-            if entity_type == "channel_attempt" and mode == "fail_result":
+        async def apply_many(book, commands, **kw):  # noqa: ANN001
+            if mode == "fail_result" and any(c.entity_type == "channel_attempt" and c.target != "started"
+                                             for c in commands):
                 raise StorageDown("disk full")
-            return await real_transition(book, entity_type, *args, **kw)
+            return await real_apply(book, commands, **kw)
 
         if mode != "ok":
-            delivery.create, delivery.transition = create, transition
+            delivery.create, delivery.apply_many = create, apply_many
         try:
             yield
         finally:
-            delivery.create, delivery.transition = real_create, real_transition
+            delivery.create, delivery.apply_many = real_create, real_apply
 
     @precondition(lambda self: any(w.lease is not None and not w.done for w in self.workers))
     @rule(data=st.data(), behaviour=BEHAVIOURS, storage=STORAGE)
@@ -282,7 +295,7 @@ class NotificationMachine(RuleBasedStateMachine):
         ch.script = (behaviour,)
         before = self.snap()
         effects = len(ch.effects)
-        risk = any(r.observation.outcome is ProviderOutcome.UNKNOWN for r in w.seen)
+        risk = lease.duplicate_risk or any(r.observation.outcome is ProviderOutcome.UNKNOWN for r in w.seen)
         try:
             with self.storage(storage):
                 recorded = self.run(attempt_channel(w.book, lease, ch, deadline=DEADLINE, duplicate_risk=risk))
@@ -383,6 +396,76 @@ class NotificationMachine(RuleBasedStateMachine):
             return
         self.pick(data, lambda w: w.lease is not None).forget()
         event("crash")
+
+    @precondition(lambda self: any(w.lease is not None and w.seen for w in self.workers))
+    @rule(data=st.data())
+    def crash_after_evidence(self, data):
+        """N10a: a worker dies after its observations were written and before it finalized — perhaps after
+        a success: the next claim must settle from that success rather than send again."""
+        w = self.pick(data, lambda w: w.lease is not None and w.seen)
+        event(f"crash after evidence ({', '.join(r.observation.outcome.value for r in w.seen)})")
+        w.forget()
+
+    def die(self, w: Worker, lease: Lease, how: str | None) -> None:
+        """Worker ``w`` holding ``lease`` dies: before any admission (None), killed right after an
+        admission and the provider effect (``admitted``), or after a guarded retry too (``retried``),
+        or after its success was recorded (``success``)."""
+        name = self.next_channel(w)
+        if how is not None and name is not None:
+            ch = self.channels[name]
+            if how == "success":
+                ch.script = ("success",)
+                with contextlib.suppress(LeaseLost, EvidenceLost):
+                    self.run(attempt_channel(w.book, lease, ch, deadline=DEADLINE, duplicate_risk=lease.duplicate_risk))
+            else:
+                with contextlib.suppress(LeaseLost, NoToken):
+                    self.run(self.killed_after_admission(w, lease, ch, retries=int(how == "retried")))
+        w.forget()
+
+    async def killed_after_admission(self, w: Worker, lease: Lease, ch: Checked, *, retries: int) -> None:
+        guard = CheckedGuard(delivery.LeaseGuard(w.book, lease, ch.name, deadline_end=w.clock.now() + DEADLINE,
+                                                 duplicate_risk=lease.duplicate_risk), self)
+        sent = Delivery(lease.notification_id, lease.recipient, lease.content, lease.cycle, lease.attempt, ch.name)
+        await guard.admit()
+        ch.effects.append(sent)
+        for _ in range(retries):
+            await guard.guard_provider_attempt()
+            ch.effects.append(sent)
+
+    @precondition(lambda self: any(w.lease is None for w in self.workers))
+    @rule(data=st.data(), how=st.sampled_from((None, "admitted", "retried", "success")))
+    def claim_and_die(self, data, how):
+        """N10a, N10b: a worker claims and dies at once — before any admission, right after one, after a
+        guarded retry, or after a recorded success."""
+        w = self.pick(data, lambda w: w.lease is None)
+        w.candidates = []
+        lease = self.claim_with(w, data)
+        if lease is not None:
+            event(f"claim and die ({how or 'before admission'}{', at risk' if lease.duplicate_risk else ''})")
+            self.die(w, lease, how)
+
+    @precondition(lambda self: any(w.lease is None for w in self.workers))
+    @rule(data=st.data(), how=st.sampled_from(("admitted", "retried", "success")))
+    def die_twice(self, data, how):
+        """N10a, N10b: two crashes in a row on one notification: a worker is killed after an admission (or
+        its recorded success), its lease lapses, the next claimant dies before admitting anything, and
+        its lease lapses too. Whoever claims it next must still send it as a duplicate risk — or must
+        have settled it from the success."""
+        w = self.pick(data, lambda w: w.lease is None)
+        w.candidates = []
+        first = self.claim_with(w, data)
+        if first is None:
+            return
+        self.die(w, first, how)
+        self.clock.advance(self.skewed.skew + LEASE + 1)
+        again = [c for c in self.run(scan_due(w.book, now=w.clock.now())) if c.id == first.notification_id]
+        w.candidates = again
+        second = self.claim_with(w, data) if again else None
+        if second is not None:
+            self.die(w, second, None)
+            self.clock.advance(LEASE + 1)
+        event(f"die twice ({how}; second {'claimed' if second else 'settled or not due'}"
+              f"{', at risk' if second is not None and second.duplicate_risk else ''})")
 
     @rule(seconds=st.sampled_from((0.5, 2.0, 5.0, LEASE + 1, 120.0)))
     def tick(self, seconds):

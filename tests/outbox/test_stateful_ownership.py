@@ -37,13 +37,14 @@ from statebook.outbox.notifications import (
     IdempotencyConflict, RecoveryRefused, deliver_due_notifications, list_dead_letters, replay_notification,
     resolve_notification, send_notification,
 )
+from statebook.outbox.notifications.buckets import ensure_bucket, hold as hold_bucket
 from statebook.outbox.notifications.ownership import claim_id
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from notification_model import SEEN, event  # noqa: E402
-from ownership_model import LIVE, Model, Request  # noqa: E402
+from ownership_model import BUCKET_RATE, LIVE, Model, Request  # noqa: E402
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 SETTINGS = settings(
@@ -224,10 +225,12 @@ class OwnershipMachine(RuleBasedStateMachine):
             counts = self.run(deliver_due_notifications(self.book, self.channels, deadline=DEADLINE))
             if counts["claimed"] == 0:
                 break
-        elected = self.model.elections
+        elected, limited = self.model.elections, self.model.limited
         expected = self.model.deliver(now, lambda nid: self.steps.get(nid, "success"))
         if self.model.elections > elected:
             event("pass: successor elected")
+        if self.model.limited > limited:
+            event("pass: rate_limited")
         assert sorted(self.took) == sorted(expected), (
             f"N15, N20: the passes attempted {sorted(self.took)}; the model's due work was {sorted(expected)} "
             "(a follower is never work; the oldest follower is the successor)")
@@ -247,6 +250,21 @@ class OwnershipMachine(RuleBasedStateMachine):
         for _ in range(6):
             self.passes()
             self.clock.advance(2.0)
+
+    @rule(seconds=st.sampled_from((10.5, 40.5)))
+    def empty_bucket(self, seconds) -> None:
+        """N8, N27: the email channel's bucket is emptied until ``seconds`` from now (as a provider's
+        Retry-After holds it, N42): owners due meanwhile wait in rate_limited, still holding their obligation."""
+        now = self.clock.now()
+        self.run(self.hold(seconds, now))
+        self.model.hold(now, seconds)
+        event("bucket held")
+        self.passes()  # whatever is due now waits in rate_limited
+
+    async def hold(self, seconds: float, now: float) -> None:
+        await ensure_bucket(self.book, "email", "all", capacity=BUCKET_RATE, refill_per_second=BUCKET_RATE)
+        async with self.book.begin() as tx:
+            await hold_bucket(tx, "email", "all", seconds=seconds, now=now)
 
     @rule(seconds=st.sampled_from((1.0, 5.0, 30.0, 301.0)))
     def tick(self, seconds) -> None:
@@ -278,7 +296,8 @@ class OwnershipMachine(RuleBasedStateMachine):
             assert block is not None, f"N27: replay of {nid} refused ({refused.reason}); the model accepts it"
             assert (refused.reason, refused.blocked_by) == block, \
                 f"N27: replay of {nid} refused as {(refused.reason, refused.blocked_by)}; the model says {block}"
-            event(f"replay refused: {block[0]}")
+            holder = self.model.notes.get(refused.blocked_by or "")
+            event(f"replay refused: {block[0]}{' (rate_limited)' if holder and holder.status == 'rate_limited' else ''}")
             return
         assert block is None, f"N27: replay of {nid} accepted; the model refuses it: {block}"
         covered = self.model.replay(nid, now)
@@ -384,6 +403,8 @@ class OwnershipMachine(RuleBasedStateMachine):
         assert sorted(d["id"] for d in view) == self.model.dead_letters()
         for d in view:
             block = self.model.replay_block(d["id"], now) or (None, None)
+            if block[0] == "owner_pending" and self.model.notes[block[1]].status == "rate_limited":
+                event("dead-letter view: owner_pending (rate_limited)")
             assert (d["replay_block_reason"], d["replay_blocked_by"]) == block, \
                 f"N26: dead letter {d['id']} shows {(d['replay_block_reason'], d['replay_blocked_by'])}; model {block}"
 
