@@ -22,9 +22,8 @@ import time
 import unittest
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test

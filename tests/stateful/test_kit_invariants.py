@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
