@@ -222,7 +222,11 @@ class EmailChannel:
         """One connection's try: a decided observation, or None and why it may be retried."""
         c = self.config
         progress.stage = "lease check"
-        await guard.guard_provider_attempt()  # before connecting: a lease-only check that writes nothing
+        if progress.phase != "admitted":
+            # Before connecting, nothing admitted yet: a lease check that writes nothing. After the admission
+            # the check before DATA below is the one that counts (it records the retry before its effect, N10b);
+            # a connection alone is no effect, so checking here too would count each retry twice.
+            await guard.guard_provider_attempt()
         smtp = aiosmtplib.SMTP(hostname=c.host, port=self._port(), use_tls=c.tls,
                                start_tls=None if c.starttls == "auto" else c.starttls, tls_context=self._tls(),
                                local_hostname=self._local_hostname, timeout=self._budget(guard))
