@@ -86,6 +86,24 @@ class TailCases:
         assert ids(seen) + [late.fact_id] == ids(await history(book, "task", "t1"))
 
 
+    async def test_an_entity_moved_several_times_in_one_transaction_comes_out_of_the_tail(self, book: Book):
+        """L13a: one transaction moves an entity three times; with nothing written after it, the tail read one fact
+        at a time gives all four facts, in version order (no key waits for transaction ids not yet used)."""
+        await new_task(book, "t1")
+        async with book.begin() as tx:
+            moved = [await start(tx, "t1"),
+                     await transition(tx, "task", "t1", "open", expected="working", reason=RELEASED, actor=SYSTEM),
+                     await start(tx, "t1", attempt=1)]
+            assert all(o.applied for o in moved)
+        seen: list[Fact] = []
+        facts, cursor = await read_tail(book, limit=1)
+        while facts:
+            seen.extend(facts)
+            facts, cursor = await read_tail(book, cursor, limit=1)
+        assert [f.version for f in seen] == [1, 2, 3, 4]
+        assert ids(seen) == ids(await history(book, "task", "t1"))
+
+
 class RaceCases(ClaimCases):
     """L14: racing writers on one compare-and-set — exactly one wins, whatever the backend (the package's
     ClaimCases, and more)."""
@@ -135,6 +153,13 @@ class RaceCases(ClaimCases):
             assert (moved == "applied") != (dropped == "applied"), (moved, dropped)
         assert (await verify(book)).ok
 
+async def all_entities(book: Book) -> list[tuple[str, str]]:
+    """Every (entity type, entity id) with facts."""
+    t = facts_table
+    async with book.read() as conn:
+        return [tuple(r) for r in (await conn.execute(sa.select(t.c.entity_type, t.c.entity_id).distinct()))]
+
+
 async def seq_by_version(book: Book) -> dict[tuple[str, str], list[int]]:
     """Each entity's seqs in version order."""
     t = facts_table
@@ -148,19 +173,16 @@ async def seq_by_version(book: Book) -> dict[tuple[str, str], list[int]]:
 
 
 class HonestSeqCases:
-    """L12d: however honest writers interleave, each entity's seq rises with its version, so verify's seq-order
-    check never reports an honest history."""
+    """L12d / L13a: however honest writers interleave, each entity's seq rises with its version, so verify's seq-order
+    check never reports an honest history, and the tail gives each entity's facts in version order."""
 
     WORKERS = 8
     ROUNDS = 12
 
-    async def test_honest_concurrent_writers_keep_each_entitys_seq_in_version_order(
-            self, book: Book, more_engines: MakeEngine):
-        """L12d / L15: workers on their own connections move tasks back and forth in transactions of several
-        entities (a seq drawn for one entity, then a wait for another's row lock), in batches, create and purge
-        them, at once; every entity's seq rises with its version and verify finds nothing. On PostgreSQL seqs
-        are drawn at insert and commit in another order across entities: the figure printed counts pairs of
-        transactions that committed in the other order than their seqs."""
+    async def honest_writers(self, book: Book, more_engines: MakeEngine) -> tuple[list[list[str]], Counter[str]]:
+        """Workers on their own connections move tasks back and forth in transactions of several entities (a seq
+        drawn for one entity, then a wait for another's row lock), in batches, create and purge them, at once.
+        The fact ids of each transaction, in the order the commits returned, and counts of what was lost."""
         ids = [o.entity_id for o in await create_many(
             book, "task", [NewEntity(task_values(f"t{n}"), "open", CREATED, SYSTEM) for n in range(6)])]
         racer = Book(more_engines(), book.registry, book.clock)
@@ -226,6 +248,14 @@ class HonestSeqCases:
                     committed.append(written)
 
         await asyncio.gather(*(worker(n) for n in range(self.WORKERS)))
+        return committed, counts
+
+    async def test_honest_concurrent_writers_keep_each_entitys_seq_in_version_order(
+            self, book: Book, more_engines: MakeEngine):
+        """L12d / L15: honest writers at once (``honest_writers``): every entity's seq rises with its version and
+        verify finds nothing. On PostgreSQL seqs are drawn at insert and commit in another order across entities:
+        the figure printed counts pairs of transactions that committed in the other order than their seqs."""
+        committed, counts = await self.honest_writers(book, more_engines)
         report = await verify(book)
         assert report.ok, report.findings
         by_entity = await seq_by_version(book)
@@ -236,6 +266,50 @@ class HonestSeqCases:
         print(f"\n{book.dialect}: {len(committed)} transactions, {report.facts} facts on {report.entities} entities, "
               f"{counts['deadlocks']} deadlock victims, {crossed} pairs of transactions committed in another order "
               "than their seqs; seq rises with the version in every entity")
+
+
+    async def test_a_tail_paging_through_honest_concurrent_writers_gives_each_entitys_versions_in_order(
+            self, book: Book, more_engines: MakeEngine):
+        """L13 / L13a / L15: while honest writers run at once (``honest_writers``), a reader pages through the tail
+        a few facts at a time; with what it reads once they are done, it has every fact exactly once and, per
+        entity, the versions 1..n in order. On PostgreSQL writers' transaction ids are assigned at their first
+        write, not at commit, so one entity's facts were written by transactions whose ids run the other way: the
+        figure printed counts such pairs."""
+        seen: list[Fact] = []
+        writing = True
+
+        async def follow() -> None:
+            cursor = Cursor()
+            while True:
+                page, cursor = await read_tail(book, cursor, limit=3)
+                seen.extend(page)
+                if not page:
+                    if not writing:
+                        return
+                    await asyncio.sleep(0.005)
+
+        reader = asyncio.create_task(follow())
+        try:
+            await self.honest_writers(book, more_engines)
+        finally:
+            writing = False
+        await reader
+        written = [f for key in await all_entities(book) for f in await history(book, *key)]
+        assert sorted(ids(seen)) == sorted(ids(written)), "every committed fact, once"
+        versions: dict[tuple[str, str], list[int]] = {}
+        for f in seen:
+            versions.setdefault((f.entity_type, f.entity_id), []).append(f.version)
+        wrong = {k: v for k, v in versions.items() if v != list(range(1, len(v) + 1))}
+        assert not wrong, f"the tail gave these entities' versions out of order: {wrong}"
+        writer: dict[str, int] = {}
+        if book.dialect == "postgresql":  # each fact's inserting transaction, as the row's system column keeps it
+            async with book.read() as conn:
+                writer = dict((await conn.execute(sa.text("SELECT id, xmin::text::bigint FROM status_transitions"))).all())
+        inverted = sum(1 for f in written for g in written if (g.entity_type, g.entity_id) == (f.entity_type,
+                       f.entity_id) and g.version < f.version and writer.get(g.id, 0) > writer.get(f.id, 0))
+        print(f"\n{book.dialect}: the tail gave {len(seen)} facts of {len(versions)} entities in pages of 3, each "
+              f"entity's in version order; {inverted} pairs of one entity's facts whose writers' ids run the other "
+              "way")
 
 
 class ConcurrentWriterCases:
@@ -285,6 +359,38 @@ class ConcurrentWriterCases:
         assert seq[on_a.fact_id] < seq[first_on_b.fact_id] < seq[second_on_b.fact_id]
         report = await verify(book)
         assert report.ok, report.findings
+
+    async def test_the_tail_gives_an_entitys_facts_in_version_order_whatever_its_writers_ids(
+            self, book: Book, more_engines: MakeEngine):
+        """L13a: T2 writes a (its transaction id is assigned), T1 — a newer id — writes b and commits, T2 then waits
+        for and writes b, and commits. T2's id is below T1's, yet the tail, read one fact at a time, gives b's
+        facts in version order (T1's before T2's) and every fact once."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        early, late = Book(more_engines(), book.registry, book.clock), Book(more_engines(), book.registry, book.clock)
+        async with early.begin() as t2:
+            assert t2.conn is not None
+            await start(t2, "a")
+            t2_id = (await t2.conn.execute(sa.text("SELECT pg_current_xact_id()::text::bigint"))).scalar()
+            async with late.begin() as t1:
+                assert t1.conn is not None
+                await start(t1, "b")
+                t1_id = (await t1.conn.execute(sa.text("SELECT pg_current_xact_id()::text::bigint"))).scalar()
+                waiting = asyncio.create_task(transition(t2, "task", "b", "open", expected="working",
+                                                         reason=RELEASED, actor=SYSTEM))
+                await asyncio.sleep(0.3)
+                assert not waiting.done(), "T2 must wait for T1's row lock on b"
+            assert (await waiting).applied
+        assert t2_id < t1_id, "the interleaving needs T2's transaction id below T1's"
+        seen: list[Fact] = []
+        facts, cursor = await read_tail(book, limit=1)
+        while facts:
+            seen.extend(facts)
+            facts, cursor = await read_tail(book, cursor, limit=1)
+        assert [f.version for f in seen if f.entity_id == "b"] == [1, 2, 3]
+        assert [f.version for f in seen if f.entity_id == "a"] == [1, 2]
+        written = [*await history(book, "task", "a"), *await history(book, "task", "b")]
+        assert sorted(ids(seen)) == sorted(ids(written))
 
     async def test_a_checkpoint_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine):
         """A2 / L12d: a writer drew its seq (for a) before another writer's fact (b) committed with a higher one. A
