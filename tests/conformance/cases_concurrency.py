@@ -8,13 +8,16 @@ model: ``ConcurrentWriterCases`` for MVCC databases with many simultaneous write
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statebook.adapters.audit import CHECKPOINT_FILE, export_bundle, verify_bundle
 from statebook.lifecycle import (
     Book, Command, EntityNotFound, Fact, NewEntity, Reason, apply_many, create_many, history, purge, transition,
     verify)
@@ -409,6 +412,27 @@ class ConcurrentWriterCases:
         report = await verify(book, checkpoint=body)
         assert report.ok, report.findings
         assert body["facts"] == 4
+
+    async def test_an_export_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine,
+                                                                     tmp_path: Path):
+        """A3 / L12d: a writer drew its seq (for a) before another writer's fact (b) committed with a higher one. An
+        export taken meanwhile waits for the first writer to end before it reads, so the bundle's checkpoint is
+        final: once both committed, the honest database verifies against it, and the bundle verifies."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        slow = Book(more_engines(), book.registry, book.clock)
+        async with slow.begin() as tx:
+            await start(tx, "a")
+            await start(book, "b")
+            exporting = asyncio.create_task(export_bundle(book, tmp_path / "bundle"))
+            await asyncio.sleep(0.3)
+            assert not exporting.done(), "the export must wait for the open writer below its seq"
+        manifest = await exporting
+        body = json.loads((tmp_path / "bundle" / CHECKPOINT_FILE).read_text())["checkpoint"]
+        report = await verify(book, checkpoint=body)
+        assert report.ok, report.findings
+        assert manifest["facts"] == body["facts"] == 4
+        assert verify_bundle(tmp_path / "bundle").ok
 
     async def test_the_switch_over_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine):
         """A1 / L12d: keying the chain while a writer holds a seq below the highest committed one waits for it, so
