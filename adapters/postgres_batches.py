@@ -140,10 +140,11 @@ def _tail_key(refs: Mapping[str, str]) -> str:
 
     The tail orders by (``tx_id``, seq), and a transaction's id is assigned at its first write, not at commit: a
     transaction that wrote another entity first, then waited for this entity's row lock, has an id below the one
-    that wrote the previous fact. Never below it, the key keeps an entity's facts in version order (seq breaks a
-    tie: it rises with the version, L12d). Never below the writer's id, it keeps L13: a transaction running when
-    the tail reads has an id at or above the horizon, and so has its key. And it is always some finished writer's
-    id, so an idle database's horizon passes it. The previous fact is one lookup by ``uq_fact_version``; it was
+    that wrote the previous fact. Never below the previous fact's key, an entity's keys never fall with its
+    version (seq breaks a tie: it rises with the version, L12d). Never below the writer's id, the key keeps L13: a
+    transaction running when the tail reads has an id at or above the horizon, and so has its key. And it is
+    always the id of a writer that has finished once the fact is visible, so an idle database's horizon passes it
+    (one above the previous key would not). The previous fact is one lookup by ``uq_fact_version``; it was
     committed before the row this statement updates was read, so the statement's snapshot sees it."""
     previous = (f"SELECT h.tx_id FROM status_transitions AS h WHERE h.entity_type = {refs['entity_type']} "
                 f"AND h.entity_id = {refs['entity_id']} AND h.version = {refs['version']} - 1")
