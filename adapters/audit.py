@@ -25,7 +25,7 @@ from typing import Any
 
 from statebook.lifecycle import Book, Fact
 from statebook.lifecycle.chain import (
-    Rule, chain_findings, checkpoint_body, checkpoint_problems, heads_of, read_switch, signed_bytes)
+    Rule, chain_findings, checkpoint_body, checkpoint_problems, heads_of, read_switch, settled_seq, signed_bytes)
 from statebook.lifecycle.replay import fold, stream_facts
 
 from .errors import ConfigError
@@ -183,6 +183,9 @@ async def export_bundle(book: Book, directory: Path, *, entity_type: str | None 
     signer = _load(private_key, private=True) if private_key is not None else None  # a bad key: before any file
     del signer
     directory.mkdir(parents=True, exist_ok=True)
+    # The checkpoint pins the facts up to its seq: only those already final (L12d). Each entity's facts up to a
+    # seq are a prefix of its history (seq rises with the version), so a later one is left out like --as-of's.
+    top = await settled_seq(book)
     rows: list[tuple[Any, ...]] = []
     counts: dict[str, dict[str, int]] = {}
     with open(directory / FACTS_FILE, "w", encoding="utf-8") as out:
@@ -202,7 +205,8 @@ async def export_bundle(book: Book, directory: Path, *, entity_type: str | None 
             if entity and (fact.entity_type, fact.entity_id) != (entity[0].entity_type, entity[0].entity_id):
                 flush()
                 entity = []
-            entity.append(fact)
+            if top is None or (fact.seq or 0) <= top:
+                entity.append(fact)
         flush()
     switch = await read_switch(book)
     now = float(book.clock.now())

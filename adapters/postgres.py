@@ -195,8 +195,9 @@ class PostgresStore(SQLStore):
             await own.handle.fetch(stmt, {"channel": channel, "payload": payload})
 
     def tail_query(self, cursor: Cursor, limit: int) -> sa.Select[Any]:
-        """Only facts whose writing transaction is older than every transaction still in flight
-        (``pg_snapshot_xmin``), ordered by (transaction id, seq): a later commit sorts after."""
+        """Only facts whose key (``tx_id``, never below the writing transaction's id) is older than every
+        transaction still in flight (``pg_snapshot_xmin``), ordered by (key, seq): a later commit sorts after,
+        and an entity's facts come in version order (``postgres_batches._tail_key``, L13a)."""
         t = facts_table
         horizon = sa.text("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
         return (
@@ -303,7 +304,8 @@ def _compile_json_text(element: _json_text, compiler: Any, **kw: Any) -> str:
 
 # Sequence values can commit out of order; the writing transaction's id lets the tailing reader emit only
 # facts whose transactions are all finished (``tail_query``), read in (tx_id, seq) order from its own index
-# (without it every poll would scan and sort the whole table).
+# (without it every poll would scan and sort the whole table). The default serves creation facts; a following
+# fact's statement sets its key (``postgres_batches._tail_key``).
 for _ddl in (
     "ALTER TABLE status_transitions ALTER COLUMN tx_id SET DEFAULT (pg_current_xact_id()::text::bigint)",
     "CREATE INDEX ix_fact_tail ON status_transitions (tx_id, seq)",

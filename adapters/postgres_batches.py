@@ -134,14 +134,36 @@ def _q(name: str) -> str:
     return postgresql.dialect().identifier_preparer.quote(name)
 
 
-def _facts_from(joined: str, constant: frozenset[str]) -> tuple[str, list[Any]]:
-    """INSERT the facts whose entity is in the CTE ``joined``; returns their entity ids."""
+def _tail_key(refs: Mapping[str, str]) -> str:
+    """A following fact's ``tx_id``: the writing transaction's id, or its entity's previous fact's when that is
+    higher (L13a).
+
+    The tail orders by (``tx_id``, seq), and a transaction's id is assigned at its first write, not at commit: a
+    transaction that wrote another entity first, then waited for this entity's row lock, has an id below the one
+    that wrote the previous fact. Never below the previous fact's key, an entity's keys never fall with its
+    version (seq breaks a tie: it rises with the version, L12d). Never below the writer's id, the key keeps L13: a
+    transaction running when the tail reads has an id at or above the horizon, and so has its key. And it is
+    always the id of a writer that has finished once the fact is visible, so an idle database's horizon passes it
+    (one above the previous key would not). The previous fact is one lookup by ``uq_fact_version``; it was
+    committed before the row this statement updates was read, so the statement's snapshot sees it."""
+    previous = (f"SELECT h.tx_id FROM status_transitions AS h WHERE h.entity_type = {refs['entity_type']} "
+                f"AND h.entity_id = {refs['entity_id']} AND h.version = {refs['version']} - 1")
+    return f"GREATEST(pg_current_xact_id()::text::bigint, ({previous}))"  # GREATEST skips a NULL
+
+
+def _facts_from(joined: str, constant: frozenset[str], *, following: bool) -> tuple[str, list[Any]]:
+    """INSERT the facts whose entity is in the CTE ``joined``; returns their entity ids. ``following``: the facts
+    follow a previous one (transitions, tombstones), so their ``tx_id`` is :func:`_tail_key`; a creation fact's is
+    the column's default, its writer's id."""
     facts_sql, binds, refs = _source("f_", "f", [facts_table.c[c] for c in FACT_COLUMNS], json_as_text=True,
                                      constant=constant)
-    fcols = ", ".join(_q(c) for c in FACT_COLUMNS)
+    names, values = list(FACT_COLUMNS), [refs[c] for c in FACT_COLUMNS]
+    if following:
+        names.append("tx_id")
+        values.append(_tail_key(refs))
     return (
-        f"INSERT INTO status_transitions ({fcols}) "
-        f"SELECT {', '.join(refs[c] for c in FACT_COLUMNS)} FROM {facts_sql} "
+        f"INSERT INTO status_transitions ({', '.join(_q(c) for c in names)}) "
+        f"SELECT {', '.join(values)} FROM {facts_sql} "
         f"JOIN {joined} ON {joined}.id = f.entity_id RETURNING entity_id",
         binds,
     )
@@ -151,7 +173,7 @@ def insert_many(table: sa.Table, columns: tuple[str, ...], if_absent: bool, row_
                  fact_constant: frozenset[str]) -> _SetStatement:
     """Insert many rows and, for each row actually inserted, its creation fact; their ids."""
     rows_sql, row_binds, refs = _source("r_", "r", [table.c[c] for c in columns], constant=row_constant)
-    facts_sql, fact_binds = _facts_from("new_rows", fact_constant)
+    facts_sql, fact_binds = _facts_from("new_rows", fact_constant, following=False)
     names = ", ".join(_q(c) for c in columns)
     conflict = " ON CONFLICT DO NOTHING" if if_absent else ""
     sql = (
@@ -171,7 +193,7 @@ def update_many(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ..
     keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
     news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
     values_sql, value_binds, v = _source("", "v", [*keys, *news], constant=row_constant)
-    facts_sql, fact_binds = _facts_from("updated", fact_constant)
+    facts_sql, fact_binds = _facts_from("updated", fact_constant, following=True)
     where = " AND ".join(
         [f"t.id = {v['b_id']}", f"t.version = {v['b_version']}", f"t.status = {v['b_status']}",
          f"t.last_fact_id = {v['b_last_fact_id']}", f"t.chain_hash = {v['b_chain_hash']}"]
@@ -190,7 +212,7 @@ def delete_many(table: sa.Table) -> _SetStatement:
     keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
             sa.Column("b_last_fact_id", table.c.last_fact_id.type)]
     values_sql, value_binds, v = _source("", "v", keys)
-    facts_sql, fact_binds = _facts_from("deleted", frozenset())
+    facts_sql, fact_binds = _facts_from("deleted", frozenset(), following=True)
     sql = (
         f"WITH deleted AS (DELETE FROM {_q(table.name)} AS t USING {values_sql} "
         f"WHERE t.id = {v['b_id']} AND t.version = {v['b_version']} AND t.last_fact_id = {v['b_last_fact_id']} "

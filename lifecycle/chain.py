@@ -194,16 +194,22 @@ async def heads(book: Book, *, up_to_seq: int | None = None, entity_type: str | 
             return await _heads(conn, up_to_seq, entity_type)
 
 
-async def settled_heads(book: Book, *, entity_type: str | None = None) -> Heads:
-    """:func:`heads` of the facts up to the highest seq committed now, once they are final: on PostgreSQL a writer
-    may still hold a lower seq and commit after (L12d), so this waits for it (``Store.settle``). A bound book
-    reads its own transaction as it stands (waiting there could wait for itself)."""
+async def settled_seq(book: Book) -> int | None:
+    """The highest seq committed now, once the facts up to it are final: on PostgreSQL a writer may still hold a
+    lower seq and commit after (L12d), so this waits for it (``Store.settle``). What pins the facts up to a seq
+    (a checkpoint, an export's) reads only those. None for a bound book: it reads its own transaction as it
+    stands (waiting there could wait for itself)."""
     if book.conn is not None:
-        return await heads(book, entity_type=entity_type)
+        return None
     async with book.read() as conn:
         top = await _top_seq(conn)
     await book.store.settle(SETTLE_SECONDS)
-    return await heads(book, up_to_seq=top, entity_type=entity_type)
+    return top
+
+
+async def settled_heads(book: Book, *, entity_type: str | None = None) -> Heads:
+    """:func:`heads` of the facts up to :func:`settled_seq` (a bound book: all it sees)."""
+    return await heads(book, up_to_seq=await settled_seq(book), entity_type=entity_type)
 
 
 async def _top_seq(conn: Any) -> int:

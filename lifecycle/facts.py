@@ -46,6 +46,8 @@ facts_table = sa.Table(
     sa.Column("policy_fingerprint", sa.String(16), nullable=False),
     sa.Column("prev_hash", sa.String(64), nullable=False),
     sa.Column("hash", sa.String(64), nullable=False),
+    # PostgreSQL's tail key (L13, L13a): the writing transaction's id, or the entity's previous fact's key when that
+    # is higher; NULL on SQLite, whose tail reads seq order.
     sa.Column("tx_id", sa.BigInteger, nullable=True),
     # The indexes a fact pays for, each with the queries it serves (specs/performance.md, "Fact indexes"):
     # one entity's history in order, verify's sweep, the purged-id probe, and no fork: two facts can never
@@ -213,18 +215,20 @@ def stored_values(content: dict[str, Any], prev_hash: str, key: bytes | None = N
 
 @dataclass(frozen=True)
 class Cursor:
-    """Position of a tailing reader: the last (transaction id, sequence) it returned."""
+    """Position of a tailing reader: the last (tail key ``tx_id``, sequence) it returned."""
 
     tx_id: int = 0
     seq: int = 0
 
 
 async def tail(conn: Any, cursor: Cursor = Cursor(), *, limit: int = 1000) -> tuple[list[Fact], Cursor]:
-    """Facts committed after ``cursor``, in an order no late commit can jump ahead of.
+    """Facts committed after ``cursor``, in an order no late commit can jump ahead of, each entity's in
+    version order (specs/lifecycle.md L13, L13a).
 
-    On PostgreSQL only facts whose writing transaction is older than every transaction still in
-    flight (``pg_snapshot_xmin``) are returned, ordered by (transaction id, seq): a fact that commits
-    later always sorts after the cursor. On SQLite writes are serialised, so seq order suffices.
+    On PostgreSQL only facts whose key (``tx_id``: at least their writing transaction's id) is older
+    than every transaction still in flight (``pg_snapshot_xmin``) are returned, ordered by (key,
+    seq): a fact that commits later always sorts after the cursor, and an entity's key never falls
+    with its version. On SQLite writes are serialised, so seq order suffices.
     """
     integer("limit", limit, low=1, high=100_000)
     integer("cursor.tx_id", cursor.tx_id, low=0)

@@ -13,6 +13,7 @@ pytest.register_assert_rewrite(
     "conformance.cases_batch",
     "conformance.cases_audit",
     "conformance.cases_concurrency",
+    "conformance.cases_tail",
     "conformance.cases_driver",
     "conformance.suite",
 )

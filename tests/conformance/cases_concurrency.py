@@ -1,89 +1,38 @@
-"""Conformance cases for concurrent use: the tailing reader and racing writers.
+"""Conformance cases for concurrent use: racing writers, honest interleavings and what pins the facts.
 
-``TailCases`` and ``RaceCases`` hold on every backend. The last two classes are per concurrency
+``RaceCases`` and ``HonestSeqCases`` hold on every backend. The last two classes are per concurrency
 model: ``ConcurrentWriterCases`` for MVCC databases with many simultaneous writers (PostgreSQL),
-``SerialWriterCases`` for a database with one writer at a time that others wait for (SQLite).
+``SerialWriterCases`` for a database with one writer at a time that others wait for (SQLite). The
+tailing reader's own cases are in cases_tail.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statebook.adapters.audit import CHECKPOINT_FILE, export_bundle, verify_bundle
 from statebook.lifecycle import (
     Book, Command, EntityNotFound, Fact, NewEntity, Reason, apply_many, create_many, history, purge, transition,
     verify)
 from statebook.lifecycle.chain import checkpoint, key_chain
 from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.errors import StorageError
-from statebook.lifecycle.facts import Cursor, facts_table, tail
+from statebook.lifecycle.facts import Cursor, facts_table
 
 from statebook.lifecycle.testing.cases import ClaimCases
 
+from .cases_tail import ConcurrentTailCases, ids, read_tail
 from .support import CREATED, PURGED, REFUSED, RELEASED, STARTED, SYSTEM, new_task, row, start, task_values
 
 MakeEngine = Callable[[], AsyncEngine]
-
-
-async def read_tail(book: Book, cursor: Cursor = Cursor(), limit: int = 1000) -> tuple[list[Fact], Cursor]:
-    async with book.read() as conn:
-        return await tail(conn, cursor, limit=limit)
-
-
-def ids(facts: list[Fact]) -> list[str]:
-    return [f.id for f in facts]
-
-
-class TailCases:
-    """L13: the tailing reader returns every committed fact exactly once, in an order late commits respect."""
-
-    async def test_tail_returns_facts_in_order_after_a_cursor(self, book: Book):
-        """L13: tail yields facts after the cursor, oldest first, in pages, and nothing twice."""
-        facts, cursor = await read_tail(book)
-        assert facts == [] and cursor == Cursor()
-        await new_task(book, "t1")
-        await start(book, "t1")
-        await new_task(book, "t2")
-        written = [*await history(book, "task", "t1"), *await history(book, "task", "t2")]
-        facts, cursor = await read_tail(book)
-        assert ids(facts) == ids(written)
-        again, same = await read_tail(book, cursor)
-        assert again == [] and same == cursor
-        moved = await transition(book, "task", "t2", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
-        newer, cursor = await read_tail(book, cursor)
-        assert ids(newer) == [moved.fact_id]
-        paged: list[Fact] = []
-        page_cursor = Cursor()
-        while True:
-            page, page_cursor = await read_tail(book, page_cursor, limit=2)
-            if not page:
-                break
-            assert len(page) <= 2
-            paged.extend(page)
-        assert ids(paged) == ids(facts) + [moved.fact_id]
-        assert page_cursor == cursor
-
-    async def test_fact_committing_during_a_tail_is_not_skipped(self, book: Book, more_engines: MakeEngine):
-        """L13: a fact written by a transaction still open when a tail starts is returned once it commits."""
-        await new_task(book, "t1")
-        seen, cursor = await read_tail(book)
-        writer_engine = more_engines()
-        async with writer_engine.connect() as conn:
-            await conn.begin()
-            writer = Book(writer_engine, book.registry, book.clock, conn=conn)
-            late = await start(writer, "t1")
-            reading = asyncio.create_task(read_tail(book, cursor))
-            await asyncio.sleep(0.2)  # let the reader run (or wait) while the writer is open
-            await conn.commit()
-        first, cursor = await reading
-        second, cursor = await read_tail(book, cursor)
-        assert ids(first + second) == [late.fact_id]
-        assert ids(seen) + [late.fact_id] == ids(await history(book, "task", "t1"))
 
 
 class RaceCases(ClaimCases):
@@ -135,6 +84,13 @@ class RaceCases(ClaimCases):
             assert (moved == "applied") != (dropped == "applied"), (moved, dropped)
         assert (await verify(book)).ok
 
+async def all_entities(book: Book) -> list[tuple[str, str]]:
+    """Every (entity type, entity id) with facts."""
+    t = facts_table
+    async with book.read() as conn:
+        return [tuple(r) for r in (await conn.execute(sa.select(t.c.entity_type, t.c.entity_id).distinct()))]
+
+
 async def seq_by_version(book: Book) -> dict[tuple[str, str], list[int]]:
     """Each entity's seqs in version order."""
     t = facts_table
@@ -148,19 +104,16 @@ async def seq_by_version(book: Book) -> dict[tuple[str, str], list[int]]:
 
 
 class HonestSeqCases:
-    """L12d: however honest writers interleave, each entity's seq rises with its version, so verify's seq-order
-    check never reports an honest history."""
+    """L12d / L13a: however honest writers interleave, each entity's seq rises with its version, so verify's seq-order
+    check never reports an honest history, and the tail gives each entity's facts in version order."""
 
     WORKERS = 8
     ROUNDS = 12
 
-    async def test_honest_concurrent_writers_keep_each_entitys_seq_in_version_order(
-            self, book: Book, more_engines: MakeEngine):
-        """L12d / L15: workers on their own connections move tasks back and forth in transactions of several
-        entities (a seq drawn for one entity, then a wait for another's row lock), in batches, create and purge
-        them, at once; every entity's seq rises with its version and verify finds nothing. On PostgreSQL seqs
-        are drawn at insert and commit in another order across entities: the figure printed counts pairs of
-        transactions that committed in the other order than their seqs."""
+    async def honest_writers(self, book: Book, more_engines: MakeEngine) -> tuple[list[list[str]], Counter[str]]:
+        """Workers on their own connections move tasks back and forth in transactions of several entities (a seq
+        drawn for one entity, then a wait for another's row lock), in batches, create and purge them, at once.
+        The fact ids of each transaction, in the order the commits returned, and counts of what was lost."""
         ids = [o.entity_id for o in await create_many(
             book, "task", [NewEntity(task_values(f"t{n}"), "open", CREATED, SYSTEM) for n in range(6)])]
         racer = Book(more_engines(), book.registry, book.clock)
@@ -226,6 +179,14 @@ class HonestSeqCases:
                     committed.append(written)
 
         await asyncio.gather(*(worker(n) for n in range(self.WORKERS)))
+        return committed, counts
+
+    async def test_honest_concurrent_writers_keep_each_entitys_seq_in_version_order(
+            self, book: Book, more_engines: MakeEngine):
+        """L12d / L15: honest writers at once (``honest_writers``): every entity's seq rises with its version and
+        verify finds nothing. On PostgreSQL seqs are drawn at insert and commit in another order across entities:
+        the figure printed counts pairs of transactions that committed in the other order than their seqs."""
+        committed, counts = await self.honest_writers(book, more_engines)
         report = await verify(book)
         assert report.ok, report.findings
         by_entity = await seq_by_version(book)
@@ -238,8 +199,52 @@ class HonestSeqCases:
               "than their seqs; seq rises with the version in every entity")
 
 
-class ConcurrentWriterCases:
-    """Backends where many transactions write at once (PostgreSQL)."""
+    async def test_a_tail_paging_through_honest_concurrent_writers_gives_each_entitys_versions_in_order(
+            self, book: Book, more_engines: MakeEngine):
+        """L13 / L13a / L15: while honest writers run at once (``honest_writers``), a reader pages through the tail
+        a few facts at a time; with what it reads once they are done, it has every fact exactly once and, per
+        entity, the versions 1..n in order. On PostgreSQL writers' transaction ids are assigned at their first
+        write, not at commit, so one entity's facts were written by transactions whose ids run the other way: the
+        figure printed counts such pairs."""
+        seen: list[Fact] = []
+        writing = True
+
+        async def follow() -> None:
+            cursor = Cursor()
+            while True:
+                page, cursor = await read_tail(book, cursor, limit=3)
+                seen.extend(page)
+                if not page:
+                    if not writing:
+                        return
+                    await asyncio.sleep(0.005)
+
+        reader = asyncio.create_task(follow())
+        try:
+            await self.honest_writers(book, more_engines)
+        finally:
+            writing = False
+        await reader
+        written = [f for key in await all_entities(book) for f in await history(book, *key)]
+        assert sorted(ids(seen)) == sorted(ids(written)), "every committed fact, once"
+        versions: dict[tuple[str, str], list[int]] = {}
+        for f in seen:
+            versions.setdefault((f.entity_type, f.entity_id), []).append(f.version)
+        wrong = {k: v for k, v in versions.items() if v != list(range(1, len(v) + 1))}
+        assert not wrong, f"the tail gave these entities' versions out of order: {wrong}"
+        writer: dict[str, int] = {}
+        if book.dialect == "postgresql":  # each fact's inserting transaction, as the row's system column keeps it
+            async with book.read() as conn:
+                writer = dict((await conn.execute(sa.text("SELECT id, xmin::text::bigint FROM status_transitions"))).all())
+        inverted = sum(1 for f in written for g in written if (g.entity_type, g.entity_id) == (f.entity_type,
+                       f.entity_id) and g.version < f.version and writer.get(g.id, 0) > writer.get(f.id, 0))
+        print(f"\n{book.dialect}: the tail gave {len(seen)} facts of {len(versions)} entities in pages of 3, each "
+              f"entity's in version order; {inverted} pairs of one entity's facts whose writers' ids run the other "
+              "way")
+
+
+class ConcurrentWriterCases(ConcurrentTailCases):
+    """Backends where many transactions write at once (PostgreSQL); the tail's cases of them are ConcurrentTailCases."""
 
     async def test_racers_released_together_on_separate_connections(self, book: Book, more_engines: MakeEngine):
         """L14: 20 connections each hold an open transaction, then all fire different commands on one row at
@@ -304,6 +309,27 @@ class ConcurrentWriterCases:
         assert report.ok, report.findings
         assert body["facts"] == 4
 
+    async def test_an_export_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine,
+                                                                     tmp_path: Path):
+        """A3 / L12d: a writer drew its seq (for a) before another writer's fact (b) committed with a higher one. An
+        export taken meanwhile waits for the first writer to end before it reads, so the bundle's checkpoint is
+        final: once both committed, the honest database verifies against it, and the bundle verifies."""
+        await new_task(book, "a")
+        await new_task(book, "b")
+        slow = Book(more_engines(), book.registry, book.clock)
+        async with slow.begin() as tx:
+            await start(tx, "a")
+            await start(book, "b")
+            exporting = asyncio.create_task(export_bundle(book, tmp_path / "bundle"))
+            await asyncio.sleep(0.3)
+            assert not exporting.done(), "the export must wait for the open writer below its seq"
+        manifest = await exporting
+        body = json.loads((tmp_path / "bundle" / CHECKPOINT_FILE).read_text())["checkpoint"]
+        report = await verify(book, checkpoint=body)
+        assert report.ok, report.findings
+        assert manifest["facts"] == body["facts"] == 4
+        assert verify_bundle(tmp_path / "bundle").ok
+
     async def test_the_switch_over_waits_for_a_writer_holding_a_lower_seq(self, book: Book, more_engines: MakeEngine):
         """A1 / L12d: keying the chain while a writer holds a seq below the highest committed one waits for it, so
         the recorded root covers its fact: the honest history verifies with the key."""
@@ -322,26 +348,6 @@ class ConcurrentWriterCases:
         await transition(keyed, "task", "b", "open", expected="working", reason=RELEASED, actor=SYSTEM)
         report = await verify(keyed)
         assert report.ok, report.findings
-
-    async def test_tail_does_not_pass_an_older_open_transaction(self, book: Book, more_engines: MakeEngine):
-        """L13: a fact of an older, still-open transaction holds back the tail, even past a newer commit;
-        after the older commit both come out, older first."""
-        await new_task(book, "t1")
-        await new_task(book, "t2")
-        _, cursor = await read_tail(book)
-        writer_engine = more_engines()
-        async with writer_engine.connect() as conn:
-            await conn.begin()
-            slow = Book(writer_engine, book.registry, book.clock, conn=conn)
-            older = await start(slow, "t1")  # its transaction id is assigned now, before the newer one's
-            newer = await start(book, "t2")  # commits at once
-            held, held_cursor = await read_tail(book, cursor)
-            assert held == [] and held_cursor == cursor, "the tail must not move past the open transaction"
-            await conn.commit()
-        released, cursor = await read_tail(book, cursor)
-        assert ids(released) == [older.fact_id, newer.fact_id]
-        assert (await read_tail(book, cursor))[0] == []
-
 
 class SerialWriterCases:
     """Backends with one writer at a time, where the others wait (SQLite with BEGIN IMMEDIATE)."""

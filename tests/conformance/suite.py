@@ -29,10 +29,11 @@ from statebook.lifecycle.testing.cases import StorageConformance
 from .cases_audit import AuditCases
 from .cases_batch import BatchCases, PurgeManyCases
 from .cases_commands import CommandCases
-from .cases_concurrency import ConcurrentWriterCases, HonestSeqCases, RaceCases, SerialWriterCases, TailCases
+from .cases_concurrency import ConcurrentWriterCases, HonestSeqCases, RaceCases, SerialWriterCases
 from .cases_driver import DriverCases
 from .cases_inputs import InputCases
 from .cases_store import StoreCases
+from .cases_tail import TailCases
 from .support import task_registry, tasks
 
 from ack_token_cases import AckTokenCases  # noqa: E402  (tests/outbox, on sys.path from conftest)
