@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -179,6 +180,28 @@ def schema_for(registry: Registry, meta: sa.MetaData = metadata) -> sa.MetaData:
     return out
 
 
+_SCHEMAS: OrderedDict[tuple[int, ...], tuple[tuple[object, ...], sa.MetaData]] = OrderedDict()
+_SCHEMAS_KEPT = 16
+
+
+def _schema_of(registry: Registry, meta: sa.MetaData) -> sa.MetaData:
+    """:func:`schema_for`, built once per set of lifecycles and tables: every ``open_book`` asks for it, and
+    copying some twenty tables costs more than the rest of opening a book. The key is the identity of each
+    lifecycle and table (all immutable once the registry is sealed); the entry keeps them alive, so an id
+    is never reused while it is a key. The copies are only read (DDL), never handed out."""
+    keep: tuple[object, ...] = (meta, *meta.tables.values(), *registry)
+    key = tuple(id(item) for item in keep)
+    hit = _SCHEMAS.get(key)
+    if hit is not None:
+        _SCHEMAS.move_to_end(key)
+        return hit[1]
+    schema = schema_for(registry, meta)
+    _SCHEMAS[key] = (keep, schema)
+    while len(_SCHEMAS) > _SCHEMAS_KEPT:
+        _SCHEMAS.popitem(last=False)
+    return schema
+
+
 def create_tables(conn: sa.Connection, registry: Registry, meta: sa.MetaData = metadata) -> None:
     """Create the missing tables of :func:`schema_for`, in dependency order.
 
@@ -187,9 +210,12 @@ def create_tables(conn: sa.Connection, registry: Registry, meta: sa.MetaData = m
     ``Table``, so its DDL event listeners (e.g. a PostgreSQL column default) still run. A DDL
     listener on a managed table reaches its copy when registered with ``propagate=True``.
     """
-    copies = schema_for(registry, meta)
+    copies = _schema_of(registry, meta)
     by_table = {lc.table.name: lc.table for lc in registry}
+    existing = set(sa.inspect(conn).get_table_names())  # one query for the default schema, not one per table
     for copy in copies.sorted_tables:
+        if copy.schema is None and copy.name in existing:
+            continue
         follows = copy.info.get("managed") and copy.name in by_table
         original = meta.tables.get(copy.name, by_table.get(copy.name))
         (copy if follows or original is None else original).create(conn, checkfirst=True)
@@ -210,9 +236,14 @@ def check_statuses(conn: sa.Connection, registry: Registry, hint: str = "") -> N
         lc for lc in registry
         if (lc.table.name in existing if lc.table.schema is None else inspector.has_table(lc.table.name, lc.table.schema))
     ]
+    # The default schema's tables in one reflection (one catalog query on PostgreSQL, not one per table).
+    defaults = [lc.table.name for lc in present if lc.table.schema is None]
+    checks = {name: found for (_, name), found in
+              (inspector.get_multi_check_constraints(filter_names=defaults) if defaults else {}).items()}
     for lc in present:
         name = lc.table.name
-        for check in inspector.get_check_constraints(name, lc.table.schema):
+        found = checks.get(name, []) if lc.table.schema is None else inspector.get_check_constraints(name, lc.table.schema)
+        for check in found:
             if check.get("name") != status_check_name(name):
                 continue
             admitted = {v.replace("''", "'") for v in _QUOTED.findall(check.get("sqltext") or "")}
