@@ -8,7 +8,7 @@ RUN_SECONDS ?= 12
 PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then exit 0; fi; \
 	echo "statebook needs Python >= 3.11; $$0 is $$("$$0" -V 2>&1). Use make PYTHON=python3.11 (and remove $(VENV) if it is stale)." >&2; exit 1'
 
-.PHONY: venv run test bench growth docs
+.PHONY: venv run test test-deep bench growth docs
 
 venv: $(VENV)/.stamp
 
@@ -27,8 +27,16 @@ $(VENV)/.stamp: pyproject.toml
 run: venv
 	$(VENV)/bin/statebook run --config examples/statebook.toml --for $(RUN_SECONDS)
 
+# The suite in two phases (tests/run_suite.py): the parallel one on TEST_WORKERS xdist workers, then the tests
+# marked serial alone; it ends with the time per folder and the 30 slowest tests. PYTEST_ARGS narrows both;
+# TEST_WORKERS=N sets the workers (default 3; 1 against STATEBOOK_TEST_PG_URL).
 test: venv
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python tests/run_suite.py $(PYTEST_ARGS)
+
+# Nightly or before a release: the `deep` Hypothesis profile (ten times the examples and steps of `ci`, longer
+# soaks) over the same two phases. Not part of .ci/run. specs/testing.md says what it runs.
+test-deep: venv
+	HYPOTHESIS_PROFILE=deep $(VENV)/bin/python tests/run_suite.py $(PYTEST_ARGS)
 
 # `make bench BASELINE=main` also measures git revision main (installed in a temporary virtualenv)
 # in the same rounds (tests/bench/run.py --baseline); BENCH_ARGS passes more options, e.g. --only W1,W2,W3.

@@ -1,20 +1,29 @@
 """Shared fixtures: backends, database URLs, a Book on a fake clock.
 
 PostgreSQL comes from ``STATEBOOK_TEST_PG_URL`` when set, otherwise from a
-throwaway cluster (tests/pgcluster.py) started once per session.  Without
+throwaway cluster (tests/pgcluster.py) started once per test process.  Without
 PostgreSQL the postgres-parametrised tests skip, unless
 ``STATEBOOK_REQUIRE_PG=1``: then a missing server fails the run, and so does
 any skipped test whose node id mentions postgres.
+
+Under pytest-xdist (``-n``) each worker starts a throwaway cluster of its own
+(why: the ``pg_url`` fixture) and keeps its SQLite files under its own
+``tmp_path``; against ``STATEBOOK_TEST_PG_URL`` each worker gets a database of
+its own, copied from a template the controller builds once.
+Tests marked ``serial`` need the whole machine (processes racing, kills,
+timings); ``make test`` runs them after the parallel phase (tests/run_suite.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from sqlalchemy.engine import make_url
 
 _TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(_TESTS))
@@ -22,10 +31,12 @@ sys.path.insert(0, str(_TESTS))
 sys.path[1:1] = [str(_TESTS / "outbox"), str(_TESTS / "scheduler")]
 
 import pgcluster  # noqa: E402
+import profiles  # noqa: E402
 
-# Database round-trips make the 200 ms default deadline flaky; "ci" is built in.
+# Database round-trips make the 200 ms default deadline flaky; "ci" is built in. "deep" (make test-deep) runs ten
+# times the examples; a test that names its own size scales it with profiles.examples().
 settings.register_profile("dev", deadline=None)
-settings.register_profile("deep", deadline=None)
+settings.register_profile("deep", deadline=None, max_examples=10 * profiles.DEFAULT_EXAMPLES)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 REQUIRE_PG = os.environ.get("STATEBOOK_REQUIRE_PG") == "1"
@@ -38,20 +49,71 @@ def _no_postgres(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def pg_url():
-    url = os.environ.get("STATEBOOK_TEST_PG_URL")
-    if url:
-        yield url
-        return
+def _cluster_of_our_own():
+    """A throwaway cluster for this process (a serial run, or one xdist worker), started on first use."""
     bindir = pgcluster.find_pg_bin()
     if bindir is None:
-        _no_postgres(
-            "PostgreSQL is not available: set STATEBOOK_TEST_PG_URL or install "
-            f"server binaries under {pgcluster.PG_ROOT}/*/bin"
-        )
-    with pgcluster.throwaway_cluster(bindir) as url:
-        yield url
+        _no_postgres("PostgreSQL is not available: set STATEBOOK_TEST_PG_URL or install "
+                     f"server binaries under {pgcluster.PG_ROOT}/*/bin")
+    return pgcluster.throwaway_cluster(bindir)
+
+
+class _SharedServer:
+    """``STATEBOOK_TEST_PG_URL`` under xdist: the controller builds the schema once, in a template database of
+    this run's own (two runs may share the server), and each worker gets a copy of it to itself."""
+
+    def __init__(self) -> None:
+        self.template: str | None = None
+
+    def prepare(self, url: str) -> str:
+        if self.template is None:
+            self.template = pgcluster.make_template(url, f"{pgcluster.TEMPLATE}_{os.getpid()}")
+        return self.template
+
+    def close(self, url: str | None) -> None:
+        if url and self.template:
+            with contextlib.suppress(Exception):
+                pgcluster.drop_database(url, self.template)
+
+
+_SHARED = _SharedServer()
+_WORKER_KEY = "statebook_pg_template"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # the xdist controller, before each worker starts
+    url = os.environ.get("STATEBOOK_TEST_PG_URL")
+    if url:
+        node.workerinput[_WORKER_KEY] = _SHARED.prepare(url)
+
+
+def pytest_unconfigure(config) -> None:
+    _SHARED.close(os.environ.get("STATEBOOK_TEST_PG_URL"))
+
+
+@pytest.fixture(scope="session")
+def pg_url(request):
+    """The PostgreSQL database of this process's tests.
+
+    Without ``STATEBOOK_TEST_PG_URL`` each process (a serial run, or each xdist worker) starts a throwaway
+    cluster of its own: PostgreSQL's snapshot horizon (``pg_snapshot_xmin``) spans a whole cluster, so on a
+    shared one a transaction another worker holds open would delay this worker's tail reads and
+    ``Store.settle`` (specs/lifecycle.md L13; specs/testing.md). With it, a serial run uses that database
+    itself and each worker a copy of the run's template (``statebook_test_gw0``, ...) on that server."""
+    url = os.environ.get("STATEBOOK_TEST_PG_URL")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not url:
+        with _cluster_of_our_own() as own:
+            yield own
+        return
+    template = getattr(request.config, "workerinput", {}).get(_WORKER_KEY)
+    if worker is None or template is None:
+        yield url  # a serial run on the user's server uses the database it names, as it always did
+        return
+    name = f"{make_url(url).database or pgcluster.DBNAME}_{worker}"
+    yield pgcluster.database_from(url, name, template)
+    with contextlib.suppress(Exception):
+        pgcluster.drop_database(url, name)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

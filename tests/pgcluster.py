@@ -8,6 +8,11 @@ as the ``postgres`` user (PostgreSQL refuses to run as root).
 
 ``STATEBOOK_PG_BINDIR`` overrides where the binaries are looked for; point it
 at a directory without ``initdb`` to simulate a machine without PostgreSQL.
+
+``make_template()`` and ``database_from()`` give each pytest-xdist worker a
+database of its own on that one cluster: the schema is built once, in a
+template, and every worker's database is a copy of it (CREATE DATABASE ...
+TEMPLATE copies files; it does not run DDL again).
 """
 
 from __future__ import annotations
@@ -43,6 +48,68 @@ def find_pg_bin() -> Path | None:
             key = tuple(int(part) for part in re.findall(r"\d+", version))
             candidates.append((key, bindir))
     return max(candidates)[1] if candidates else None
+
+
+TEMPLATE = "statebook_template"
+
+
+def _with_database(url: str, name: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def _admin(url: str, *statements: str) -> None:
+    """Run ``statements`` in autocommit on ``url``'s server (CREATE/DROP DATABASE cannot run in a transaction)."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from statebook.adapters.db import normalize_url
+
+    async def run() -> None:
+        # The maintenance database: a database cannot be dropped or copied by a session connected to it.
+        engine = create_async_engine(normalize_url(_with_database(url, "postgres")), isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as conn:
+                for statement in statements:
+                    await conn.exec_driver_sql(statement)
+        finally:
+            await engine.dispose()
+
+    _run_async(run)
+
+
+def _run_async(work) -> None:
+    """``asyncio.run(work())`` in a thread of its own: a session fixture may be set up inside a running loop."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, work()).result()
+
+
+def make_template(server_url: str, name: str = TEMPLATE) -> str:
+    """(Re)create database ``name`` on the server of ``server_url`` with the built-in schema; return its name."""
+    from statebook.adapters.db import open_book
+
+    _admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', f'CREATE DATABASE "{name}"')
+
+    async def build() -> None:
+        book = await open_book(_with_database(server_url, name))
+        await book.engine.dispose()  # a template must have no connections when it is copied
+
+    _run_async(build)
+    return name
+
+
+def database_from(server_url: str, name: str, template: str = TEMPLATE) -> str:
+    """A fresh database ``name``, a copy of ``template``, on the server of ``server_url``; return its URL."""
+    _admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)',
+           f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return _with_database(server_url, name)
+
+
+def drop_database(server_url: str, name: str) -> None:
+    _admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _free_port() -> int:

@@ -3,6 +3,8 @@ terminal status (specs/extending.md: ``cancelled``) can list, purge and retain t
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from sqlalchemy.engine import make_url
@@ -20,17 +22,17 @@ async def own_url(db_url, backend):
     if backend != "postgres":
         yield db_url
         return
+    name = f"statebook_extended_{uuid.uuid4().hex[:10]}"  # xdist workers share the server: a name of its own
     admin = connect(db_url)
     async with admin.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
-        await conn.exec_driver_sql("DROP DATABASE IF EXISTS statebook_extended")
-        await conn.exec_driver_sql("CREATE DATABASE statebook_extended")
+        await conn.exec_driver_sql(f"CREATE DATABASE {name}")
     try:
-        yield make_url(db_url).set(database="statebook_extended").render_as_string(hide_password=False)
+        yield make_url(db_url).set(database=name).render_as_string(hide_password=False)
     finally:
         async with admin.connect() as conn:
             await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.exec_driver_sql("DROP DATABASE IF EXISTS statebook_extended WITH (FORCE)")
+            await conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.dispose()
 
 

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+# Serial: processes sharing one bucket for a few seconds; the bound is the bucket's refill in real time.
+pytestmark = pytest.mark.serial
+
 WORKER = Path(__file__).resolve()
 IDLE = 0.002
 """Seconds a worker sleeps at most after an empty bucket (short: the workers hammer the row)."""

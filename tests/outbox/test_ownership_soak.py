@@ -23,7 +23,8 @@ from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
-pytestmark = pytest.mark.postgres
+# Serial: a soak bounded in seconds; on a loaded machine it would do too little to mean anything.
+pytestmark = [pytest.mark.postgres, pytest.mark.serial]
 
 SECONDS = 3.0
 KEYS = ("disk", "cpu", "net")

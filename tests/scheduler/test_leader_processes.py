@@ -35,6 +35,9 @@ from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
 
 from sched_helpers import make, runs_of
 
+# Serial: real daemons racing for the lease, SIGKILL and SIGSTOP, takeovers bounded in seconds.
+pytestmark = pytest.mark.serial
+
 LEASE = 3.0  # ten ticks: a loaded machine does not make the leader lapse by itself
 WAIT = 45.0  # the longest any one step may take before the test fails
 CRASH_BOUND = 2.0
