@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from profiles import examples
 from statebook.lifecycle import Fact, Lifecycle, edges, managed_table
 from statebook.lifecycle.replay import fold
 from statebook.lifecycle.codec import dumps
@@ -171,7 +172,7 @@ def tampered(draw: st.DrawFn) -> tuple[list[list[Any]], list[Any] | None]:
     return rows, row
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(histories())
 def test_intact_histories_pass_the_screen(facts: list[Fact]):
     """L12: the history the engine would have written, stored as text, passes the screen."""
@@ -180,7 +181,7 @@ def test_intact_histories_pass_the_screen(facts: list[Fact]):
     assert SCREEN.passes(rows, row)
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=examples(1500), deadline=None)
 @given(tampered())
 def test_the_screen_fails_every_entity_the_full_check_reports(case: tuple[list[list[Any]], list[Any] | None]):
     """L12: whatever was changed, an entity the screen passes has no findings."""

@@ -17,6 +17,7 @@ from conformance.support import BLOCKED, STARTED, SYSTEM, new_task, prepare, sta
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from profiles import examples
 from statebook.adapters.db import connect, reset_schema
 from statebook.lifecycle import Book, FakeClock, transition, verify
 from statebook.lifecycle.facts import facts_table
@@ -178,7 +179,7 @@ def backend_url(request, tmp_path_factory) -> tuple[str, str]:
     return "sqlite", f"sqlite:///{tmp_path_factory.mktemp('damage') / 'damage.db'}"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=st.data())
 def test_damage_of_any_shape_is_a_finding_never_a_crash(backend_url: tuple[str, str], data: st.DataObject):
     """L12b: whatever is written into a fact's columns (patch, metadata, evidence_refs, version, at,

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from profiles import examples
 from statebook.lifecycle import Actor, Book, Reason, StatebookError, TransitionRejected, create, verify
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.facts import facts_table
@@ -170,7 +171,7 @@ ENQUEUE_FIELDS = {
     "ack_required": st.sampled_from([True, False, 1, "yes"]), "max_attempts": NUMBER,
     "expires_at": st.none() | NUMBER, "session_id": st.none() | ODD_TEXT,
 }
-FUZZ = settings(max_examples=150, derandomize=True,
+FUZZ = settings(max_examples=examples(150), derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.differing_executors])
 """Derandomized, so both backends run the same inputs; one test per backend (hence the executors)."""
 

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
+from profiles import examples
 import statebook.outbox.notifications.intake as intake_module
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Book, FakeClock, verify
@@ -51,7 +52,7 @@ from notification_model import SEEN, SETTLED, TERMINAL, Snapshot, event, problem
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 SETTINGS = settings(
-    max_examples=300 if DEEP else 40,
+    max_examples=examples(40),  # deep: 400
     stateful_step_count=80 if DEEP else 40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -31,6 +31,7 @@ from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule, run_state_machine_as_test,
 )
 
+from profiles import examples
 import statebook.outbox.enqueue as enqueue_module
 from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import Actor, EntityNotFound, FakeClock, TransitionRejected, verify
@@ -57,7 +58,7 @@ from outbox_model import (  # noqa: E402
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 SETTINGS = settings(
-    max_examples=300 if DEEP else 40,
+    max_examples=examples(40),  # deep: 400
     stateful_step_count=80 if DEEP else 50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

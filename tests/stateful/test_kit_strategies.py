@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from profiles import examples
 from statebook.adapters.db import open_book
 from statebook.adapters.registry import builtin_registry
 from statebook.lifecycle import Actor, Reason, create
@@ -39,7 +40,7 @@ def test_column_values_draw_only_listed_values(data):
 _folder = tempfile.mkdtemp(prefix="statebook-kit-")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=creation_values(builtin_registry().get("schedule")))
 def test_drawn_schedules_are_accepted_by_the_database(values):
     """Every drawn creation passes the schedules table's CHECKs (before the fix: ck_schedules_action); a

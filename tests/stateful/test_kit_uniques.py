@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
+from profiles import examples
 from statebook.adapters.db import connect, create_schema, reset_schema
 from statebook.adapters.registry import builtin_registry
 from statebook.lifecycle import Actor, Book, FakeClock, Lifecycle, Registry, edges, managed_table
@@ -254,7 +255,7 @@ class FixedScheduleNames(AppMachine):
         return {**values, "name": "nightly"} if lc.entity_type == "schedule" else values
 
 
-QUICK = settings(max_examples=15, stateful_step_count=20, deadline=None, derandomize=True, database=None,
+QUICK = settings(max_examples=examples(15), stateful_step_count=20, deadline=None, derandomize=True, database=None,
                  phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow])
 """Derandomised and without shrinking: the same examples every run, and a failure is reported as found."""
 
