@@ -13,12 +13,15 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from typer.testing import CliRunner
 
 import pgcluster
+from statebook.adapters.cli import app
 from statebook.adapters.db import connect, normalize_url, open_book
 from statebook.adapters.migrations import HEAD, VERSION_TABLE, check, read_stamp, upgrade
 from statebook.adapters.registry import builtin_registry
@@ -111,7 +114,18 @@ async def run_check(url: str, registry: Registry | None = None):  # type: ignore
         await engine.dispose()
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``statebook ARGS`` in process (typer's runner), with no ``STATEBOOK_`` variable set. The command runs
+    an event loop of its own, so it runs in a thread: an async test's loop is already running here."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("STATEBOOK_")}
+    with ThreadPoolExecutor(1) as pool:
+        result = pool.submit(CliRunner().invoke, app, list(args), env=unset).result()
+    return subprocess.CompletedProcess(["statebook", *args], result.exit_code, result.stdout, result.stderr)
+
+
+def cli_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``statebook ARGS`` as a process of its own in ``cwd``: for ``--app``, which imports the application's
+    module from there (in this process the first test to import a ``myapp`` would fix it for the rest)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STATEBOOK_")}
     return subprocess.run([STATEBOOK, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
@@ -322,7 +336,7 @@ def test_every_command_refuses_a_database_it_does_not_expect(tmp_path, case):
         wal(path)
     before = snapshot(path)
     db = ["--db", f"sqlite:///{path}"]
-    out = cli(*(args[:2] + db + args[2:] if args[0] == "--app" else db + args), cwd=tmp_path)
+    out = cli_process(*args[:2], *db, *args[2:], cwd=tmp_path) if args[0] == "--app" else cli(*db, *args)
     assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], out.stderr

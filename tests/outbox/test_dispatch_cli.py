@@ -193,7 +193,6 @@ def test_deliver_without_a_transport_refuses_to_start_and_claims_nothing(any_db,
     attempts, a pending dispatch going to attempt 4 of 8 due 15 minutes later), with --once and without,
     on both backends. The same template given through the environment starts it."""
     import os
-    import subprocess
 
     ids = setup_rows(any_db)
     before = snapshot(any_db)
@@ -204,17 +203,16 @@ def test_deliver_without_a_transport_refuses_to_start_and_claims_nothing(any_db,
     lines = once.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "notify_template" in lines[0], once.stderr
     assert "nothing was claimed" in lines[0]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STATEBOOK_")}
-    served = subprocess.run([sys.executable, "-m", "statebook", "--db", any_db, "dispatch", "deliver", "--config",
-                             str(config)], capture_output=True, text=True, timeout=60, env=env)
-    assert served.returncode == 2 and "notify_template" in served.stderr, served.stderr
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("STATEBOOK_")}
+    served = CliRunner().invoke(app, ["--db", any_db, "dispatch", "deliver", "--config", str(config)], env=unset)
+    assert served.exit_code == 2 and "notify_template" in served.stderr, served.stderr
     assert "delivering;" not in served.stderr
     assert snapshot(any_db) == before
     assert row(any_db, ids["pending"])["attempt"] == 0
-    env["STATEBOOK_DISPATCH__NOTIFY_TEMPLATE"] = json.dumps(["/bin/true", "{deliver_to}"])
-    started = subprocess.run([sys.executable, "-m", "statebook", "--db", any_db, "dispatch", "deliver", "--once",
-                              "--config", str(config)], capture_output=True, text=True, timeout=60, env=env)
-    assert started.returncode == 0, started.stderr
+    template = {**unset, "STATEBOOK_DISPATCH__NOTIFY_TEMPLATE": json.dumps(["/bin/true", "{deliver_to}"])}
+    started = CliRunner().invoke(app, ["--db", any_db, "dispatch", "deliver", "--once", "--config", str(config)],
+                                 env=template)
+    assert started.exit_code == 0, started.stderr
     assert row(any_db, ids["pending"])["status"] == "delivered"
 
 
