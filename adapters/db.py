@@ -8,6 +8,7 @@ with ``BEGIN IMMEDIATE`` — with a deferred BEGIN a read-then-write transaction
 from __future__ import annotations
 
 import os
+from typing import Any
 from dataclasses import replace
 from pathlib import Path
 
@@ -77,8 +78,14 @@ def _prepare_sqlite_file(path: str, *, must_exist: bool) -> None:
     os.close(fd)
 
 
-def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int = 10) -> AsyncEngine:
-    """An async engine configured for statebook. Nothing is read or written yet."""
+def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int = 10,
+            idle_transaction_seconds: float | None = None) -> AsyncEngine:
+    """An async engine configured for statebook. Nothing is read or written yet.
+
+    ``idle_transaction_seconds`` (PostgreSQL; ignored on SQLite, whose writer is one process): the server ends
+    a session of this engine that sits inside a transaction, waiting for its client, for longer. A process
+    frozen in the middle of a transaction (SIGSTOP, a paused VM) otherwise keeps its row locks for as long as
+    it is frozen, and whoever took over its work waits behind them."""
     full = normalize_url(url)
     parsed = make_url(full)
     if parsed.get_backend_name() == "sqlite":
@@ -93,7 +100,12 @@ def connect(url: str | None = None, *, must_exist: bool = False, pool_size: int 
         return engine
     _require_asyncpg()
     _check_postgres_options(parsed)
-    engine = create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2, json_serializer=dumps)
+    connect_args: dict[str, Any] = {}
+    if idle_transaction_seconds is not None:
+        milliseconds = max(1, round(idle_transaction_seconds * 1000))
+        connect_args["server_settings"] = {"idle_in_transaction_session_timeout": str(milliseconds)}
+    engine = create_async_engine(full, pool_size=pool_size, max_overflow=pool_size * 2, json_serializer=dumps,
+                                 connect_args=connect_args)
     _name_the_server(engine, parsed)
     return engine
 
@@ -290,6 +302,7 @@ async def open_book(
     chain_key: ChainKey | None = None,
     app: str | None = None,
     writes: bool | None = None,
+    idle_transaction_seconds: float | None = None,
 ) -> Book:
     """Connect, create the schema when asked, and return a :class:`Book` over ``registry``.
 
@@ -304,9 +317,10 @@ async def open_book(
     ``[limits]`` section gives one). ``registry`` defaults to the built-in one. Either way its statuses are checked against the
     database's tables first (:class:`~statebook.lifecycle.errors.SchemaMismatch` names what to migrate).
     A database at another schema revision is refused with the command that upgrades it (``app``, the
-    registry's module:attr, goes into that command).
+    registry's module:attr, goes into that command). ``idle_transaction_seconds``: see :func:`connect` (the
+    daemon gives its scheduler lease).
     """
-    engine = connect(url, must_exist=must_exist)
+    engine = connect(url, must_exist=must_exist, idle_transaction_seconds=idle_transaction_seconds)
     command = upgrade_command(app, custom=registry is not None)
     registry = registry if registry is not None else builtin_registry()
     writes = create if writes is None else writes
