@@ -2,8 +2,8 @@
 
 ``ci`` (what ``make test`` and CI run) and the everyday default share the sizes each test names.
 ``deep`` (``make test-deep``: nightly, or before a release) runs ten times the examples of every
-property and every state machine; the machines' examples are longer too (their own module says by
-how much). specs/testing.md has the table.
+property and every state machine, the machines' examples are longer (their own module says by how
+much), and the soaks run ten times as long. specs/testing.md has the table.
 """
 
 from __future__ import annotations
@@ -19,3 +19,8 @@ DEFAULT_EXAMPLES = 100
 def examples(count: int) -> int:
     """``count`` examples under ``ci``; ten times as many under ``deep``."""
     return count * EXAMPLES_FACTOR
+
+
+def soak_seconds(seconds: float) -> float:
+    """How long a soak runs: ``seconds`` under ``ci``; ten times as long under ``deep``."""
+    return seconds * EXAMPLES_FACTOR

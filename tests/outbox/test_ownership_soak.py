@@ -1,6 +1,6 @@
 """Ownership under load on real PostgreSQL connections (specs/notifications.md N15-N28): intakes, delivery
 passes that succeed or fail at random, and operators replaying dead letters, all at once on separate
-connections for a few seconds. Afterwards: no transaction failed (a deadlock would), every obligation has at
+connections for a few seconds (ten times as long under the deep profile). Afterwards: no transaction failed (a deadlock would), every obligation has at
 most one live owner, every pending follower follows its claim's owner in the claim's generation, no follower
 was satisfied unless an owner of its obligation delivered, and verify is clean."""
 
@@ -11,6 +11,8 @@ import logging
 import random
 
 import pytest
+
+from profiles import soak_seconds
 import sqlalchemy as sa
 
 from statebook.adapters.db import connect, open_book, reset_schema
@@ -26,7 +28,7 @@ from statebook.outbox.notifications.scripted import ScriptedChannel
 # Serial: a soak bounded in seconds; on a loaded machine it would do too little to mean anything.
 pytestmark = [pytest.mark.postgres, pytest.mark.serial]
 
-SECONDS = 3.0
+SECONDS = soak_seconds(3.0)
 KEYS = ("disk", "cpu", "net")
 
 
