@@ -16,6 +16,7 @@ exit status is the first failing phase's; 5 (no test ran) only when neither phas
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -31,11 +32,14 @@ RESULTS = HERE.parent / "build" / "test-results"
 """Each phase's JUnit XML stays here after the run: ``python tests/suite_times.py build/test-results/*.xml``."""
 
 
-def phase(label: str, args: list[str], xml: Path) -> tuple[int, float]:
+def phase(label: str, args: list[str], xml: Path) -> tuple[int, float, float]:
+    """Run one phase: (exit status, wall seconds, CPU seconds of its process tree, user + system)."""
     print(f"==> {label}: pytest {' '.join(args)}", flush=True)
-    started = time.monotonic()
+    started, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     code = subprocess.call([sys.executable, "-m", "pytest", *args, f"--junitxml={xml}"])
-    return code, time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return code, time.monotonic() - started, cpu
 
 
 def workers() -> str:
@@ -57,12 +61,14 @@ def main(argv: list[str]) -> int:
     parallel, serial = RESULTS / "parallel.xml", RESULTS / "serial.xml"
     for stale in (parallel, serial):
         stale.unlink(missing_ok=True)
-    first, first_s = phase(f"parallel phase ({n} workers)",
-                           ["-q", "-n", n, "--dist", "worksteal", "-m", "not serial", *argv], parallel)
-    second, second_s = phase("serial phase", ["-q", "-p", "no:xdist", "-m", "serial", *argv], serial)
+    first, first_s, first_cpu = phase(f"parallel phase ({n} workers)",
+                                      ["-q", "-n", n, "--dist", "worksteal", "-m", "not serial", *argv], parallel)
+    second, second_s, second_cpu = phase("serial phase", ["-q", "-p", "no:xdist", "-m", "serial", *argv], serial)
     rows = [row for xml in (parallel, serial) if xml.exists() for row in cases(str(xml))]
-    print(f"\n==> where the time went (parallel phase {first_s:.0f} s wall, serial phase {second_s:.0f} s wall; "
-          "seconds are each test's setup + call + teardown)")
+    print(f"\n==> where the time went: parallel phase {first_s:.0f} s wall, {first_cpu:.0f} s CPU; serial phase "
+          f"{second_s:.0f} s wall, {second_cpu:.0f} s CPU; in all {first_s + second_s:.0f} s wall, "
+          f"{first_cpu + second_cpu:.0f} s CPU (user + system of the pytest process trees). Seconds below are each "
+          "test's setup + call + teardown.")
     print(table(rows, slowest=30, markdown=False))
     counts = {outcome: sum(1 for *_, o in rows if o == outcome) for outcome in ("passed", "failure", "error", "skipped")}
     print(f"\nsuite: {counts['passed']} passed, {counts['failure'] + counts['error']} failed, "
