@@ -261,7 +261,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     registry = resolve_registry(settings.app) if registry is None else registry
     require_builtins(registry, "the daemon")
     # A transaction left idle longer than the lease is a frozen daemon's: the server ends it, so the daemon that
-    # took the lease over does not wait behind its row locks (specs/scheduler.md S17).
+    # took the lease over does not wait behind its row locks (specs/scheduler.md S16).
     book = await open_book(settings.db, registry=registry, limits=settings.book_limits(),
                            chain_key=settings.audit.key(), app=settings.app or "",
                            idle_transaction_seconds=settings.scheduler.lease_seconds)

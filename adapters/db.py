@@ -8,9 +8,9 @@ with ``BEGIN IMMEDIATE`` — with a deferred BEGIN a read-then-write transaction
 from __future__ import annotations
 
 import os
-from typing import Any
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url

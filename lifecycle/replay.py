@@ -352,7 +352,7 @@ async def _unregistered(book: Book) -> list[Finding]:
                     "checked; open the book with the application's registry (or verify one type at a time)"))
         tables = await conn.run_sync(_unmanaged_columns, managed)
         for name in sorted(tables):
-            if name in managed or not shape <= tables[name]:
+            if not shape <= tables[name]:
                 continue
             rows = (await conn.execute(sa.select(sa.func.count()).select_from(sa.table(name)))).scalar()
             if rows:
