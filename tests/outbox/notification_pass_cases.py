@@ -14,9 +14,8 @@ from statebook.outbox.notifications.delivery import (
 )
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
-FAST = 1.0
-"""The adapter deadline of these passes: a bound a channel's success meets however loaded the machine is (its
-admission is a database write; 0.05 s was missed under load), and that a hang waits out."""
+FAST = 0.05
+
 
 
 async def accept(book: Book, channels: list[str], mode: str = "guaranteed") -> str:
