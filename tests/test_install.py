@@ -72,10 +72,21 @@ SECTIONS = {
     "apprise": '[notifications.apprise]\nurls = { env = "APPRISE_URLS" }\n',
 }
 
+
+def test_a_command_that_sends_nothing_runs_beside_a_channel_whose_extra_is_missing(tmp_path):
+    """The settings load without the channel's library; only using the channel asks for the extra."""
+    (tmp_path / "statebook.toml").write_text(SECTIONS["slack"] + SECTIONS["email"] + SECTIONS["websocket"])
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    for args in (["db", "upgrade"], ["verify"], ["dispatch", "ls"]):
+        result = statebook(tmp_path, "--db", db, *args, hidden=EXTRA_MODULES)
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+
+
 # case: (extra, hidden module, the settings section written to statebook.toml or None, argv, a word of the feature)
 MISSING = {
     "postgres": ("postgres", "asyncpg", None, ["--db", "postgresql://ann:s3cret@localhost/x", "verify"], "postgresql"),
     "channels-slack": ("channels", "httpx", "slack", ["channels", "ls"], "Slack"),
+    "channels-slack-run": ("channels", "httpx", "slack", ["run", "--for", "0"], "Slack"),
     "channels-email": ("channels", "aiosmtplib", "email", ["channels", "ls"], "email"),
     "channels-websocket": ("channels", "websockets", "websocket", ["channels", "ls"], "WebSocket"),
     "metrics": ("metrics", "prometheus_client", None, ["run", "--for", "0", "--metrics-port", "0"], "--metrics-port"),
