@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statebook.lifecycle import Book, Registry
 from statebook.lifecycle.errors import InvalidArgument
@@ -45,6 +45,9 @@ from .registry import require_builtins, resolve_registry
 from .settings import Settings
 from .stats import REFRESH_SECONDS, VERIFY_SECONDS
 from .story import run_summary, summary
+
+if TYPE_CHECKING:
+    from .metrics import Metrics  # imported for --metrics-port only: prometheus_client is the metrics extra
 
 log = logging.getLogger("statebook.daemon")
 
@@ -269,7 +272,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                            idle_transaction_seconds=settings.scheduler.lease_seconds)
     leader = None
     built = Built()
-    metrics: Any = None
+    metrics: Metrics | None = None
     refresher: asyncio.Task[None] | None = None
     verifier: asyncio.Task[None] | None = None
     try:
