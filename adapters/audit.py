@@ -29,6 +29,7 @@ from statebook.lifecycle.chain import (
 from statebook.lifecycle.replay import fold, stream_facts
 
 from .errors import ConfigError
+from .extras import require
 
 BUNDLE_FORMAT = "statebook-bundle/1"
 FACTS_FILE, CHECKPOINT_FILE, MANIFEST_FILE = "facts.jsonl", "checkpoint.json", "manifest.json"
@@ -37,18 +38,22 @@ FACTS_FILE, CHECKPOINT_FILE, MANIFEST_FILE = "facts.jsonl", "checkpoint.json", "
 # -- keys --------------------------------------------------------------------------------------
 
 
+def _crypto(feature: str) -> tuple[Any, Any]:
+    """cryptography's ``serialization`` and ``ed25519`` modules, or a one-line error naming the audit extra."""
+    return (require("cryptography.hazmat.primitives.serialization", extra="audit", feature=feature),
+            require("cryptography.hazmat.primitives.asymmetric.ed25519", extra="audit", feature=feature))
+
+
 def keygen(path: Path) -> Path:
     """Write a new Ed25519 private key to ``path`` (PEM, PKCS#8, mode 0600) and its public key beside it
     (``path`` + ``.pub``); the public key's path. The same files as ``openssl genpkey -algorithm ed25519``
     and ``openssl pkey -in KEY -pubout``. An existing file is never overwritten."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
+    serialization, ed25519 = _crypto("checkpoint keygen")
     public = Path(f"{path}.pub")
     for target in (path, public):
         if target.exists():
             raise ConfigError(f"{target} exists; choose another path (a key is never overwritten)")
-    key = Ed25519PrivateKey.generate()
+    key = ed25519.Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -60,9 +65,7 @@ def keygen(path: Path) -> Path:
 
 
 def _load(path: Path, private: bool) -> Any:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
+    serialization, ed25519 = _crypto("signing (--sign)" if private else "checking signatures (--public-key)")
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -73,14 +76,13 @@ def _load(path: Path, private: bool) -> Any:
                else serialization.load_pem_public_key(data))
     except (ValueError, TypeError):
         raise ConfigError(f"{path} is not a PEM Ed25519 {what} key (make one with `statebook checkpoint keygen`)") from None
-    if not isinstance(key, Ed25519PrivateKey if private else Ed25519PublicKey):
+    if not isinstance(key, ed25519.Ed25519PrivateKey if private else ed25519.Ed25519PublicKey):
         raise ConfigError(f"{path} is a {type(key).__name__}, not an Ed25519 {what} key")
     return key
 
 
 def _key_id(public: Any) -> str:
-    from cryptography.hazmat.primitives import serialization
-
+    serialization, _ = _crypto("checking signatures (--public-key)")
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -96,11 +98,10 @@ def sign(body: Mapping[str, Any], private_key: Path | None) -> dict[str, Any] | 
 
 def signature_problems(body: Mapping[str, Any], signature: Any, public_key: Path | None, what: str) -> list[str]:
     """Why ``signature`` is not a valid signature of ``body`` by ``public_key`` (no key: nothing is checked)."""
-    from cryptography.exceptions import InvalidSignature
-
     if public_key is None:
         return []
     key = _load(public_key, private=False)
+    from cryptography.exceptions import InvalidSignature  # present: _load needed cryptography
     if not isinstance(signature, dict) or signature.get("alg") != "ed25519":
         return [f"the {what} is not signed (a public key was given, so it must be)"]
     try:

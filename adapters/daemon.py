@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statebook.lifecycle import Book, Registry
 from statebook.lifecycle.errors import InvalidArgument
@@ -40,11 +40,14 @@ from .db import open_book
 from .errors import ConfigError
 from .github import GitHubPoller
 from .leader import leadership_for
-from .metrics import REFRESH_SECONDS, VERIFY_SECONDS, Metrics
 from .pgnotify import listen
 from .registry import require_builtins, resolve_registry
 from .settings import Settings
+from .stats import REFRESH_SECONDS, VERIFY_SECONDS
 from .story import run_summary, summary
+
+if TYPE_CHECKING:
+    from .metrics import Metrics  # imported for --metrics-port only: prometheus_client is the metrics extra
 
 log = logging.getLogger("statebook.daemon")
 
@@ -260,6 +263,8 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     settings = resolve_settings(settings, config_path)
     registry = resolve_registry(settings.app) if registry is None else registry
     require_builtins(registry, "the daemon")
+    if metrics_port is not None:
+        from .metrics import Metrics  # the metrics extra, checked before anything starts (one line when missing)
     # A transaction left idle longer than the lease is a frozen daemon's: the server ends it, so the daemon that
     # took the lease over does not wait behind its row locks (specs/scheduler.md S16).
     book = await open_book(settings.db, registry=registry, limits=settings.book_limits(),

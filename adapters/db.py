@@ -30,6 +30,7 @@ from statebook.lifecycle.errors import StorageUnavailable
 from statebook.lifecycle.schema import check_statuses, create_tables
 
 from .errors import ConfigError
+from .extras import require
 from .migrations import HEAD, LEGACY_VERSION, Stamp, read_stamp, write_head
 from .registry import builtin_registry
 from . import postgres as _postgres  # noqa: F401  (registers the storage backend)
@@ -157,10 +158,8 @@ def _check_postgres_options(parsed: sa.engine.URL) -> None:
 
 
 def _require_asyncpg() -> None:
-    try:
-        import asyncpg  # noqa: F401 - SQLAlchemy imports it inside create_async_engine, with a bare ImportError
-    except ImportError:
-        raise ConfigError("a postgresql:// database needs the asyncpg driver: pip install 'statebook[postgres]'") from None
+    # SQLAlchemy imports the driver inside create_async_engine, with a bare ImportError: say what to install first
+    require("asyncpg", extra="postgres", feature="a postgresql:// database")
 
 
 def _configure_sqlite(engine: AsyncEngine) -> None:

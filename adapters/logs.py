@@ -2,7 +2,7 @@
 
 ``text`` is one readable line per record; ``json`` is one object per line with ``ts`` (ISO-8601 UTC),
 ``level``, ``logger``, ``message`` and every extra field the record carries (``extra={...}``). Both pass
-the message through the CLI's secret mask (URL passwords, ``token=`` values). The level applies to
+the message through the secret mask (:mod:`.masking`: URL passwords, ``token=`` values). The level applies to
 statebook's own loggers (``statebook.*``); the libraries under them — aiosqlite, asyncio, httpx,
 websockets — stay at WARNING whatever is asked, so ``--log-level DEBUG`` shows statebook, not its drivers.
 """
@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from .masking import mask as _mask
+
 __all__ = ["FORMATS", "LEVELS", "QUIET", "JsonFormatter", "TextFormatter", "configure", "configured"]
 
 FORMATS = ("text", "json")
@@ -26,12 +28,6 @@ QUIET = ("aiosqlite", "asyncio", "httpx", "httpcore", "websockets", "asyncpg", "
 
 _STANDARD = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "taskName"}
 _HANDLER_NAME = "statebook"
-
-
-def _mask(text: str) -> str:
-    from .cli.funnel import mask
-
-    return mask(text)
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:

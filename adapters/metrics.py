@@ -16,26 +16,22 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import generate_latest, start_http_server
-from prometheus_client.registry import Collector
-
 from statebook.lifecycle import Book, verify
 from statebook.lifecycle.replay import Report
 
 from .errors import ConfigError
-from .stats import Stats, collect_stats
+from .extras import require
+from .stats import REFRESH_SECONDS, VERIFY_SECONDS, Stats, collect_stats
 
-__all__ = ["Metrics", "families", "verify_families"]
+require("prometheus_client", extra="metrics", feature="serving metrics (--metrics-port)")  # one line, not a traceback
+from prometheus_client import CollectorRegistry  # noqa: E402
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric  # noqa: E402
+from prometheus_client.exposition import generate_latest, start_http_server  # noqa: E402
+from prometheus_client.registry import Collector  # noqa: E402
+
+__all__ = ["REFRESH_SECONDS", "VERIFY_SECONDS", "Metrics", "families", "verify_families"]
 
 log = logging.getLogger("statebook.metrics")
-
-REFRESH_SECONDS = 5.0
-"""How often the daemon reads a fresh snapshot (one query per part)."""
-
-VERIFY_SECONDS = 3600.0
-"""How often a daemon serving metrics runs ``verify`` (and once at start); its findings are a gauge."""
 
 Process = Callable[[], Mapping[str, Any]]
 """Returns the daemon's in-process counters: ``{"scheduler": {...}, "deliveries": {lc: {...}}, "leader": bool}``."""

@@ -29,7 +29,15 @@ from statebook.lifecycle.schema import status_in
 from statebook.outbox import dispatch_outbox
 from statebook.outbox.policy import DUE_STATUSES
 
-__all__ = ["DELIVERY_OUTCOMES", "LATENCY_BUCKETS", "Due", "Latency", "Stats", "collect_stats"]
+__all__ = ["DELIVERY_OUTCOMES", "LATENCY_BUCKETS", "REFRESH_SECONDS", "VERIFY_SECONDS", "Due", "Latency", "Stats",
+           "collect_stats"]
+
+REFRESH_SECONDS = 5.0
+"""How often the daemon reads a fresh snapshot for ``/metrics`` (one query per part); here, not in
+:mod:`.metrics`, so the daemon knows it without the metrics extra."""
+
+VERIFY_SECONDS = 3600.0
+"""How often a daemon serving metrics runs ``verify`` (and once at start); its findings are a gauge."""
 
 LATENCY_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Upper bounds (seconds) of the attempt latency histogram; ``+Inf`` is the count."""

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from statebook.lifecycle.errors import StatebookError
 from statebook.outbox.notifications import Delivery, Guard, Observation, ProviderOutcome
 
+from ..extras import MissingExtra, require
 from .secrets import SecretRef, scrub
 
 __all__ = ["AppriseChannel", "AppriseConfig", "AppriseUnavailable"]
@@ -52,12 +53,12 @@ class AppriseUnavailable(StatebookError):
     not one Apprise understands (the message never shows a URL: they hold credentials)."""
 
 
+class AppriseMissing(MissingExtra, AppriseUnavailable):
+    """The apprise channel is configured but its extra is not installed."""
+
+
 def _apprise() -> Any:
-    try:
-        import apprise
-    except ImportError:
-        raise AppriseUnavailable("the apprise channel needs the apprise package: pip install 'statebook[apprise]'") from None
-    return apprise
+    return require("apprise", extra="apprise", feature="the apprise channel", error=AppriseMissing)
 
 
 class AppriseConfig(BaseModel):

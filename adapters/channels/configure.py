@@ -2,7 +2,8 @@
 (``channels = { name = "module:attr" }``), the WebSocket endpoint to serve, and the dispatch transports
 that make provider incidents follow the human (``follow:<channel>``).
 
-Sections are checked against their adapter's model when the settings load (:func:`check_sections`);
+Sections are checked against their adapter's model when the settings load (:func:`check_sections`; a section
+whose extra is missing only when its channel is built or listed);
 secrets are read only when the daemon builds the channels (:func:`build_channels`), and an unreadable
 one is a one-line :class:`~statebook.adapters.errors.ConfigError` naming where it was looked for.
 """
@@ -22,6 +23,7 @@ from statebook.lifecycle.clock import Clock
 from statebook.outbox.notifications import Channel
 
 from ..errors import ConfigError
+from ..extras import MissingExtra
 from .secrets import SecretError
 
 log = logging.getLogger(__name__)
@@ -51,10 +53,11 @@ def _problem(name: str, exc: ValidationError) -> str:
     return f"notifications.{name}{'.' + where if where else ''}: {first['msg']}"
 
 
-def check_sections(settings: Any) -> dict[str, BaseModel]:
+def check_sections(settings: Any, *, missing_ok: bool = False) -> dict[str, BaseModel]:
     """Each built-in section given in ``settings`` (a NotificationSettings) parsed by its adapter's
     model; ValueError naming the first problem, or a channel configured both as a section and in
-    ``channels``."""
+    ``channels``. A section whose adapter's extra is not installed is :class:`~..extras.MissingExtra`, or
+    left out with ``missing_ok`` (loading settings: a command that sends nothing must still run)."""
     found: dict[str, BaseModel] = {}
     for name in BUILTINS:
         section = getattr(settings, name, None)
@@ -64,7 +67,13 @@ def check_sections(settings: Any) -> dict[str, BaseModel]:
             raise ValueError(f"channel {name!r} is configured twice: as [notifications.{name}] and in "
                              "notifications.channels; keep one")
         try:
-            found[name] = config_model(name).model_validate(section)
+            model = config_model(name)
+        except MissingExtra:
+            if missing_ok:
+                continue
+            raise
+        try:
+            found[name] = model.model_validate(section)
         except ValidationError as exc:
             raise ValueError(_problem(name, exc)) from None
     return found

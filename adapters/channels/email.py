@@ -49,12 +49,14 @@ from email.policy import SMTP as SMTP_POLICY
 from pathlib import Path
 from typing import Literal
 
-import aiosmtplib
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from statebook.outbox.notifications import Delivery, Guard, Observation, ProviderOutcome
 
+from ..extras import require
 from .secrets import SecretRef, mask, scrub
+
+aiosmtplib = require("aiosmtplib", extra="channels", feature="the email channel")
 
 __all__ = ["EmailChannel", "EmailConfig"]
 

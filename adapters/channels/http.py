@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import httpx
-
 from statebook.lifecycle.clock import SYSTEM_CLOCK, Clock
 from statebook.lifecycle.codec import dumps, loads
 from statebook.outbox.notifications import Guard, Observation, ProviderOutcome
 
+from ..extras import require
 from .secrets import scrub
+
+httpx = require("httpx", extra="channels", feature="the Slack, PagerDuty and webhook channels")
 
 MAX_TRIES = 4
 """Tries of one channel call by default (the first and three provider-local retries)."""

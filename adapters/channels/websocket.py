@@ -41,15 +41,18 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
-from websockets.protocol import State
 
 from statebook.lifecycle.codec import dumps
 from statebook.outbox.notifications.channels import Delivery, Guard, Observation, ProviderOutcome
 
+from ..extras import require
 from .secrets import SecretError, SecretRef
+
+require("websockets", extra="channels", feature="the WebSocket channel")  # one line, not an ImportError traceback
+from websockets.asyncio.server import Server, ServerConnection, serve  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.http11 import Request, Response  # noqa: E402
+from websockets.protocol import State  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -6,25 +6,13 @@ that failed, or a bug; 2 refused input or unusable configuration; 130 interrupte
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from statebook.adapters.masking import MASK, mask
+
+__all__ = ["DONE", "FAILED", "INTERRUPTED", "MASK", "REFUSED", "classify", "first_line", "mask"]
+
 DONE, FAILED, REFUSED, INTERRUPTED = 0, 1, 2, 130
-
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@")
-_SECRET_PARAM = re.compile(r"(?P<head>[?&;\s](?:password|passwd|pwd|token|secret|api_key|ack_token)=)[^\s&;'\"]+",
-                           re.IGNORECASE)
-MASK = "***"
-
-
-def mask(message: str) -> str:
-    """``message`` with URL passwords and ``token=``-style values replaced by ``***``.
-
-    >>> mask("cannot reach postgresql://ann:s3cret@db/x")
-    'cannot reach postgresql://ann:***@db/x'
-    """
-    message = _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", message)
-    return _SECRET_PARAM.sub(lambda m: m["head"] + MASK, message)
 
 
 def first_line(text: str) -> str:

@@ -3,7 +3,7 @@ hands it (``config.attributes["connection"]``), never on a URL of its own, with 
 
 from alembic import context
 
-from statebook.adapters.migrations import VERSION_TABLE
+from statebook.adapters.migrations.stamp import VERSION_TABLE
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, version_table=VERSION_TABLE, render_as_batch=True,

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from statebook.lifecycle import StatebookError
 from statebook.lifecycle.schema import schema_for
 
-from . import ADVISORY_LOCK_KEY, BASELINE, HEAD, HERE, LEGACY_VERSION, read_stamp, revisions
 from .ddl import apply_registry_ddl, registry_drift
+from .stamp import ADVISORY_LOCK_KEY, BASELINE, HEAD, HERE, LEGACY_VERSION, read_stamp, revisions
 
 if TYPE_CHECKING:
     from statebook.lifecycle import Registry
