@@ -16,11 +16,12 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Reason, create
 from statebook.lifecycle.codec import digest, dumps, new_id
+from statebook.lifecycle.errors import IdempotencyMismatch
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, shown, text
 
 from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
-from .errors import IdempotencyConflict, checked, refused
+from .errors import checked, refused
 from .responses import check_timeout
 from .schema import channel_attempts, notification_responses, notifications
 
@@ -117,7 +118,7 @@ async def send_notification(
 
     ``idempotency_key`` scopes the intake to (``principal``, ``source``, key), bound to a hash of the
     request's content: the same key with the same content returns the original acceptance (nothing
-    written); with other content it raises :class:`IdempotencyConflict` (nothing written).
+    written); with other content it raises :class:`IdempotencyMismatch` (nothing written).
     ``dedup_key`` counts the notification under the semantic obligation (recipient, key, mode) for
     ``dedup_window`` seconds (default 300): it becomes the obligation's owner, a follower of a live
     owner, or ``deduplicated`` at once inside a delivered owner's window (:mod:`.ownership`).
@@ -176,7 +177,7 @@ async def send_notification(
     # Another intake of this key committed first: its acceptance is the one (or a conflict).
     found = await _by_key(book, principal, source, idempotency_key)
     if found is None:
-        raise IdempotencyConflict(f"idempotency_key: the intake of {idempotency_key!r:.60} raced another that "
+        raise IdempotencyMismatch(f"idempotency_key: the intake of {idempotency_key!r:.60} raced another that "
                                   "did not commit; retry")
     return await _replayed(book, found, values["content_hash"], idempotency_key)
 
@@ -253,7 +254,7 @@ async def _by_key(book: Book, principal: str, source: str, key: str | None) -> d
 async def _replayed(book: Book, found: dict[str, Any], content_hash: str, key: str | None) -> Accepted:
     """The original acceptance of an idempotency key as it stands now, or the conflict of other content (N13)."""
     if found["content_hash"] != content_hash:
-        raise IdempotencyConflict(
+        raise IdempotencyMismatch(
             f"idempotency_key: {key!r:.60} was accepted as notification {found['id']} with other content; "
             "use a new key for a new notification")
     return await _acceptance(book, found, found["status"], created=False)

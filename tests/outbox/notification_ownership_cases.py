@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, Command, Reason, apply_many, history, replay, verify
-from statebook.outbox.notifications import IdempotencyConflict, NotificationInvalid, get_notification, send_notification
+from statebook.outbox.notifications import IdempotencyMismatch, NotificationInvalid, get_notification, send_notification
 from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications import ownership
 from statebook.outbox.notifications.schema import dedup_claims, notifications
@@ -81,13 +81,13 @@ class NotificationOwnershipCases:
 
     async def test_the_same_key_with_other_content_is_a_conflict_and_writes_nothing(self, book: Book):
         """N13: the key is bound to the request's content: other content (text, channels, mode, dedup
-        key) is IdempotencyConflict, with nothing written."""
+        key) is IdempotencyMismatch, with nothing written."""
         first = await send(book, idempotency_key="k1", dedup_key="disk")
         claims = await claim_row(book)
         for changed in ({"text": "other"}, {"channels": ["slack"]}, {"mode": "best_effort"},
                         {"dedup_key": "cpu"}, {"dedup_key": "disk", "dedup_window": 60}):
             args = {"idempotency_key": "k1", "dedup_key": "disk", **changed}
-            with pytest.raises(IdempotencyConflict, match=first.id):
+            with pytest.raises(IdempotencyMismatch, match=first.id):
                 await send(book, **args)
         assert await count(book, notifications) == 1
         assert (await claim_row(book)).version == claims.version

@@ -35,7 +35,7 @@ from statebook.lifecycle import Actor, Book, FakeClock, history, replay, verify
 from statebook.lifecycle.facts import facts_table
 from statebook.outbox.notifications import (
     apply_notification_retention,
-    IdempotencyConflict, RecoveryRefused, deliver_due_notifications, list_dead_letters, replay_notification,
+    IdempotencyMismatch, RecoveryRefused, deliver_due_notifications, list_dead_letters, replay_notification,
     resolve_notification, send_notification,
 )
 from statebook.outbox.notifications.buckets import ensure_bucket, hold as hold_bucket
@@ -138,7 +138,7 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.sent.append(req)
         try:
             got = self.run(self.send(self.book, req))
-        except IdempotencyConflict:
+        except IdempotencyMismatch:
             assert want.kind == "conflict", f"N13: {req} conflicted; the model expected {want}"
             assert self.run(self.fact_count()) == before, "N13: a conflict wrote facts"
             event("intake: conflict")
@@ -192,7 +192,7 @@ class OwnershipMachine(RuleBasedStateMachine):
 
         got = self.run(together())
         for g in got:
-            if isinstance(g, BaseException) and not isinstance(g, IdempotencyConflict):
+            if isinstance(g, BaseException) and not isinstance(g, IdempotencyMismatch):
                 raise g
         created = [(r, g) for r, g in zip(reqs, got, strict=True) if not isinstance(g, BaseException) and g.created]
         seqs = {g.id: self.run(history(self.book, "notification", g.id))[0].seq for _, g in created}
@@ -204,7 +204,7 @@ class OwnershipMachine(RuleBasedStateMachine):
                     f"N15, N16, N24: racing {req} answered {g}; the model says {self.model.notes[g.id]}"
                 continue
             want = self.model.expect_intake(req, now)
-            if isinstance(g, IdempotencyConflict):
+            if isinstance(g, IdempotencyMismatch):
                 assert want.kind == "conflict", f"N13: racing {req} conflicted; the model expected {want}"
             else:
                 assert (want.kind, want.id) == ("existing", g.id), f"N13: racing {req} returned {g}; model: {want}"
