@@ -1,8 +1,8 @@
 """Notification ownership as a Hypothesis state machine against a reference model (issue 13, "Tests that
 must exist"; specs/notifications.md N13-N29, "Ownership state machine").
 
-The book and ownership_model.Model are driven side by side: intakes over two recipients x two dedup keys
-x both modes (and some without a dedup key), with few idempotency keys, repeated with the same or
+The book and ownership_model.Model are driven side by side: intakes over two recipients x two obligation keys
+x both modes (and some without an obligation key), with few idempotency keys, repeated with the same or
 other content; delivery passes (``deliver_due_notifications``) whose scripted channel succeeds or
 rejects per notification, as the rule drew it; the fake clock moving windows and backoffs past; operators
 replaying and resolving failures; 2-4 intakes at once on separate connections. After every step the
@@ -119,8 +119,8 @@ class OwnershipMachine(RuleBasedStateMachine):
     async def send(self, book: Book, req: Request):
         return await send_notification(
             book, recipient=req.recipient, content={"text": req.text}, mode=req.mode, channels=["email"],
-            principal="p", source="s", idempotency_key=req.idempotency_key, dedup_key=req.dedup_key,
-            dedup_window=req.window)
+            principal="p", source="s", idempotency_key=req.idempotency_key, obligation_key=req.obligation_key,
+            obligation_window=req.window)
 
     async def fact_count(self) -> int:
         async with self.book.read() as conn:
@@ -165,13 +165,13 @@ class OwnershipMachine(RuleBasedStateMachine):
         req = data.draw(st.sampled_from(self.sent), label="earlier request")
         if change == "text":
             req = Request(req.recipient, "b" if req.text == "a" else "a", req.mode, req.idempotency_key,
-                          req.dedup_key, req.window)
-        elif change == "window" and req.dedup_key is not None:
-            req = Request(req.recipient, req.text, req.mode, req.idempotency_key, req.dedup_key,
+                          req.obligation_key, req.window)
+        elif change == "window" and req.obligation_key is not None:
+            req = Request(req.recipient, req.text, req.mode, req.idempotency_key, req.obligation_key,
                           30.0 if req.window != 30.0 else 300.0)
         elif change == "mode":
             req = Request(req.recipient, req.text, "guaranteed" if req.mode == "best_effort" else "best_effort",
-                          req.idempotency_key, req.dedup_key, req.window)
+                          req.idempotency_key, req.obligation_key, req.window)
         self.intake(req)
 
     @precondition(lambda self: len(self.model.notes) < MAX_ROWS - 4)
