@@ -212,7 +212,7 @@ async def _keyed_intake(tx: Book, values: dict[str, Any], now: float) -> Accepte
     if claim is not None:
         arrival = await ownership.arrival(tx, *claim, notification_id=values["id"], window=values["dedup_window"],
                                           now=now)
-        values["dedup_claim_id"], values["generation"] = arrival.claim_id, arrival.generation
+        values["dedup_claim_id"], values["generation"] = arrival.dedup_claim_id, arrival.generation
         if arrival.role == "follower":
             values["obligation_owner_id"], values["next_attempt_at"] = arrival.owner_id, None
             code, summary = "notification.pending.following", f"follows owner {arrival.owner_id} (generation {arrival.generation})"

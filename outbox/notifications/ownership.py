@@ -37,7 +37,7 @@ DEFAULT_WINDOW_SECONDS = 300.0
 Role = Literal["owner", "follower", "satisfied"]
 
 
-def claim_id(recipient: str, obligation_key: str, mode: str) -> str:
+def dedup_claim_id(recipient: str, obligation_key: str, mode: str) -> str:
     """The id of the semantic obligation's claim."""
     return digest("notification", recipient, obligation_key, mode)
 
@@ -47,7 +47,7 @@ class Arrival:
     """What a new arrival is, and the values its row starts with."""
 
     role: Role
-    claim_id: str
+    dedup_claim_id: str
     owner_id: str | None  # the owner it follows or that satisfied it (None: it is the owner)
     generation: int
 
@@ -90,7 +90,7 @@ class OwnershipRace(Exception):
 async def locked_claim(tx: Book, *, recipient: str, obligation_key: str, mode: str) -> tuple[dict[str, Any] | None, str]:
     """The obligation's claim row, locked in ``tx`` (None when there is none yet), and its id.
     Intakes of one obligation queue here."""
-    cid = claim_id(recipient, obligation_key, mode)
+    cid = dedup_claim_id(recipient, obligation_key, mode)
     return await _locked_claim(tx, cid), cid
 
 

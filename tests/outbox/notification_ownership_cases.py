@@ -37,7 +37,7 @@ async def count(book: Book, table: sa.Table) -> int:
 
 
 async def claim_row(book: Book, owner_recipient: str = "ops", key: str = "disk", mode: str = "guaranteed"):
-    cid = ownership.claim_id(owner_recipient, key, mode)
+    cid = ownership.dedup_claim_id(owner_recipient, key, mode)
     async with book.read() as conn:
         return (await conn.execute(sa.select(dedup_claims).where(dedup_claims.c.id == cid))).first()
 

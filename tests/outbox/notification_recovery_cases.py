@@ -17,7 +17,7 @@ from statebook.outbox.notifications import (
 )
 from statebook.outbox.notifications import recovery
 from statebook.outbox.notifications.delivery import deliver_due_notifications
-from statebook.outbox.notifications.ownership import claim_id
+from statebook.outbox.notifications.ownership import dedup_claim_id
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
@@ -42,7 +42,7 @@ async def row(book: Book, nid: str) -> dict:
 async def claim(book: Book, key: str = "disk"):
     async with book.read() as conn:
         return (await conn.execute(sa.select(dedup_claims).where(
-            dedup_claims.c.id == claim_id("ops", key, "guaranteed")))).first()
+            dedup_claims.c.id == dedup_claim_id("ops", key, "guaranteed")))).first()
 
 
 async def passes(book: Book, clock, step: str, n: int = 3) -> None:

@@ -39,7 +39,7 @@ from statebook.outbox.notifications import (
     resolve_notification, send_notification,
 )
 from statebook.outbox.notifications.buckets import ensure_bucket, hold as hold_bucket
-from statebook.outbox.notifications.ownership import claim_id
+from statebook.outbox.notifications.ownership import dedup_claim_id
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
@@ -368,7 +368,7 @@ class OwnershipMachine(RuleBasedStateMachine):
             else:
                 want.pop("next_attempt_at")
             assert got == want, f"notification {nid}: the book has\n  {got}\nthe model\n  {want}"
-        expected = {claim_id(*ob): ob for ob in self.model.claims}
+        expected = {dedup_claim_id(*ob): ob for ob in self.model.claims}
         assert set(claims) == set(expected), f"claims {sorted(claims)}; the model has {sorted(expected.values())}"
         for cid, c in claims.items():
             got = {k: c[k] for k in ("status", "owner_id", "generation", "window_until")}
