@@ -57,7 +57,9 @@ class UnknownReason(TransitionRejected):
 
 
 class IdempotencyMismatch(StatebookError):
-    """An idempotency key was reused for a different command."""
+    """An idempotency key was reused for a different request; nothing was written. A transition's key is
+    scoped to its entity (specs/lifecycle.md L9), a notification intake's to (principal, source)
+    (specs/notifications.md N13). A new request needs a new key."""
 
 
 class DuplicateEntity(StatebookError):

@@ -12,13 +12,15 @@ Intake and reads: :func:`send_notification`, :func:`get_notification`, :func:`li
 protocol: :mod:`.channels`; test channels: :mod:`.scripted`.
 """
 
+from statebook.lifecycle.errors import IdempotencyMismatch
+
 from .channels import (
     CHANNEL_NAMES, EPHEMERAL, FOLLOWS_RESPONSES, PERSISTENT_ORDER, Channel, Delivery, Guard, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
     check_order,
 )
 from .buckets import draw, ensure_bucket, hold
 from .delivery import deliver_due_notifications
-from .errors import IdempotencyConflict, NotificationInvalid
+from .errors import NotificationInvalid
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
 from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN
@@ -31,7 +33,7 @@ from .schema import channel_attempts, dedup_claims, notification_retention_runs,
 from .worker import NotificationWorker, ResponseTimeoutWorker
 
 __all__ = [
-    "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "DEDUP_CLAIM", "IdempotencyConflict", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
+    "CHANNEL_ATTEMPT", "CHANNEL_NAMES", "DEDUP_CLAIM", "IdempotencyMismatch", "NOTIFICATION", "PERSISTENT_ORDER", "RATE_BUCKET", "Accepted", "Channel",
     "Delivery", "Guard", "LeaseLost", "Mode", "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome",
     "RETENTION_RUN", "RetentionReport", "apply_notification_retention", "notification_retention_runs",
     "channel_attempts", "dedup_claims", "deliver_due_notifications", "draw", "ensure_bucket", "get_notification", "list_notifications", "notification_attempts", "notifications",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from statebook.lifecycle.errors import InvalidArgument, StatebookError
+from statebook.lifecycle.errors import InvalidArgument
 
 T = TypeVar("T")
 
@@ -30,8 +30,3 @@ def checked(check: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise
     except InvalidArgument as exc:
         raise NotificationInvalid(str(exc), argument=exc.argument, rule=exc.rule) from None
-
-
-class IdempotencyConflict(StatebookError):
-    """An idempotency key (principal, source, key) was already accepted with other content; nothing
-    was written (specs/notifications.md N13). A new notification needs a new key."""

@@ -16,11 +16,12 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Reason, create
 from statebook.lifecycle.codec import digest, dumps, new_id
+from statebook.lifecycle.errors import IdempotencyMismatch
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, shown, text
 
 from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
-from .errors import IdempotencyConflict, checked, refused
+from .errors import checked, refused
 from .responses import check_timeout
 from .schema import channel_attempts, notification_responses, notifications
 
@@ -38,7 +39,7 @@ MAX_WINDOW_SECONDS = 366 * 86_400.0
 class Accepted:
     """What an intake returns: the notification's id, its status, whether this call created it, the
     mode and channels (in run order) it was accepted with, and its obligation: the canonical owner
-    (itself when it owns it or has no dedup key) and that owner's response as a read of the same row
+    (itself when it owns it or has no obligation key) and that owner's response as a read of the same row
     gives it (``effective_ack_status``, ``ack_inherited``: N24, N34)."""
 
     id: str
@@ -105,8 +106,8 @@ async def send_notification(
     principal: str = "",
     source: str = "",
     idempotency_key: str | None = None,
-    dedup_key: str | None = None,
-    dedup_window: float | None = None,
+    obligation_key: str | None = None,
+    obligation_window: float | None = None,
     response_timeout: float | None = None,
     timeout_callback: str | None = None,
 ) -> Accepted:
@@ -117,9 +118,9 @@ async def send_notification(
 
     ``idempotency_key`` scopes the intake to (``principal``, ``source``, key), bound to a hash of the
     request's content: the same key with the same content returns the original acceptance (nothing
-    written); with other content it raises :class:`IdempotencyConflict` (nothing written).
-    ``dedup_key`` counts the notification under the semantic obligation (recipient, key, mode) for
-    ``dedup_window`` seconds (default 300): it becomes the obligation's owner, a follower of a live
+    written); with other content it raises :class:`IdempotencyMismatch` (nothing written).
+    ``obligation_key`` counts the notification under the semantic obligation (recipient, key, mode) for
+    ``obligation_window`` seconds (default 300): it becomes the obligation's owner, a follower of a live
     owner, or ``deduplicated`` at once inside a delivered owner's window (:mod:`.ownership`).
     ``response_timeout`` (seconds) makes the first delivery start a response a human answers
     (:mod:`.responses`); ``timeout_callback`` names the registered host callback its timeout invokes.
@@ -138,12 +139,12 @@ async def send_notification(
     if idempotency_key is not None:
         checked(text, "idempotency_key", idempotency_key, max_chars=KEY_CHARS, empty=False)
     window: float | None = None
-    if dedup_key is not None:
-        checked(text, "dedup_key", dedup_key, max_chars=KEY_CHARS, empty=False)
-        window = ownership.DEFAULT_WINDOW_SECONDS if dedup_window is None else checked(
-            number, "dedup_window", dedup_window, low=0.0, high=MAX_WINDOW_SECONDS)
-    elif dedup_window is not None:
-        raise refused("dedup_window", "needs", "a dedup window needs a dedup_key")
+    if obligation_key is not None:
+        checked(text, "obligation_key", obligation_key, max_chars=KEY_CHARS, empty=False)
+        window = ownership.DEFAULT_WINDOW_SECONDS if obligation_window is None else checked(
+            number, "obligation_window", obligation_window, low=0.0, high=MAX_WINDOW_SECONDS)
+    elif obligation_window is not None:
+        raise refused("obligation_window", "needs", "an obligation window needs an obligation_key")
     timeout = check_timeout(response_timeout)
     if timeout_callback is not None:
         checked(text, "timeout_callback", timeout_callback, max_chars=KEY_CHARS, empty=False)
@@ -151,7 +152,7 @@ async def send_notification(
             raise refused("timeout_callback", "needs", "a timeout callback needs a response_timeout")
     now = book.clock.now()
     request = {"recipient": recipient, "content": dict(content), "mode": chosen.value, "channels": list(order),
-               "dedup_key": dedup_key, "dedup_window": window, "response_timeout": timeout,
+               "dedup_key": obligation_key, "dedup_window": window, "response_timeout": timeout,
                "timeout_callback": timeout_callback}
     values = {
         "id": new_id(), **request, "cycle": 1, "attempts": 0, "cycle_attempts": 0,
@@ -162,7 +163,7 @@ async def send_notification(
         "generation": 0, "dedup_successor_id": None, "resolved_at": None, "resolved_by": None, "resolution": None,
         "replayed_in": None,
     }
-    if idempotency_key is None and dedup_key is None:
+    if idempotency_key is None and obligation_key is None:
         reason = Reason("notification.pending.accepted", f"accepted {chosen.value} via {', '.join(order)}")
         outcome = await create(book, "notification", values=values, status="pending", reason=reason,
                                actor=INTAKE_ACTOR, fresh_id=True)
@@ -176,7 +177,7 @@ async def send_notification(
     # Another intake of this key committed first: its acceptance is the one (or a conflict).
     found = await _by_key(book, principal, source, idempotency_key)
     if found is None:
-        raise IdempotencyConflict(f"idempotency_key: the intake of {idempotency_key!r:.60} raced another that "
+        raise IdempotencyMismatch(f"idempotency_key: the intake of {idempotency_key!r:.60} raced another that "
                                   "did not commit; retry")
     return await _replayed(book, found, values["content_hash"], idempotency_key)
 
@@ -191,14 +192,14 @@ async def _keyed_intake(tx: Book, values: dict[str, Any], now: float) -> Accepte
     if values["dedup_key"] is not None:
         # The claim's row lock comes first: intakes of one obligation queue here, so the idempotency
         # read below sees an earlier intake of the same content once it has committed.
-        claim = await ownership.locked_claim(tx, recipient=values["recipient"], dedup_key=values["dedup_key"],
+        claim = await ownership.locked_claim(tx, recipient=values["recipient"], obligation_key=values["dedup_key"],
                                              mode=values["mode"])
     if key is not None:
         found = await _by_key(tx, values["principal"], values["source"], key)
         if found is not None:
             return await _replayed(tx, found, values["content_hash"], key)
     if claim is not None and claim[0] is None:
-        row = await ownership.create_claim(tx, claim[1], recipient=values["recipient"], dedup_key=values["dedup_key"],
+        row = await ownership.create_claim(tx, claim[1], recipient=values["recipient"], obligation_key=values["dedup_key"],
                                            mode=values["mode"], owner_id=values["id"], window=values["dedup_window"],
                                            now=now)
         if row is not None and key is not None:  # a racing intake created the claim: perhaps with this key
@@ -211,7 +212,7 @@ async def _keyed_intake(tx: Book, values: dict[str, Any], now: float) -> Accepte
     if claim is not None:
         arrival = await ownership.arrival(tx, *claim, notification_id=values["id"], window=values["dedup_window"],
                                           now=now)
-        values["dedup_claim_id"], values["generation"] = arrival.claim_id, arrival.generation
+        values["dedup_claim_id"], values["generation"] = arrival.dedup_claim_id, arrival.generation
         if arrival.role == "follower":
             values["obligation_owner_id"], values["next_attempt_at"] = arrival.owner_id, None
             code, summary = "notification.pending.following", f"follows owner {arrival.owner_id} (generation {arrival.generation})"
@@ -253,7 +254,7 @@ async def _by_key(book: Book, principal: str, source: str, key: str | None) -> d
 async def _replayed(book: Book, found: dict[str, Any], content_hash: str, key: str | None) -> Accepted:
     """The original acceptance of an idempotency key as it stands now, or the conflict of other content (N13)."""
     if found["content_hash"] != content_hash:
-        raise IdempotencyConflict(
+        raise IdempotencyMismatch(
             f"idempotency_key: {key!r:.60} was accepted as notification {found['id']} with other content; "
             "use a new key for a new notification")
     return await _acceptance(book, found, found["status"], created=False)

@@ -1,7 +1,7 @@
 """Who owns a semantic obligation: owners, followers and successors (specs/notifications.md N13-N24).
 
-A notification accepted with a ``dedup_key`` is counted under ONE ``dedup_claim`` per semantic
-obligation — (recipient, dedup key, mode): a best-effort delivery never satisfies a guaranteed
+A notification accepted with an ``obligation_key`` is counted under ONE ``dedup_claim`` per semantic
+obligation — (recipient, obligation key, mode): a best-effort delivery never satisfies a guaranteed
 duplicate. The claim names the owner (the notification that does the delivering), its generation
 (raised at every change of owner) and the end of the suppression window. Every function here joins
 the caller's transaction (a bound book) and reads the claim under a row lock, so the claim and the
@@ -32,14 +32,14 @@ from .schema import dedup_claims, notifications
 
 OWNERSHIP_ACTOR = Actor("system", "notification_ownership")
 DEFAULT_WINDOW_SECONDS = 300.0
-"""The suppression window when an intake names a dedup key but no window."""
+"""The suppression window when an intake names an obligation key but no window."""
 
 Role = Literal["owner", "follower", "satisfied"]
 
 
-def claim_id(recipient: str, dedup_key: str, mode: str) -> str:
+def dedup_claim_id(recipient: str, obligation_key: str, mode: str) -> str:
     """The id of the semantic obligation's claim."""
-    return digest("notification", recipient, dedup_key, mode)
+    return digest("notification", recipient, obligation_key, mode)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Arrival:
     """What a new arrival is, and the values its row starts with."""
 
     role: Role
-    claim_id: str
+    dedup_claim_id: str
     owner_id: str | None  # the owner it follows or that satisfied it (None: it is the owner)
     generation: int
 
@@ -87,18 +87,18 @@ class OwnershipRace(Exception):
     module): the caller's transaction rolls back."""
 
 
-async def locked_claim(tx: Book, *, recipient: str, dedup_key: str, mode: str) -> tuple[dict[str, Any] | None, str]:
+async def locked_claim(tx: Book, *, recipient: str, obligation_key: str, mode: str) -> tuple[dict[str, Any] | None, str]:
     """The obligation's claim row, locked in ``tx`` (None when there is none yet), and its id.
     Intakes of one obligation queue here."""
-    cid = claim_id(recipient, dedup_key, mode)
+    cid = dedup_claim_id(recipient, obligation_key, mode)
     return await _locked_claim(tx, cid), cid
 
 
-async def create_claim(tx: Book, cid: str, *, recipient: str, dedup_key: str, mode: str, owner_id: str,
+async def create_claim(tx: Book, cid: str, *, recipient: str, obligation_key: str, mode: str, owner_id: str,
                        window: float, now: float) -> dict[str, Any] | None:
     """Create the obligation's claim, owned by ``owner_id``: None when created; the (locked) row a
     racing intake created first otherwise."""
-    values = {"id": cid, "recipient": recipient, "dedup_key": dedup_key, "obligation": mode,
+    values = {"id": cid, "recipient": recipient, "dedup_key": obligation_key, "obligation": mode,
               "owner_id": owner_id, "generation": 1, "window_until": now + window}
     made = await create(tx, "dedup_claim", values=values, status="owned", actor=OWNERSHIP_ACTOR,
                         reason=Reason("dedup_claim.owned.acquired", "first owner of the obligation"), if_absent=True)

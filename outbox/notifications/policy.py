@@ -178,7 +178,7 @@ DEDUP_CLAIM = Lifecycle(
     reasons={"dedup_claim.owned.acquired", "dedup_claim.owned.succeeded", "dedup_claim.owned.replayed",
              "dedup_claim.satisfied.owner_delivered", "dedup_claim.released.owner_failed"},
     same_status="edge",
-    description="Who owns one semantic obligation (recipient, dedup key, mode) now, in which generation, "
+    description="Who owns one semantic obligation (recipient, obligation key, mode) now, in which generation, "
                 "and until when a delivery suppresses duplicates; every change of owner is compared on "
                 "owner and generation.",
     accepts=(),

@@ -158,7 +158,7 @@ def test_the_daemon_never_removes_notifications(tmp_path, channel_module):
         try:
             for i in range(3):
                 await send_notification(book, recipient="ops", content={"text": str(i)}, mode="guaranteed",
-                                        channels=["email"], dedup_key=f"k{i}")
+                                        channels=["email"], obligation_key=f"k{i}")
             await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"])}, deadline=5)
             seeded = await snapshot(book)
         finally:

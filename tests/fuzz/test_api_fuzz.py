@@ -436,8 +436,8 @@ notification_kwargs = st.fixed_dictionaries(
                                               wrong_types()), max_size=5), wrong_types())},
     optional={"principal": st.one_of(texts("svc", ""), wrong_types()), "source": st.one_of(texts("alerts"), wrong_types()),
               "idempotency_key": maybe(st.one_of(texts("k1", "k2"), wrong_types())),
-              "dedup_key": maybe(st.one_of(texts("disk"), wrong_types())),
-              "dedup_window": maybe(numbers(0, 60, 300)), "response_timeout": maybe(numbers(1, 60)),
+              "obligation_key": maybe(st.one_of(texts("disk"), wrong_types())),
+              "obligation_window": maybe(numbers(0, 60, 300)), "response_timeout": maybe(numbers(1, 60)),
               "timeout_callback": maybe(st.one_of(texts("page"), wrong_types()))},
 )
 
@@ -543,8 +543,8 @@ HUGE_CALLS: dict[str, tuple[str, Any]] = {
         b, recipient="ops", content={"n": HUGE}, mode="guaranteed", channels=["email"])),
     "notification response_timeout": ("NotificationInvalid", lambda b, r: send_notification(
         b, recipient="ops", content={}, mode="guaranteed", channels=["email"], response_timeout=HUGE)),
-    "notification dedup_window": ("NotificationInvalid", lambda b, r: send_notification(
-        b, recipient="ops", content={}, mode="guaranteed", channels=["email"], dedup_key="d", dedup_window=HUGE)),
+    "notification obligation_window": ("NotificationInvalid", lambda b, r: send_notification(
+        b, recipient="ops", content={}, mode="guaranteed", channels=["email"], obligation_key="d", obligation_window=HUGE)),
     "notification list limit": ("NotificationInvalid", lambda b, r: list_notifications(b, limit=HUGE)),
     "rate bucket capacity": ("NotificationInvalid", lambda b, r: ensure_bucket(b, "email", "all", capacity=HUGE,
                                                                                refill_per_second=1.0)),

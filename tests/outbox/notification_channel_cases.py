@@ -129,8 +129,8 @@ class NotificationChannelCases:
 
     async def test_a_follower_s_answer_follows_its_owner_s_incident(self, book: Book):
         """N45: followers have no incident of their own: an answer to one follows its owner's."""
-        owner = await accept(book, ["pagerduty"], response_timeout=600, dedup_key="disk", dedup_window=600)
-        follower = await accept(book, ["pagerduty"], response_timeout=600, dedup_key="disk", dedup_window=600)
+        owner = await accept(book, ["pagerduty"], response_timeout=600, obligation_key="disk", obligation_window=600)
+        follower = await accept(book, ["pagerduty"], response_timeout=600, obligation_key="disk", obligation_window=600)
         assert (await run(book, adapters(pagerduty=["success"])))["delivered"] == 1
         await ack_notification(book, follower, actor=ALICE)
         [ack] = await follow_ups(book, follower)

@@ -132,9 +132,9 @@ class NotificationEvidenceCases:
         """N10a (N18, N31): settling an owner from its recorded success is its delivery: in ONE transaction
         (claim row first) its followers are deduplicated, the claim satisfied and its response started."""
         owner = (await send_notification(book, recipient="ops", content={"t": 1}, mode="guaranteed",
-                                         channels=["email"], dedup_key="disk", response_timeout=300)).id
+                                         channels=["email"], obligation_key="disk", response_timeout=300)).id
         follower = (await send_notification(book, recipient="ops", content={"t": 2}, mode="guaranteed",
-                                            channels=["email"], dedup_key="disk")).id
+                                            channels=["email"], obligation_key="disk")).id
         lease = await first_claim(book, owner, clock)
         await attempt_channel(book, lease, ScriptedChannel("email", ["success"]), deadline=CALM)
         clock.advance(61)

@@ -17,7 +17,7 @@ from statebook.outbox.notifications import (
 )
 from statebook.outbox.notifications import recovery
 from statebook.outbox.notifications.delivery import deliver_due_notifications
-from statebook.outbox.notifications.ownership import claim_id
+from statebook.outbox.notifications.ownership import dedup_claim_id
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
@@ -42,7 +42,7 @@ async def row(book: Book, nid: str) -> dict:
 async def claim(book: Book, key: str = "disk"):
     async with book.read() as conn:
         return (await conn.execute(sa.select(dedup_claims).where(
-            dedup_claims.c.id == claim_id("ops", key, "guaranteed")))).first()
+            dedup_claims.c.id == dedup_claim_id("ops", key, "guaranteed")))).first()
 
 
 async def passes(book: Book, clock, step: str, n: int = 3) -> None:
@@ -105,8 +105,8 @@ class NotificationRecoveryCases:
     async def test_a_replay_is_refused_while_a_successor_holds_the_obligation(self, book: Book, clock):
         """N27: a successor pending, then delivered, blocks the replay of the failed owner; the view and
         the refusal give the successor and the reason as data."""
-        owner = (await send(book, dedup_key="disk")).id
-        successor = (await send(book, "again", dedup_key="disk")).id
+        owner = (await send(book, obligation_key="disk")).id
+        successor = (await send(book, "again", obligation_key="disk")).id
         await passes(book, clock, "reject")
         assert (await row(book, owner))["dedup_successor_id"] == successor
         caught = await refused(book, owner)
@@ -120,9 +120,9 @@ class NotificationRecoveryCases:
     async def test_a_replay_is_refused_while_another_current_owner_holds_the_obligation(self, book: Book, clock):
         """N27: the failed owner released the claim and a fresh arrival owns it: pending blocks the
         replay, delivered blocks it inside the window, and after the window the replay is accepted."""
-        old = (await send(book, dedup_key="disk", dedup_window=600)).id
+        old = (await send(book, obligation_key="disk", obligation_window=600)).id
         await passes(book, clock, "reject")
-        new = (await send(book, "new", dedup_key="disk", dedup_window=600)).id
+        new = (await send(book, "new", obligation_key="disk", obligation_window=600)).id
         caught = await refused(book, old)
         assert (caught.reason, caught.blocked_by) == ("owner_pending", new)
         await passes(book, clock, "success", 1)
@@ -137,9 +137,9 @@ class NotificationRecoveryCases:
         refusal and in the dead-letter view, until it delivers (then owner_delivered_in_window)."""
         from statebook.outbox.notifications.buckets import draw, ensure_bucket
 
-        old = (await send(book, dedup_key="disk", dedup_window=600)).id
+        old = (await send(book, obligation_key="disk", obligation_window=600)).id
         await passes(book, clock, "reject")
-        new = (await send(book, "new", dedup_key="disk", dedup_window=600)).id
+        new = (await send(book, "new", obligation_key="disk", obligation_window=600)).id
         await ensure_bucket(book, "email", "all", capacity=1, refill_per_second=0.01)
         async with book.begin() as tx:
             assert await draw(tx, "email", "all", now=clock.now()) == 0.0  # the bucket is empty now
@@ -161,8 +161,8 @@ class NotificationRecoveryCases:
         higher generation and a new window, the successor is covered (replayed_in, out of the view) and
         can never be replayed, also after the replayed owner delivered and its window passed. When
         covering fails, nothing of the replay is written."""
-        first = (await send(book, dedup_key="disk", dedup_window=60)).id
-        second = (await send(book, "2", dedup_key="disk", dedup_window=60)).id
+        first = (await send(book, obligation_key="disk", obligation_window=60)).id
+        second = (await send(book, "2", obligation_key="disk", obligation_window=60)).id
         await passes(book, clock, "reject")  # first fails; second succeeds it
         await passes(book, clock, "reject")  # second fails; no follower: the claim is released
         before = await claim(book)
@@ -215,7 +215,7 @@ class NotificationRecoveryCases:
     async def test_racing_replays_of_one_failure_apply_once(self, book: Book, db_url, clock):
         """N28: operators replaying one failure at once on separate connections: one replay applies, the
         others are refused; one new cycle."""
-        nid = (await send(book, dedup_key="disk")).id
+        nid = (await send(book, obligation_key="disk")).id
         await passes(book, clock, "reject")
         books = [Book(connect(db_url), book.registry, clock) for _ in range(4)]
         try:
@@ -234,13 +234,13 @@ class NotificationRecoveryCases:
         """N15, N20, N27: intakes of one obligation, a replay of its failed first owner and the failing
         attempts of its current owner, at once on separate connections: afterwards the claim names
         exactly one live owner and every pending follower follows it."""
-        first = (await send(book, dedup_key="disk", dedup_window=0)).id
+        first = (await send(book, obligation_key="disk", obligation_window=0)).id
         await passes(book, clock, "reject")  # first fails, no follower: released
-        second = (await send(book, "2", dedup_key="disk", dedup_window=0)).id
+        second = (await send(book, "2", obligation_key="disk", obligation_window=0)).id
         await passes(book, clock, "reject", 2)  # second is on its last attempt
         books = [Book(connect(db_url), book.registry, clock) for _ in range(5)]
         try:
-            work = [send(b, f"late {i}", dedup_key="disk", dedup_window=0) for i, b in enumerate(books[:3])]
+            work = [send(b, f"late {i}", obligation_key="disk", obligation_window=0) for i, b in enumerate(books[:3])]
             work.append(replay_notification(books[3], first, actor=ALICE))
             work.append(deliver_due_notifications(books[4], {"email": ScriptedChannel("email", ["reject"])},
                                                   deadline=FAST))

@@ -130,8 +130,8 @@ class NotificationResponseCases:
     async def test_followers_read_and_answer_their_owner_s_response(self, book: Book):
         """N34: a follower has no response of its own: reads give it its owner's (ack_inherited), and an
         answer to it answers the owner."""
-        owner = (await send(book, dedup_key="disk", response_timeout=60)).id
-        follower = (await send(book, "again", dedup_key="disk", response_timeout=60)).id
+        owner = (await send(book, obligation_key="disk", response_timeout=60)).id
+        follower = (await send(book, "again", obligation_key="disk", response_timeout=60)).id
         await deliver(book)
         o, f = await get_notification(book, owner), await get_notification(book, follower)
         assert (o["effective_ack_status"], o["ack_inherited"]) == ("pending", False)

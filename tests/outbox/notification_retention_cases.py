@@ -173,8 +173,8 @@ class NotificationRetentionCases:
         settles, the next run removes its old owner."""
         named_owner, named_replay, claimant, plain = [(await send(book, t)).id for t in ("x", "y", "c", "z")]
         await one_pass(book, ["success"] * 4)
-        owner = await send(book, "owner", mode="best_effort", dedup_key="disk")
-        follower = await send(book, "follower", mode="best_effort", dedup_key="disk")
+        owner = await send(book, "owner", mode="best_effort", obligation_key="disk")
+        follower = await send(book, "follower", mode="best_effort", obligation_key="disk")
         await one_pass(book, ["reject"])  # the owner fails (best effort): its follower is elected successor
         old = await get_notification(book, owner.id)
         assert (old["status"], old["dead_letter"], old["dedup_successor_id"]) == ("failed", False, follower.id)
@@ -211,8 +211,8 @@ class NotificationRetentionCases:
         deduplicated against it), its settled follower goes; after the window, the owner and a late
         arrival deduplicated against it go, the claim stays (its id is never reused), and a fresh
         arrival owns the obligation again."""
-        owner = await send(book, dedup_key="disk", dedup_window=60 * DAY)
-        follower = await send(book, "again", dedup_key="disk", dedup_window=60 * DAY)
+        owner = await send(book, obligation_key="disk", obligation_window=60 * DAY)
+        follower = await send(book, "again", obligation_key="disk", obligation_window=60 * DAY)
         await one_pass(book, ["success"])
         assert (await get_notification(book, follower.id))["status"] == "deduplicated"
         clock.advance(30 * DAY)
@@ -221,13 +221,13 @@ class NotificationRetentionCases:
         assert owner.id in await ids(book, notifications)
         assert report.counts["notification"]["protected_by"]["open_window"] == 1
         assert await count(book, dedup_claims) == 1
-        late = await send(book, "late", dedup_key="disk", dedup_window=60 * DAY)
+        late = await send(book, "late", obligation_key="disk", obligation_window=60 * DAY)
         assert (late.status, late.obligation_owner_id) == ("deduplicated", owner.id)
         clock.advance(61 * DAY)
         report = await retain(book, clock)
         assert {owner.id, late.id} == set(report.notifications)
         assert await count(book, dedup_claims) == 1
-        fresh = await send(book, "fresh", dedup_key="disk", dedup_window=60 * DAY)
+        fresh = await send(book, "fresh", obligation_key="disk", obligation_window=60 * DAY)
         assert (fresh.status, fresh.obligation_owner_id) == ("pending", fresh.id)
         await everything_verifies(book)
 
@@ -257,7 +257,7 @@ class NotificationRetentionCases:
     async def test_removals_leave_tombstones_and_the_run_records_its_counts(self, book: Book, clock):
         """N30: each removed notification and channel attempt ends its history with a retention
         tombstone (claims stay); the run is a notification_retention entity, running then completed, with its counts."""
-        owner = await send(book, dedup_key="disk", dedup_window=60)
+        owner = await send(book, obligation_key="disk", obligation_window=60)
         await one_pass(book, ["success"])
         attempts = [a["id"] for a in await notification_attempts(book, owner.id)]
         clock.advance(30 * DAY)
@@ -296,8 +296,8 @@ class NotificationRetentionCases:
     async def test_a_dry_run_removes_nothing_and_is_recorded(self, book: Book, clock):
         """N30: a dry run writes only its run record (dry_run = 1); its report lists exactly what the real
         run then removes."""
-        owner = await send(book, dedup_key="disk", dedup_window=60)
-        follower = await send(book, "again", dedup_key="disk", dedup_window=60)
+        owner = await send(book, obligation_key="disk", obligation_window=60)
+        follower = await send(book, "again", obligation_key="disk", obligation_window=60)
         await one_pass(book, ["success"])
         await send(book, "waiting", channels=["slack"])
         clock.advance(30 * DAY)
@@ -332,15 +332,15 @@ class NotificationRetentionCases:
         every claim's owner exists, and the history verifies."""
         if backend != "postgres":
             pytest.skip("real concurrent connections: PostgreSQL")
-        open_owner = await send(book, dedup_key="open", dedup_window=60 * DAY)
-        closed_owner = await send(book, dedup_key="closed", dedup_window=60)
+        open_owner = await send(book, obligation_key="open", obligation_window=60 * DAY)
+        closed_owner = await send(book, obligation_key="closed", obligation_window=60)
         await one_pass(book, ["success", "success"])
         clock.advance(30 * DAY)
         books = [Book(connect(db_url), book.registry, clock) for _ in range(4)]
 
         async def arrivals(b: Book, n: int) -> None:
             for i in range(12):
-                await send(b, f"{n}-{i}", dedup_key="open" if i % 2 else "closed", dedup_window=60 * DAY)
+                await send(b, f"{n}-{i}", obligation_key="open" if i % 2 else "closed", obligation_window=60 * DAY)
 
         async def retention(b: Book) -> None:
             for _ in range(6):

@@ -41,7 +41,7 @@ LIVE = ("pending", "rate_limited")
 BUCKET_RATE = 1000.0
 """The email bucket's refill rate and capacity in the ownership machine."""
 
-Obligation = tuple[str, str, str]  # (recipient, dedup_key, mode)
+Obligation = tuple[str, str, str]  # (recipient, obligation_key, mode)
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,16 @@ class Request:
     text: str
     mode: str
     idempotency_key: str | None
-    dedup_key: str | None
+    obligation_key: str | None
     window: float | None
 
     @property
     def content(self) -> tuple:
-        return (self.recipient, self.text, self.mode, self.dedup_key, self.window)
+        return (self.recipient, self.text, self.mode, self.obligation_key, self.window)
 
     @property
     def obligation(self) -> Obligation | None:
-        return None if self.dedup_key is None else (self.recipient, self.dedup_key, self.mode)
+        return None if self.obligation_key is None else (self.recipient, self.obligation_key, self.mode)
 
 
 @dataclass

@@ -55,7 +55,7 @@ async def soak(url: str, seed: int) -> list[str]:
     def intake(book: Book):
         async def once() -> None:
             await send_notification(book, recipient="ops", content={"n": rng.random()}, mode="guaranteed",
-                                    channels=["email"], dedup_key=rng.choice(KEYS), dedup_window=rng.choice((0, 2, 20)))
+                                    channels=["email"], obligation_key=rng.choice(KEYS), obligation_window=rng.choice((0, 2, 20)))
             await asyncio.sleep(0.01)
         return once
 

@@ -1,8 +1,8 @@
 """Notification ownership as a Hypothesis state machine against a reference model (issue 13, "Tests that
 must exist"; specs/notifications.md N13-N29, "Ownership state machine").
 
-The book and ownership_model.Model are driven side by side: intakes over two recipients x two dedup keys
-x both modes (and some without a dedup key), with few idempotency keys, repeated with the same or
+The book and ownership_model.Model are driven side by side: intakes over two recipients x two obligation keys
+x both modes (and some without an obligation key), with few idempotency keys, repeated with the same or
 other content; delivery passes (``deliver_due_notifications``) whose scripted channel succeeds or
 rejects per notification, as the rule drew it; the fake clock moving windows and backoffs past; operators
 replaying and resolving failures; 2-4 intakes at once on separate connections. After every step the
@@ -35,11 +35,11 @@ from statebook.lifecycle import Actor, Book, FakeClock, history, replay, verify
 from statebook.lifecycle.facts import facts_table
 from statebook.outbox.notifications import (
     apply_notification_retention,
-    IdempotencyConflict, RecoveryRefused, deliver_due_notifications, list_dead_letters, replay_notification,
+    IdempotencyMismatch, RecoveryRefused, deliver_due_notifications, list_dead_letters, replay_notification,
     resolve_notification, send_notification,
 )
 from statebook.outbox.notifications.buckets import ensure_bucket, hold as hold_bucket
-from statebook.outbox.notifications.ownership import claim_id
+from statebook.outbox.notifications.ownership import dedup_claim_id
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
@@ -119,8 +119,8 @@ class OwnershipMachine(RuleBasedStateMachine):
     async def send(self, book: Book, req: Request):
         return await send_notification(
             book, recipient=req.recipient, content={"text": req.text}, mode=req.mode, channels=["email"],
-            principal="p", source="s", idempotency_key=req.idempotency_key, dedup_key=req.dedup_key,
-            dedup_window=req.window)
+            principal="p", source="s", idempotency_key=req.idempotency_key, obligation_key=req.obligation_key,
+            obligation_window=req.window)
 
     async def fact_count(self) -> int:
         async with self.book.read() as conn:
@@ -138,7 +138,7 @@ class OwnershipMachine(RuleBasedStateMachine):
         self.sent.append(req)
         try:
             got = self.run(self.send(self.book, req))
-        except IdempotencyConflict:
+        except IdempotencyMismatch:
             assert want.kind == "conflict", f"N13: {req} conflicted; the model expected {want}"
             assert self.run(self.fact_count()) == before, "N13: a conflict wrote facts"
             event("intake: conflict")
@@ -165,13 +165,13 @@ class OwnershipMachine(RuleBasedStateMachine):
         req = data.draw(st.sampled_from(self.sent), label="earlier request")
         if change == "text":
             req = Request(req.recipient, "b" if req.text == "a" else "a", req.mode, req.idempotency_key,
-                          req.dedup_key, req.window)
-        elif change == "window" and req.dedup_key is not None:
-            req = Request(req.recipient, req.text, req.mode, req.idempotency_key, req.dedup_key,
+                          req.obligation_key, req.window)
+        elif change == "window" and req.obligation_key is not None:
+            req = Request(req.recipient, req.text, req.mode, req.idempotency_key, req.obligation_key,
                           30.0 if req.window != 30.0 else 300.0)
         elif change == "mode":
             req = Request(req.recipient, req.text, "guaranteed" if req.mode == "best_effort" else "best_effort",
-                          req.idempotency_key, req.dedup_key, req.window)
+                          req.idempotency_key, req.obligation_key, req.window)
         self.intake(req)
 
     @precondition(lambda self: len(self.model.notes) < MAX_ROWS - 4)
@@ -192,7 +192,7 @@ class OwnershipMachine(RuleBasedStateMachine):
 
         got = self.run(together())
         for g in got:
-            if isinstance(g, BaseException) and not isinstance(g, IdempotencyConflict):
+            if isinstance(g, BaseException) and not isinstance(g, IdempotencyMismatch):
                 raise g
         created = [(r, g) for r, g in zip(reqs, got, strict=True) if not isinstance(g, BaseException) and g.created]
         seqs = {g.id: self.run(history(self.book, "notification", g.id))[0].seq for _, g in created}
@@ -204,7 +204,7 @@ class OwnershipMachine(RuleBasedStateMachine):
                     f"N15, N16, N24: racing {req} answered {g}; the model says {self.model.notes[g.id]}"
                 continue
             want = self.model.expect_intake(req, now)
-            if isinstance(g, IdempotencyConflict):
+            if isinstance(g, IdempotencyMismatch):
                 assert want.kind == "conflict", f"N13: racing {req} conflicted; the model expected {want}"
             else:
                 assert (want.kind, want.id) == ("existing", g.id), f"N13: racing {req} returned {g}; model: {want}"
@@ -368,7 +368,7 @@ class OwnershipMachine(RuleBasedStateMachine):
             else:
                 want.pop("next_attempt_at")
             assert got == want, f"notification {nid}: the book has\n  {got}\nthe model\n  {want}"
-        expected = {claim_id(*ob): ob for ob in self.model.claims}
+        expected = {dedup_claim_id(*ob): ob for ob in self.model.claims}
         assert set(claims) == set(expected), f"claims {sorted(claims)}; the model has {sorted(expected.values())}"
         for cid, c in claims.items():
             got = {k: c[k] for k in ("status", "owner_id", "generation", "window_until")}

@@ -1,7 +1,7 @@
 """The response lifecycle as a Hypothesis state machine (issue 14; specs/notifications.md N31-N37).
 
 Notifications are accepted with or without a ``response_timeout`` (and a timeout callback, registered
-or not), some as followers of an owner through a ``dedup_key``; deliveries (single steps) succeed or reject;
+or not), some as followers of an owner through an ``obligation_key``; deliveries (single steps) succeed or reject;
 several actors ack and dismiss (repeated, conflicting, late, on followers); a FakeClock passes
 deadlines, leases and backoffs; the timeout pass (``expire_responses``, sometimes rolled back after it
 enqueued its callbacks) and callback batches (whole ``deliver_due_dispatches`` passes with
@@ -161,7 +161,7 @@ class ResponseMachine(RuleBasedStateMachine):
           then=st.sampled_from((None, "success", "success", "reject")))
     def send(self, timeout, callback, dedup, then):
         """A notification with or without a deadline; a callback only with one ("gone" is never registered);
-        a dedup key makes it the owner of its obligation or a follower of a live owner; ``then``: a
+        an obligation key makes it the owner of its obligation or a follower of a live owner; ``then``: a
         delivery pass right after (see deliver)."""
         self.do_send(timeout, callback if timeout is not None else None, dedup)
         if then is not None:
@@ -175,7 +175,7 @@ class ResponseMachine(RuleBasedStateMachine):
     def do_send(self, timeout, callback, dedup) -> None:  # noqa: ANN001
         self.sent += 1
         self.run(send_notification(self.book, recipient="ops", content={"n": self.sent}, mode="guaranteed",
-                                   channels=["email"], dedup_key=dedup, response_timeout=timeout,
+                                   channels=["email"], obligation_key=dedup, response_timeout=timeout,
                                    timeout_callback=callback))
 
     @rule(step=st.sampled_from(("success", "success", "reject")))
