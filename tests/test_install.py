@@ -129,3 +129,11 @@ def test_the_extras_are_the_ones_pyproject_declares():
     assert set(EXTRAS) <= set(declared)
     assert declared["all"] == [f"statebook[{','.join(EXTRAS)}]"]
     assert "statebook[all]" in declared["test"]
+
+
+def test_channels_ls_prints_the_pip_command_of_a_missing_extra_as_written(tmp_path):
+    """The table's cell is text: rich must not read ``[apprise]`` in ``statebook[apprise]`` as markup."""
+    (tmp_path / "statebook.toml").write_text(SECTIONS["apprise"])
+    result = statebook(tmp_path, "--db", f"sqlite:///{tmp_path / 'x.db'}", "channels", "ls", hidden=["apprise"])
+    assert result.returncode == 0, result.stderr
+    assert "statebook[apprise]" in "".join(result.stdout.split()), result.stdout

@@ -127,6 +127,7 @@ def ls_cmd(
     if as_json:
         emit_json({"channels": rows, "buckets": buckets if isinstance(buckets, str) else "read"})
         return
+    from rich.markup import escape
     from rich.table import Column, Table
 
     table = Table(Column("channel", no_wrap=True), "configured", "kind", "order", "guards", "bucket", "settings")
@@ -142,8 +143,9 @@ def ls_cmd(
             bucket = "configured, not created yet"
         else:
             bucket = "no limit" if isinstance(buckets, dict) else "-"
-        shown = r["error"] and f"[red]{r['error']}[/red]" or ", ".join(
-            f"{k}={v}" for k, v in r["settings"].items() if v is not None)
+        # Settings and errors are text, never markup: "statebook[apprise]" must print as written.
+        shown = r["error"] and f"[red]{escape(r['error'])}[/red]" or escape(", ".join(
+            f"{k}={v}" for k, v in r["settings"].items() if v is not None))
         table.add_row(r["channel"], "yes" if r["configured"] else "no", kind, str(r["position"] or "-"), guards,
                       bucket, shown)
     print_table(table)
