@@ -627,11 +627,14 @@ class PortCases:
     functions (``lifecycle/queries.py``) compile and run on it."""
 
     async def test_the_backend_implements_the_write_port_the_reads_and_the_upkeep(self, book: Book) -> None:
+        """The book's backend has every member of ``Store``, ``Reads`` and ``Upkeep``."""
         assert missing(type(book.store)) == [], "lifecycle/store.py lists what a backend implements"
 
     @pytest.mark.parametrize("lock", [None, "wait", "skip_locked"])
     async def test_ids_in_and_lock_rows_select_the_listed_rows_whatever_the_length(self, book: Book,
                                                                                   lock: Any) -> None:
+        """``ids_in`` selects exactly the listed rows for lists of 0 to 700 ids (one statement shape), through the
+        store's ``select`` and through SQLAlchemy, under each row lock."""
         for entity_id in ("a", "b", "c"):
             await new_task(book, entity_id)
         query = sa.select(tasks.c.id).where(ids_in(tasks.c.id, "b_ids"))
