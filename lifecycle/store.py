@@ -20,12 +20,21 @@ Plans are plain values (:class:`RowWrite`), so a backend needs no knowledge of l
 - ``delete``: the same compare-and-set as a DELETE (purge), with the tombstone facts.
 - ``select``: the rows of a dialect-neutral query, compiled once and kept.
 
-:class:`Reads`, verify's and audit's reads (a separate protocol, ``lifecycle/sweep.py``, ``chain.py``,
-``replay.py``, ``facts.tail``): ``snapshot``, ``lenient``, ``undecodable``, ``batches``, ``in_id_order``,
-``file_screen``, ``tail_query``, ``settle``.
+:class:`Reads`, verify's and audit's reads (a protocol of its own: ``sweep.py``, ``chain.py``, ``replay.py``,
+``facts.tail``):
 
-:class:`Upkeep`, besides reads and writes: ``notify`` (wake listeners on commit) and ``maintain``
-(periodic housekeeping); both may do nothing.
+- ``snapshot``: a read transaction in which every cursor sees one snapshot.
+- ``lenient`` / ``undecodable``: read text that is not UTF-8 (only damage stores it), and tell that failure.
+- ``batches``: a query's rows streamed as tuples, about ``size`` at a time.
+- ``in_id_order``: a column to order by so that ids sort in code point order.
+- ``file_screen``: a database file verify may screen on connections of its own, or None.
+- ``tail_query``: facts committed after a cursor, in an order no later commit can jump ahead of.
+- ``settle``: wait until no running writer can still commit a fact below the highest committed seq.
+
+:class:`Upkeep`, besides reads and writes (either may do nothing):
+
+- ``notify``: tell listeners on a channel, once the unit commits.
+- ``maintain``: periodic housekeeping (SQLite: a WAL checkpoint).
 
 Query building that every backend shares is not a port member: ``queries.ids_in`` and
 ``queries.lock_rows`` are plain functions (each backend compiles ``ids_in`` to its own SQL).
