@@ -1,8 +1,10 @@
 """What both storage backends share: compiled statement shapes run on the driver, units of work,
 and the translation of driver errors into statebook's own.
 
-A backend (:mod:`.sqlite`, :mod:`.postgres`) subclasses :class:`SQLStore` and supplies the
-statements that differ by dialect; every case of ``tests/conformance`` runs against both.
+A backend (:mod:`.sqlite`, :mod:`.postgres`) subclasses :class:`SQLStore`, which implements the
+three protocols of ``statebook.lifecycle.store`` (``Store``, ``Reads``, ``Upkeep``), and supplies the
+statements that differ by dialect (and its SQL for ``queries.ids_in``); every case of ``tests/conformance``
+runs against both.
 
 Statements are SQLAlchemy Core, compiled once per store (``shape``) and run on the driver
 connection (aiosqlite or asyncpg) with SQLAlchemy's own bind processors: per call this skips

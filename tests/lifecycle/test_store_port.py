@@ -71,3 +71,4 @@ def test_ids_in_is_one_statement_shape_per_dialect_and_lock_rows_nothing_on_sqli
     assert str(lock_rows(query, "wait").compile(dialect=sqlite.dialect())) == plain
     assert str(lock_rows(query, "skip_locked").compile(dialect=postgresql.dialect())).endswith("FOR UPDATE SKIP LOCKED")
     assert lock_rows(query, None) is query
+    assert "IN (__[POSTCOMPILE_b_ids])" in str(query)  # no backend's form: SQLAlchemy's expanding IN
