@@ -1,8 +1,10 @@
 """What both storage backends share: compiled statement shapes run on the driver, units of work,
 and the translation of driver errors into statebook's own.
 
-A backend (:mod:`.sqlite`, :mod:`.postgres`) subclasses :class:`SQLStore` and supplies the
-statements that differ by dialect; every case of ``tests/conformance`` runs against both.
+A backend (:mod:`.sqlite`, :mod:`.postgres`) subclasses :class:`SQLStore`, which implements the
+three protocols of ``statebook.lifecycle.store`` (``Store``, ``Reads``, ``Upkeep``), and supplies the
+statements that differ by dialect (and its SQL for ``queries.ids_in``); every case of ``tests/conformance``
+runs against both.
 
 Statements are SQLAlchemy Core, compiled once per store (``shape``) and run on the driver
 connection (aiosqlite or asyncpg) with SQLAlchemy's own bind processors: per call this skips
@@ -23,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from statebook.lifecycle.book import TOUCHED
 from statebook.lifecycle.errors import ConstraintViolation, StorageError, StorageUnavailable
 from statebook.lifecycle.facts import HASHED_FIELDS, Cursor, facts_table, stored_columns
+from statebook.lifecycle.queries import ids_in, lock_rows
 from statebook.lifecycle.store import Lock, Unit
 
 FACT_COLUMNS: tuple[str, ...] = (*HASHED_FIELDS, "prev_hash", "hash")
@@ -222,40 +225,24 @@ class SQLStore:
         """Commit (``commit=True``) or roll back the driver connection's transaction."""
         await db.run("COMMIT" if commit else "ROLLBACK")
 
-    # -- the engine's operations -------------------------------------------------------------------
-    def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
-        """A condition "``column`` is one of the ids bound as ``name``", in the backend's idiom for a list
-        parameter.
-        """
-        raise NotImplementedError
-
-    def ids_value(self, ids: Sequence[str]) -> Any:
-        """The bound value of a list of ids for :meth:`ids_in`."""
-        raise NotImplementedError
-
-    def lock_rows(self, query: sa.Select[Any], lock: Lock) -> sa.Select[Any]:
-        """``query`` with the backend's row lock for ``lock`` (``None``: no lock; SQLite's single writer needs
-        none).
-        """
-        return query
-
+    # -- the write port (lifecycle.store.Store) -----------------------------------------------------
     async def histories(self, unit: Unit, entity_type: str, ids: Sequence[str]) -> set[str]:
         """The ids among ``ids`` that have facts of ``entity_type`` (a purged history keeps its id taken)."""
         if not ids:
             return set()
         t = facts_table
         stmt = self.cached(("histories",), lambda: sa.select(t.c.entity_id).distinct().where(
-            t.c.entity_type == sa.bindparam("b_type"), self.ids_in(t.c.entity_id, "b_ids")))
-        found = await unit.handle.fetch(stmt, {"b_type": entity_type, "b_ids": self.ids_value(ids)})
+            t.c.entity_type == sa.bindparam("b_type"), ids_in(t.c.entity_id, "b_ids")))
+        found = await unit.handle.fetch(stmt, {"b_type": entity_type, "b_ids": ids})
         return {r[0] for r in found}
 
     async def rows(self, unit: Unit, table: sa.Table, columns: Sequence[str], ids: Sequence[str], *,
                    lock: Lock = None) -> list[dict[str, Any]]:
         """The rows of ``table`` with the given ids, as dicts of ``columns``, locked as ``lock`` says."""
         names = tuple(columns)
-        stmt = self.cached(("rows", table, names, lock), lambda: self.lock_rows(
-            sa.select(*(table.c[c] for c in names)).where(self.ids_in(table.c.id, "b_ids")), lock))
-        return [dict(zip(names, r)) for r in await unit.handle.fetch(stmt, {"b_ids": self.ids_value(ids)})]
+        stmt = self.cached(("rows", table, names, lock), lambda: lock_rows(
+            sa.select(*(table.c[c] for c in names)).where(ids_in(table.c.id, "b_ids")), lock))
+        return [dict(zip(names, r)) for r in await unit.handle.fetch(stmt, {"b_ids": ids})]
 
     async def facts_by_key(self, unit: Unit, entity_type: str, keys: Sequence[tuple[str, str]]
                            ) -> dict[tuple[str, str], dict[str, Any]]:
@@ -274,10 +261,11 @@ class SQLStore:
     async def select(self, unit: Unit, query: sa.Select[Any], params: Mapping[str, Any] | None = None, *,
                      lock: Lock = None) -> list[dict[str, Any]]:
         """Run an arbitrary select in the unit of work and return its rows as dicts, locked as ``lock`` says."""
-        stmt = self.cached(("select", id(query), lock), lambda: (query, self.lock_rows(query, lock)))[1]
+        stmt = self.cached(("select", id(query), lock), lambda: (query, lock_rows(query, lock)))[1]
         names = [c.key for c in query.selected_columns]
         return [dict(zip(names, r)) for r in await unit.handle.fetch(stmt, params or {})]
 
+    # -- upkeep (lifecycle.store.Upkeep) and the reads' tail ---------------------------------------
     async def notify(self, unit: Unit | None, channel: str, payload: str) -> None:
         """Signal ``channel`` with ``payload`` to listeners on other connections (a no-op where the backend has no
         signal).
@@ -297,7 +285,7 @@ class SQLStore:
         """Nothing to wait for where writers draw seqs in commit order (one writer at a time)."""
         return None
 
-    # -- verify's reads ----------------------------------------------------------------------------
+    # -- verify's and audit's reads (lifecycle.store.Reads) -----------------------------------------
     @asynccontextmanager
     async def snapshot(self, conn: AsyncConnection) -> AsyncIterator[None]:
         """An async context manager opening ``conn``'s transaction so every read inside it sees one snapshot."""

@@ -24,7 +24,8 @@ from sqlalchemy.util import greenlet_spawn
 
 from statebook.lifecycle.errors import StorageUnavailable
 from statebook.lifecycle.facts import Cursor, facts_table, stored_columns
-from statebook.lifecycle.store import Lock, RowWrite, Unit, register_backend
+from statebook.lifecycle.queries import IdsIn
+from statebook.lifecycle.store import RowWrite, Unit, register_backend
 
 from .persistence import FACT_COLUMNS, OWN_TRANSACTION, Driver, SQLStore, translated
 from .postgres_batches import (
@@ -171,17 +172,6 @@ class PostgresStore(SQLStore):
                     "it may commit below the highest seq are not final yet: retry when it has ended") from None
 
     # -- statements ----------------------------------------------------------------------------------
-    def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
-        return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(sa.Text)))
-
-    def ids_value(self, ids: Sequence[str]) -> Any:
-        return list(ids)
-
-    def lock_rows(self, query: sa.Select[Any], lock: Lock) -> sa.Select[Any]:
-        if lock is None:
-            return query
-        return query.with_for_update(skip_locked=lock == "skip_locked")
-
     def json_text(self, bind: Any) -> Any:
         return _json_text(bind)
 
@@ -288,6 +278,12 @@ class PostgresStore(SQLStore):
             .from_select(list(FACT_COLUMNS), sa.select(*values).select_from(source))
             .add_cte(inserted)
         )
+
+
+@compiles(IdsIn, "postgresql")
+def _ids_in(element: IdsIn, compiler: Any, **kw: Any) -> str:
+    """``queries.ids_in`` as ``= ANY(:ids)`` of one text array: one statement for every list length."""
+    return compiler.process(element.column == sa.any_(sa.bindparam(element.name, type_=postgresql.ARRAY(sa.Text))), **kw)
 
 
 class _json_text(FunctionElement[Any]):

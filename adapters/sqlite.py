@@ -24,10 +24,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.util import greenlet_spawn
 
 from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.errors import StorageUnavailable
+from statebook.lifecycle.queries import IdsIn
 from statebook.lifecycle.store import RowWrite, Unit, register_backend
 
 from . import sqlite_screen
@@ -109,12 +111,6 @@ class SQLiteStore(SQLStore):
         return (await conn.get_raw_connection()).driver_connection
 
     # -- statements ----------------------------------------------------------------------------------
-    def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
-        return column.in_(sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam(name))))
-
-    def ids_value(self, ids: Sequence[str]) -> Any:
-        return dumps(list(ids))
-
     async def insert(self, unit: Unit, table: sa.Table, writes: Sequence[RowWrite], *, if_absent: bool,
                      notify: str | None = None) -> set[str]:
         """Insert each row and its creation fact; return the ids written (``if_absent``: rows that hit a unique
@@ -289,6 +285,24 @@ class _WriterQueue:
             yield
         finally:
             self.leave(entered)
+
+
+class _IdList(sa.types.TypeDecorator[Any]):
+    """A list of ids bound as one JSON text, which ``json_each`` reads back as rows."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else dumps(list(value))
+
+
+@compiles(IdsIn, "sqlite")
+def _ids_in(element: IdsIn, compiler: Any, **kw: Any) -> str:
+    """``queries.ids_in`` as ``IN (SELECT value FROM json_each(:ids))``: SQLite has no array parameter, and an
+    expanded ``IN (?, ?, ...)`` would compile one statement per list length."""
+    listed = sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam(element.name, type_=_IdList())))
+    return compiler.process(element.column.in_(listed), **kw)
 
 
 def _insert(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> Any:

@@ -1,5 +1,5 @@
-"""``Book``: the handle domain functions take — a database (its :class:`~.store.Store`), the registry
-and the clock.
+"""``Book``: the handle domain functions take — a database (its backend's :class:`~.store.Store`,
+:class:`~.store.Reads` and :class:`~.store.Upkeep`), the registry and the clock.
 
 A book made from an engine runs each operation in its own transaction. ``async with book.begin() as
 tx`` yields a book bound to one open transaction: every operation given ``tx`` joins it, so an
@@ -23,7 +23,7 @@ from .chainkey import ChainKey
 from .errors import StorageUnavailable
 from .inputs import DEFAULT_LIMITS, Limits
 from .policy import Lifecycle, Registry
-from .store import Store, store_for
+from .store import Reads, Store, Upkeep, reads_for, store_for, upkeep_for
 
 log = logging.getLogger("statebook.lifecycle")
 
@@ -68,13 +68,23 @@ class Book:
 
     @cached_property
     def store(self) -> Store:
-        """The storage backend of this book's engine (one per engine)."""
+        """The write port of this book's engine (one backend per engine)."""
         return store_for(self.engine)
+
+    @cached_property
+    def reads(self) -> Reads:
+        """verify's and audit's reads of this book's engine."""
+        return reads_for(self.engine)
+
+    @cached_property
+    def upkeep(self) -> Upkeep:
+        """The notify and maintain of this book's engine."""
+        return upkeep_for(self.engine)
 
     @property
     def dialect(self) -> str:
         """The backend's name, for messages; code branches on the store, never on this."""
-        return self.store.dialect
+        return self.engine.dialect.name
 
     def policy(self, entity_type: str) -> Lifecycle:
         """The lifecycle registered for ``entity_type``; raises ``UnknownEntityType`` naming the known types."""

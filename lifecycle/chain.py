@@ -190,20 +190,20 @@ async def heads(book: Book, *, up_to_seq: int | None = None, entity_type: str | 
     async with book.read() as conn:
         if conn.in_transaction():
             return await _heads(conn, up_to_seq, entity_type)
-        async with book.store.snapshot(conn):
+        async with book.reads.snapshot(conn):
             return await _heads(conn, up_to_seq, entity_type)
 
 
 async def settled_seq(book: Book) -> int | None:
     """The highest seq committed now, once the facts up to it are final: on PostgreSQL a writer may still hold a
-    lower seq and commit after (L12d), so this waits for it (``Store.settle``). What pins the facts up to a seq
+    lower seq and commit after (L12d), so this waits for it (``Reads.settle``). What pins the facts up to a seq
     (a checkpoint, an export's) reads only those. None for a bound book: it reads its own transaction as it
     stands (waiting there could wait for itself)."""
     if book.conn is not None:
         return None
     async with book.read() as conn:
         top = await _top_seq(conn)
-    await book.store.settle(SETTLE_SECONDS)
+    await book.reads.settle(SETTLE_SECONDS)
     return top
 
 
@@ -256,9 +256,9 @@ async def key_chain(book: Book) -> Switch:
         async with book.store.begin() as conn:
             row = (await conn.execute(sa.select(chain_table.c.id).where(chain_table.c.id == 1))).first()
             if row is None:
-                # The facts up to S must be final before their root is recorded (Store.settle, L12d).
+                # The facts up to S must be final before their root is recorded (Reads.settle, L12d).
                 top = await _top_seq(conn)
-                await book.store.settle(SETTLE_SECONDS)
+                await book.reads.settle(SETTLE_SECONDS)
                 now = await _heads(conn, top, None)
                 draft = Switch(top, now.facts, now.root, key.id, float(book.clock.now()), "")
                 record = {**draft.__dict__, "mac": draft.expected_mac(key.secret)}

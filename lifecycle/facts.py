@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from .codec import digest, dumps, dumps_tree, keyed_digest, loads
 from .inputs import integer
 from .schema import metadata
-from .store import store_for
+from .store import reads_for
 
 GENESIS = ""
 """``prev_fact_id`` and ``prev_hash`` of an entity's first fact."""
@@ -233,7 +233,7 @@ async def tail(conn: Any, cursor: Cursor = Cursor(), *, limit: int = 1000) -> tu
     integer("limit", limit, low=1, high=100_000)
     integer("cursor.tx_id", cursor.tx_id, low=0)
     integer("cursor.seq", cursor.seq, low=0)
-    query = store_for(conn.engine).tail_query(cursor, limit)
+    query = reads_for(conn.engine).tail_query(cursor, limit)
     rows = (await conn.execute(query)).fetchall()
     found = [Fact.from_row(r) for r in rows]
     if found:

@@ -342,7 +342,7 @@ async def _unregistered(book: Book) -> list[Finding]:
     managed = {lc.table.name for lc in book.registry}
     shape = {"id", *LIFECYCLE_COLUMNS}
     t = facts_table
-    async with book.read() as conn, book.store.lenient(conn):
+    async with book.read() as conn, book.reads.lenient(conn):
         counts = (await conn.execute(sa.select(t.c.entity_type, sa.func.count()).group_by(t.c.entity_type))).all()
         for entity_type, n in sorted(counts, key=lambda c: str(c[0])):
             if entity_type not in known:

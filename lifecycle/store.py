@@ -1,28 +1,49 @@
-"""The storage port: the few operations a backend implements for the engine (specs/lifecycle.md L17).
+"""The storage port: what a backend implements, on one page (specs/lifecycle.md L17).
 
 The engine decides everything — policy checks, the compare-and-set conditions, each fact and the
-row it projects — and hands the plan to ONE :class:`Store`. A backend (``statebook.adapters.sqlite``,
+row it projects — and hands the plan to the book's :class:`Store`. A backend (``statebook.adapters.sqlite``,
 ``statebook.adapters.postgres``) turns plans into statements; every line of dialect-specific SQL
 lives there, never in ``lifecycle/``, ``outbox/`` or ``scheduler/``. A single command is a batch of
 one: create, transition, batches, purge and idempotent replay all pass through the same methods.
+Plans are plain values (:class:`RowWrite`), so a backend needs no knowledge of lifecycles.
 
-Plans are plain values (:class:`RowWrite`), so a backend needs no knowledge of lifecycles:
+:class:`Store`, the write port (ten members):
 
-- ``insert``: new rows and their creation facts; a row a unique constraint refuses is skipped
-  (``if_absent``) or raises :class:`~.errors.DuplicateEntity`. Returns the ids inserted.
-- ``update``: per row, ``UPDATE ... WHERE id, version, status, last_fact_id, chain_hash and every
-  guard still match`` and, for each row that matched, its fact. Returns the ids updated.
+- ``unit``: a write unit (:class:`Unit`): joins the bound transaction, or runs one of its own.
+- ``reader``: a unit for reads only: the bound transaction, or one consistent snapshot.
+- ``begin``: a SQLAlchemy connection in a new write transaction of the backend (``Book.begin``).
+- ``histories``: which ids already have facts (a purged id is never reused).
+- ``rows``: columns of the rows with the given ids, locked as :data:`Lock` says.
+- ``facts_by_key``: the facts that (entity id, idempotency key) pairs produced (idempotent replay).
+- ``insert``: new rows and their creation facts; a unique clash is skipped (``if_absent``) or raises.
+- ``update``: compare-and-set updates (version, status, chain head, guards) and the facts of the rows updated.
 - ``delete``: the same compare-and-set as a DELETE (purge), with the tombstone facts.
+- ``select``: the rows of a dialect-neutral query, compiled once and kept.
+
+:class:`Reads`, verify's and audit's reads (a protocol of its own: ``sweep.py``, ``chain.py``, ``replay.py``,
+``facts.tail``):
+
+- ``snapshot``: a read transaction in which every cursor sees one snapshot.
+- ``lenient`` / ``undecodable``: read text that is not UTF-8 (only damage stores it), and tell that failure.
+- ``batches``: a query's rows streamed as tuples, about ``size`` at a time.
+- ``in_id_order``: a column to order by so that ids sort in code point order.
+- ``file_screen``: a database file verify may screen on connections of its own, or None.
+- ``tail_query``: facts committed after a cursor, in an order no later commit can jump ahead of.
+- ``settle``: wait until no running writer can still commit a fact below the highest committed seq.
+
+:class:`Upkeep`, besides reads and writes (either may do nothing):
+
+- ``notify``: tell listeners on a channel, once the unit commits.
+- ``maintain``: periodic housekeeping (SQLite: a WAL checkpoint).
+
+Query building that every backend shares is not a port member: ``queries.ids_in`` and
+``queries.lock_rows`` are plain functions (each backend compiles ``ids_in`` to its own SQL).
+A backend registers one object implementing all three protocols (:func:`register_backend`); the
+accessors :func:`store_for`, :func:`reads_for` and :func:`upkeep_for` find it.
 
 A :class:`Unit` is one transaction of the engine's statements (or, on PostgreSQL, a single
 statement in autocommit). A backend serialises its own writers where its database needs it
 (SQLite: one writer queue per database file, shared by every part of the process).
-
-``settle`` makes the facts up to the highest committed seq final before a checkpoint or the keyed chain's
-switch-over pins them (PostgreSQL draws seqs at insert and commits in any order).
-
-``verify`` reads through the port too (``snapshot``, ``lenient``, ``batches``, ``in_id_order``,
-``file_screen``), so ``lifecycle/sweep.py`` asks the store, never the dialect, how to read.
 """
 
 from __future__ import annotations
@@ -75,12 +96,7 @@ class Unit:
 
 
 class Store(Protocol):
-    """What the engine needs of a database. Implemented once per backend; see the module docstring."""
-
-    dialect: str
-    """``"sqlite"`` or ``"postgresql"``: for messages and metrics, never for a branch outside adapters."""
-
-    engine: AsyncEngine
+    """The write port: what the engine needs of a database. See the module docstring."""
 
     def unit(
         self, bound: AsyncConnection | None, *, one_statement: bool = False
@@ -126,32 +142,10 @@ class Store(Protocol):
         """Rows of a dialect-neutral query as mappings; ``lock`` applies to the rows read. The query
         is compiled once and kept: build it once (with bind parameters), not per call."""
 
-    def lock_rows(self, query: sa.Select[Any], lock: Lock) -> sa.Select[Any]:
-        """``query`` with its rows locked as ``lock`` says (unchanged where the backend has no row locks)."""
 
-    def ids_in(self, column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:
-        """``column IN (the list bound as name)``, as one compiled shape for every list length."""
+class Reads(Protocol):
+    """verify's and audit's reads: how to read a whole history consistently, fast, and damaged."""
 
-    def ids_value(self, ids: Sequence[str]) -> Any:
-        """The value to bind for :meth:`ids_in`."""
-
-    async def notify(self, unit: Unit | None, channel: str, payload: str) -> None:
-        """Tell listeners on ``channel`` (after ``unit`` commits, or now). No-op without LISTEN."""
-
-    def tail_query(self, cursor: Cursor, limit: int) -> sa.Select[Any]:
-        """Facts committed after ``cursor``, in an order no later commit can jump ahead of."""
-
-    async def maintain(self) -> None:
-        """Periodic housekeeping the backend needs (SQLite: a WAL checkpoint)."""
-
-    async def settle(self, timeout: float) -> None:
-        """Return once every fact with a seq up to the highest committed before the call is final: no writer
-        still running can commit one below it. PostgreSQL draws a seq at insert and commits in any order, so
-        it waits for the transactions running now to end (``StorageUnavailable`` after ``timeout`` seconds);
-        SQLite's single writer draws seqs above everything committed, so it returns at once. A checkpoint
-        and the keyed chain's switch-over pin the facts up to a seq: they settle first (:mod:`.chain`)."""
-
-    # -- verify's reads ----------------------------------------------------------------------------
     def snapshot(self, conn: AsyncConnection) -> AbstractAsyncContextManager[None]:
         """A read transaction on ``conn`` (not in one yet) in which every cursor sees one snapshot."""
 
@@ -170,6 +164,30 @@ class Store(Protocol):
 
     def file_screen(self, bound: AsyncConnection | None) -> FileScreen | None:
         """The database file that verify may screen on connections of its own, or None (unbound SQLite file only)."""
+
+    def tail_query(self, cursor: Cursor, limit: int) -> sa.Select[Any]:
+        """Facts committed after ``cursor``, in an order no later commit can jump ahead of (``facts.tail``)."""
+
+    async def settle(self, timeout: float) -> None:
+        """Return once every fact with a seq up to the highest committed before the call is final: no writer
+        still running can commit one below it. PostgreSQL draws a seq at insert and commits in any order, so
+        it waits for the transactions running now to end (``StorageUnavailable`` after ``timeout`` seconds);
+        SQLite's single writer draws seqs above everything committed, so it returns at once. A checkpoint
+        and the keyed chain's switch-over pin the facts up to a seq: they settle first (:mod:`.chain`)."""
+
+
+class Upkeep(Protocol):
+    """What a backend does besides reads and writes; either may do nothing."""
+
+    async def notify(self, unit: Unit | None, channel: str, payload: str) -> None:
+        """Tell listeners on ``channel`` (after ``unit`` commits, or now). No-op without LISTEN."""
+
+    async def maintain(self) -> None:
+        """Periodic housekeeping the backend needs (SQLite: a WAL checkpoint)."""
+
+
+class Backend(Store, Reads, Upkeep, Protocol):
+    """One backend: the object :func:`register_backend` makes per engine implements all three protocols."""
 
 
 class FileScreen(Protocol):
@@ -191,17 +209,37 @@ class FileScreen(Protocol):
         Raises :class:`~.errors.StorageError` when the file cannot be read on a connection of its own."""
 
 
-_factories: dict[str, Callable[[AsyncEngine], Store]] = {}
-_stores: weakref.WeakKeyDictionary[Any, Store] = weakref.WeakKeyDictionary()
+def members(protocol: type) -> tuple[str, ...]:
+    """The names a backend must implement for ``protocol`` (its methods and attributes)."""
+    names = [n for n in vars(protocol) if not n.startswith("_")]
+    names += [n for n in vars(protocol).get("__annotations__", {}) if n not in names]
+    return tuple(names)
 
 
-def register_backend(dialect: str, factory: Callable[[AsyncEngine], Store]) -> None:
-    """Make ``factory`` the store of engines of ``dialect`` (``statebook.adapters`` registers both)."""
+PROTOCOLS: tuple[type, ...] = (Store, Reads, Upkeep)
+
+_factories: dict[str, Callable[[AsyncEngine], Backend]] = {}
+_stores: weakref.WeakKeyDictionary[Any, Backend] = weakref.WeakKeyDictionary()
+
+
+def missing(backend: type) -> list[str]:
+    """``Protocol.member`` for each member of the three protocols that ``backend`` lacks."""
+    return [f"{p.__name__}.{m}" for p in PROTOCOLS for m in members(p) if not hasattr(backend, m)]
+
+
+def register_backend(dialect: str, factory: Callable[[AsyncEngine], Backend]) -> None:
+    """Make ``factory`` the backend of engines of ``dialect`` (``statebook.adapters`` registers both).
+    A class that lacks a member of :class:`Store`, :class:`Reads` or :class:`Upkeep` is refused, naming it."""
+    if isinstance(factory, type):
+        lacking = missing(factory)
+        if lacking:
+            raise TypeError(f"{factory.__name__} is no statebook backend: it lacks {', '.join(lacking)} "
+                            "(lifecycle/store.py lists what a backend implements)")
     _factories[dialect] = factory
 
 
-def store_for(engine: AsyncEngine) -> Store:
-    """The one store of ``engine`` (made on first use, kept while the engine lives)."""
+def _backend(engine: AsyncEngine) -> Backend:
+    """The one backend object of ``engine`` (made on first use, kept while the engine lives)."""
     key = engine.sync_engine
     found = _stores.get(key)
     if found is None:
@@ -213,3 +251,18 @@ def store_for(engine: AsyncEngine) -> Store:
             )
         found = _stores[key] = factory(engine)
     return found
+
+
+def store_for(engine: AsyncEngine) -> Store:
+    """The write port of ``engine``'s backend."""
+    return _backend(engine)
+
+
+def reads_for(engine: AsyncEngine) -> Reads:
+    """verify's and audit's reads of ``engine``'s backend."""
+    return _backend(engine)
+
+
+def upkeep_for(engine: AsyncEngine) -> Upkeep:
+    """The notify and maintain of ``engine``'s backend."""
+    return _backend(engine)

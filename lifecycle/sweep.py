@@ -3,14 +3,14 @@ in worker processes.
 
 Facts and rows are both read in entity id order and merged (:class:`screen.Merge`), so memory
 holds a batch, not a table. Each range is read in one transaction, so an entity's facts and row
-always come from one snapshot. When the store offers a database file to read on connections of
-its own (``Store.file_screen``: a SQLite file, the book not bound to a transaction) it is cut into
+always come from one snapshot. When the backend offers a database file to read on connections of
+its own (``Reads.file_screen``: a SQLite file, the book not bound to a transaction) it is cut into
 ranges of about ``CHUNK_FACTS`` facts: a thread of this process screens ranges from the end of the
 list while worker processes (:func:`screen.serve`) take them from the front — the screen is
 CPU-bound Python, so processes are what use more cores. Otherwise (PostgreSQL, or a bound
 transaction whose writes only its connection sees) each lifecycle is one range, read on the book's
 connection in one transaction. Every dialect-specific read (the snapshot, undecodable text, the id
-order, streaming, the file) is the store's. Entities that fail the screen go to ``judge`` (the full
+order, streaming, the file) is the backend's (``Reads``). Entities that fail the screen go to ``judge`` (the full
 check) here; findings come out in range order whoever screened them.
 """
 
@@ -36,7 +36,7 @@ from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table, stored_column
 from .policy import Lifecycle
 from .schema import row_defaults
 from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError
-from .store import FileScreen, Store
+from .store import FileScreen, Reads
 
 log = logging.getLogger("statebook.lifecycle")
 
@@ -66,24 +66,24 @@ async def sweep(
 ) -> tuple[int, int, list[Any]]:
     """Screen every entity of ``lifecycles``: (entities, facts, what ``judge`` found). ``key`` and
     ``keyed_after``: the keyed chain's rule (``chain.Rule``) the screen hashes by."""
-    store = book.store
+    reads = book.reads
     async with _snapshot(book) as conn:
         t = facts_table
-        async with store.lenient(conn):  # a few rows: ids that are not UTF-8 must not stop the sweep (L12b)
+        async with reads.lenient(conn):  # a few rows: ids that are not UTF-8 must not stop the sweep (L12b)
             counts = dict((await conn.execute(
                 sa.select(t.c.entity_type, sa.func.count())
                 .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
                 .group_by(t.c.entity_type)
             )).all())
             total = sum(counts.values())
-            file = store.file_screen(book.conn)  # None for a bound book: its writes only its connection sees
+            file = reads.file_screen(book.conn)  # None for a bound book: its writes only its connection sees
             workers = _workers(total, processes) if file is not None else 0
             chunks: list[_Chunk] = []
             for lc in lifecycles:
                 screen = screen_of(lc, key, keyed_after)
                 ranges = await _ranges(conn, lc, counts.get(lc.entity_type, 0)) if file else [(None, None)]
                 chunks += [_Chunk(lc, screen, lo, hi) for lo, hi in ranges]
-        run = _Run(store, conn, chunks, judge, total, progress, file)
+        run = _Run(reads, conn, chunks, judge, total, progress, file)
         await run.all(workers)
         return run.entities, run.facts, [f for i in range(len(chunks)) for f in run.found[i]]
 
@@ -95,7 +95,7 @@ async def _snapshot(book: Book) -> AsyncIterator[AsyncConnection]:
         if conn.in_transaction():
             yield conn
             return
-        async with book.store.snapshot(conn):
+        async with book.reads.snapshot(conn):
             yield conn
 
 
@@ -153,8 +153,8 @@ class _Chunk:
     lo: str | None
     hi: str | None
 
-    def queries(self, store: Store) -> tuple[sa.Select[Any], sa.Select[Any]]:
-        """(facts, rows) in id order: code point order (``Store.in_id_order``), as Merge compares ids."""
+    def queries(self, reads: Reads) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """(facts, rows) in id order: code point order (``Reads.in_id_order``), as Merge compares ids."""
         t, table = facts_table, self.lc.table
         facts = sa.select(*(stored_column(t.c[k]) for k in SCREENED_FIELDS)).where(t.c.entity_type == self.lc.entity_type)
         rows = sa.select(*(stored_column(c) for c in table.columns))
@@ -162,15 +162,15 @@ class _Chunk:
             facts, rows = facts.where(t.c.entity_id >= self.lo), rows.where(table.c.id >= self.lo)
         if self.hi is not None:
             facts, rows = facts.where(t.c.entity_id < self.hi), rows.where(table.c.id < self.hi)
-        return facts.order_by(store.in_id_order(t.c.entity_id), t.c.version), rows.order_by(store.in_id_order(table.c.id))
+        return facts.order_by(reads.in_id_order(t.c.entity_id), t.c.version), rows.order_by(reads.in_id_order(table.c.id))
 
 
 class _Run:
     """The chunks of one sweep, screened here (from the end of the list) and by workers (from the front)."""
 
-    def __init__(self, store: Store, conn: AsyncConnection, chunks: list[_Chunk], judge: Judge, total: int,
+    def __init__(self, reads: Reads, conn: AsyncConnection, chunks: list[_Chunk], judge: Judge, total: int,
                  progress: Callable[[int, int], None] | None, file: FileScreen | None) -> None:
-        self.store = store
+        self.reads = reads
         self.conn = conn
         self.file = file
         self.own = file
@@ -213,7 +213,7 @@ class _Run:
             i = todo.popleft()
             sent.append(i)
             chunk = self.chunks[i]
-            worker.send(self.file.job(chunk.screen.spec, *chunk.queries(self.store)))
+            worker.send(self.file.job(chunk.screen.spec, *chunk.queries(self.reads)))
         return sent
 
     def count(self, entities: int, facts: int) -> None:
@@ -235,7 +235,7 @@ class _Run:
             if self.own is not None:
                 # A file this process may read on its own connection: a thread reads and screens it
                 # (no driver hand-offs per batch, and the event loop stays free meanwhile).
-                job = self.own.job(chunk.screen.spec, *chunk.queries(self.store))
+                job = self.own.job(chunk.screen.spec, *chunk.queries(self.reads))
                 try:
                     entities, facts, suspects = await asyncio.to_thread(self.own.screen, job)
                 except StorageError as exc:  # e.g. a read-only open refused: read on the book's connection
@@ -250,21 +250,21 @@ class _Run:
             try:
                 self.found[i] = await self.on_snapshot(chunk)
             except Exception as exc:
-                if not self.store.undecodable(exc):
+                if not self.reads.undecodable(exc):
                     raise
                 self.entities, self.facts = counted  # read it again, counting it once
-                async with self.store.lenient(self.conn):
+                async with self.reads.lenient(self.conn):
                     self.found[i] = await self.on_snapshot(chunk)
 
     async def on_snapshot(self, chunk: _Chunk) -> list[Any]:
         """Screen one chunk on the snapshot's connection (no file of its own, or a bound transaction)."""
-        facts_query, rows_query = chunk.queries(self.store)
+        facts_query, rows_query = chunk.queries(self.reads)
         merge = Merge(chunk.screen)
         found: list[Any] = []
         entity_at = chunk.screen.entity_at
         seen = (0, 0)
-        async with aclosing(self.store.batches(self.conn, rows_query, BATCH)) as rows:
-            async with aclosing(self.store.batches(self.conn, facts_query, BATCH)) as facts:
+        async with aclosing(self.reads.batches(self.conn, rows_query, BATCH)) as rows:
+            async with aclosing(self.reads.batches(self.conn, facts_query, BATCH)) as facts:
                 async for batch in facts:
                     while merge.wants_rows(batch[-1][entity_at]):
                         merge.add_rows(await _next(rows))

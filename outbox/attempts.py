@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason
 from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.queries import ids_in
 from statebook.lifecycle.schema import status_in
 
 from .errors import DispatchInvalid
@@ -201,13 +202,13 @@ _by_ids: dict[str, Any] = {}
 async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, dict[str, Any]]]:
     """The pending or delivering rows among ``ids``, read by key, as :func:`scan_heads` returns them."""
     store = book.store
-    query = _by_ids.get(store.dialect)
+    query = _by_ids.get(book.dialect)
     if query is None:
         t = dispatch_outbox
-        query = _by_ids[store.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(
-            ACTIVE, store.ids_in(t.c.id, "b_ids"))
+        query = _by_ids[book.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(
+            ACTIVE, ids_in(t.c.id, "b_ids"))
     async with store.reader(book.conn) as unit:
-        rows = await store.select(unit, query, {"b_ids": store.ids_value(ids)})
+        rows = await store.select(unit, query, {"b_ids": ids})
     return [with_head(r) for r in rows]
 
 

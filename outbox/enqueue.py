@@ -109,10 +109,10 @@ async def notify(tx: Book, payload: str = "") -> None:
     nothing on SQLite, whose workers are woken in process)."""
     store = tx.store
     if tx.conn is None:  # an unbound book: the wake-up is a statement of its own (no transaction around it)
-        await store.notify(None, NOTIFY_CHANNEL, payload)
+        await tx.upkeep.notify(None, NOTIFY_CHANNEL, payload)
         return
     async with store.unit(tx.conn) as unit:
-        await store.notify(unit, NOTIFY_CHANNEL, payload)
+        await tx.upkeep.notify(unit, NOTIFY_CHANNEL, payload)
 
 
 def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:

@@ -198,7 +198,7 @@ class SchedulerEngine:
         if now - self._last_checkpoint < self.cfg.checkpoint_interval_seconds:
             return
         self._last_checkpoint = now
-        await self.book.store.maintain()  # SQLite: a WAL checkpoint; PostgreSQL: nothing
+        await self.book.upkeep.maintain()  # SQLite: a WAL checkpoint; PostgreSQL: nothing
 
     # -- recovery -----------------------------------------------------------------------------
     async def recover(self) -> int:

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Book, Command, Outcome, Reason
 from statebook.lifecycle.engine import apply
+from statebook.lifecycle.queries import lock_rows
 
 from .schema import schedules
 from .store import SCHEDULER
@@ -71,7 +72,7 @@ async def lock(tx: Book, rows: Sequence[Mapping[str, Any]], *, statuses: tuple[s
     assert tx.conn is not None
     query = (sa.select(s.c.id, s.c.status, s.c.version, *(s.c[g] for g in guards))
              .where(s.c.id.in_([row["id"] for row in rows])).order_by(s.c.id))
-    query = tx.store.lock_rows(query, "wait")  # in id order: two claimants lock overlapping sets without deadlock
+    query = lock_rows(query, "wait")  # in id order: two claimants lock overlapping sets without deadlock
     locked = {row.id: row._mapping for row in await tx.conn.execute(query)}
     out: list[Mapping[str, Any] | None] = []
     changed: list[str] = []

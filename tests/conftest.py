@@ -103,7 +103,7 @@ def pg_url(request):
     Without ``STATEBOOK_TEST_PG_URL`` each process (a serial run, or each xdist worker) starts a throwaway
     cluster of its own: PostgreSQL's snapshot horizon (``pg_snapshot_xmin``) spans a whole cluster, so on a
     shared one a transaction another worker holds open would delay this worker's tail reads and
-    ``Store.settle`` (specs/lifecycle.md L13; specs/testing.md). With it, a serial run uses that database
+    ``Reads.settle`` (specs/lifecycle.md L13; specs/testing.md). With it, a serial run uses that database
     itself and each worker a copy of the run's template (``statebook_test_gw0``, ...) on that server."""
     url = os.environ.get("STATEBOOK_TEST_PG_URL")
     worker = os.environ.get("PYTEST_XDIST_WORKER")

@@ -19,7 +19,7 @@ those rows and their facts before and after each test: point them at a scratch d
 The cases are the storage-level part of statebook's own conformance suite (tests/conformance), one copy:
 a guarded transition commits row and fact together, a conflict writes nothing, racing claimants on
 separate connections — exactly one wins, idempotency keys, the caller's rollback, the hash chain and
-verify, the input bounds.
+verify, the input bounds, and the storage port (every member implemented, ``ids_in`` and ``lock_rows`` run).
 """
 
 from __future__ import annotations
@@ -53,11 +53,13 @@ from statebook.lifecycle import (
 )
 from statebook.lifecycle.errors import ConstraintViolation, IdempotencyMismatch, InvalidArgument, StatebookError
 from statebook.lifecycle.facts import GENESIS, fact_hash, facts_table
+from statebook.lifecycle.queries import ids_in, lock_rows
 from statebook.lifecycle.replay import read_row
+from statebook.lifecycle.store import missing
 
 __all__ = [
     "AtomicityCases", "ChainCases", "ClaimCases", "ConflictCases", "IdempotencyCases", "InputBoundCases",
-    "StorageConformance", "StorageFixtures", "TASK", "conformance_registry",
+    "PortCases", "StorageConformance", "StorageFixtures", "TASK", "conformance_registry",
 ]
 
 # -- the conformance lifecycle ------------------------------------------------------------------
@@ -620,8 +622,36 @@ class InputBoundCases:
                      metadata={"blob": "x" * 200})  # the default bound takes it
 
 
+class PortCases:
+    """L17: the backend implements every member of the storage port's protocols, and the shared query
+    functions (``lifecycle/queries.py``) compile and run on it."""
+
+    async def test_the_backend_implements_the_write_port_the_reads_and_the_upkeep(self, book: Book) -> None:
+        """The book's backend has every member of ``Store``, ``Reads`` and ``Upkeep``."""
+        assert missing(type(book.store)) == [], "lifecycle/store.py lists what a backend implements"
+
+    @pytest.mark.parametrize("lock", [None, "wait", "skip_locked"])
+    async def test_ids_in_and_lock_rows_select_the_listed_rows_whatever_the_length(self, book: Book,
+                                                                                  lock: Any) -> None:
+        """``ids_in`` selects exactly the listed rows for lists of 0 to 700 ids (one statement shape), through the
+        store's ``select`` and through SQLAlchemy, under each row lock."""
+        for entity_id in ("a", "b", "c"):
+            await new_task(book, entity_id)
+        query = sa.select(tasks.c.id).where(ids_in(tasks.c.id, "b_ids"))
+        store = book.store
+        listed = {0: [], 1: ["b"], 3: ["a", "c", "x"], 700: [f"x{i}" for i in range(697)] + ["a", "b", "c"]}
+        for ids in listed.values():
+            async with store.unit(None) as unit:
+                found = await store.select(unit, query, {"b_ids": ids}, lock=lock)
+            assert sorted(r["id"] for r in found) == sorted(set(ids) & {"a", "b", "c"})
+        async with book.begin() as tx:
+            assert tx.conn is not None
+            got = await tx.conn.execute(lock_rows(query, lock), {"b_ids": ["c", "a"]})
+            assert sorted(r.id for r in got) == ["a", "c"]
+
+
 class StorageConformance(StorageFixtures, AtomicityCases, ConflictCases, IdempotencyCases, ClaimCases, ChainCases,
-                         InputBoundCases):
+                         InputBoundCases, PortCases):
     """Every storage case: subclass it, define :meth:`~StorageFixtures.make_book`, and pytest runs them all
     (the cases carry pytest-asyncio's mark, so a project in its default strict mode runs them too)."""
 

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create
 from statebook.lifecycle.errors import StorageError
 from statebook.lifecycle.inputs import KEY_CHARS, number, shown, text, timestamp
+from statebook.lifecycle.queries import lock_rows
 
 from .channels import CHANNEL_NAMES
 from .errors import checked, refused
@@ -78,7 +79,7 @@ def refilled(row: Mapping[str, Any], now: float) -> tuple[float, float]:
 
 async def _locked(tx: Book, entity_id: str) -> dict[str, Any] | None:
     assert tx.conn is not None
-    query = tx.store.lock_rows(_ROW, "wait")
+    query = lock_rows(_ROW, "wait")
     row = (await tx.conn.execute(query, {"b_id": entity_id})).first()
     return None if row is None else dict(row._mapping)
 

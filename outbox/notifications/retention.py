@@ -42,6 +42,7 @@ from statebook.lifecycle import Actor, Book, Reason, create, transition
 from statebook.lifecycle.codec import new_id
 from statebook.lifecycle.engine import purge_many
 from statebook.lifecycle.inputs import duration, timestamp
+from statebook.lifecycle.queries import lock_rows
 from statebook.lifecycle.schema import status_in
 from statebook.outbox.admin import PURGE_BATCH, RETENTION_ACTOR, Progress
 
@@ -239,7 +240,7 @@ class _Keep(dict[str, str]):
 
 async def _rows(book: Book, conn: AsyncConnection, query: sa.Select[Any], lock: bool) -> list[Any]:
     if lock:
-        query = book.store.lock_rows(query, "wait")
+        query = lock_rows(query, "wait")
     return list(await conn.execute(query))
 
 
