@@ -96,7 +96,7 @@ async def seed_schedules(book: Book, settings: Settings) -> list[str]:
 
 
 class _InTask:
-    """A worker (a :class:`~statebook.outbox.passes.PassWorker`) in a task of its own."""
+    """A worker (a :class:`~statebook.outbox.core.passes.PassWorker`) in a task of its own."""
 
     worker: Any
     task_name = "statebook-worker"

@@ -16,10 +16,10 @@ from statebook.lifecycle import Actor, Book, Command, Reason
 from statebook.lifecycle.codec import new_id
 from statebook.lifecycle.schema import status_in
 
-from .errors import DispatchInvalid
-from .policy import DUE_STATUSES
-from .schema import dispatch_outbox
-from .transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
+from ..errors import DispatchInvalid
+from ..policy import DUE_STATUSES
+from ..schema import dispatch_outbox
+from ..transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
 
 LEASE_MARGIN_SECONDS = 5.0
 """What a lease grants beyond the transport timeout: time to start the send and record its outcome."""
@@ -225,7 +225,7 @@ async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = 
     """Due rows: pending or lease-lapsed delivering with ``next_attempt_at <= now``.
 
     Ordered by (next_attempt_at, created_at, id), at most ``limit``; ``skip_locked`` as in :func:`scan_heads`
-    (see :func:`statebook.outbox.delivery.claim_due`).
+    (see :func:`statebook.outbox.dispatch.delivery.claim_due`).
     """
     return [candidate for candidate, _ in await scan_heads(book, now=now, limit=limit, skip_locked=skip_locked)]
 

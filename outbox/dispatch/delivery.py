@@ -37,12 +37,12 @@ from .attempts import (
     settle_command,
     with_head,
 )
-from . import checks
-from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
+from .. import checks
+from ..transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
 
-from .claims import Planned, claim_set, record_set
-from .errors import DispatchInvalid
-from .slots import Claimed, run_in_slots
+from ..core.claims import Planned, claim_set, record_set
+from ..errors import DispatchInvalid
+from ..core.slots import Claimed, run_in_slots
 from .steps import execute
 
 __all__ = [

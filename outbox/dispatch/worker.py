@@ -18,17 +18,17 @@ from typing import Any
 
 from statebook.lifecycle import Actor, Book
 
-from . import checks
-from .admin import apply_retention
+from .. import checks
+from ..admin import apply_retention
 from .attempts import Candidate, read_candidates
 from .attempts import DELIVERY_ACTOR, next_due
 from .delivery import COUNTERS, deliver_due_dispatches, deliver_offered
-from .errors import DispatchInvalid
+from ..errors import DispatchInvalid
 from .offers import offered_id, subscribe, unsubscribe
-from .passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
-from .transport import Transport
+from ..core.passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
+from ..transport import Transport
 
-log = logging.getLogger("statebook.outbox.worker")
+log = logging.getLogger("statebook.outbox.dispatch.worker")
 
 __all__ = ["ERROR_PAUSE_SECONDS", "MIN_PAUSE_SECONDS", "DeliveryWorker", "Retention"]
 

@@ -35,8 +35,8 @@ from statebook.lifecycle.codec import loads, new_id
 from statebook.lifecycle.errors import StatebookError
 from statebook.lifecycle.schema import status_in
 
-from statebook.outbox.claims import Planned, claim_set, read_rows, record_set
-from statebook.outbox.slots import Claimed, run_in_slots
+from statebook.outbox.core.claims import Planned, claim_set, read_rows, record_set
+from statebook.outbox.core.slots import Claimed, run_in_slots
 
 from .buckets import MAX_HOLD_SECONDS, draw, hold
 from .channels import (
@@ -296,7 +296,7 @@ async def _fail_owner(tx: Book, command: Command, head: Mapping[str, Any] | None
 async def claim_due(book: Book, *, now: float, limit: int, lease_seconds: float = LEASE_SECONDS
                     ) -> tuple[list[Lease], dict[str, int]]:
     """Scan, settle and claim up to ``limit`` due notifications in ONE transaction
-    (:func:`statebook.outbox.claims.claim_set`, the dispatch claim's too): rows locked ``FOR UPDATE
+    (:func:`statebook.outbox.core.claims.claim_set`, the dispatch claim's too): rows locked ``FOR UPDATE
     SKIP LOCKED`` on PostgreSQL, the record of each cycle read (:func:`.evidence.read_records`: what
     lapsed claims left ``started`` closed as ``unknown``), one claim (or settlement) per row compared
     against the row as read. The leases won, and counters ``claimed``, ``delivered`` (settled from a
@@ -746,7 +746,7 @@ async def deliver_due_notifications(
     lease_seconds: float = LEASE_SECONDS, deadline: float = DEADLINE_SECONDS, order: Sequence[str] = PERSISTENT_ORDER,
 ) -> dict[str, int]:
     """One pass over at most ``limit`` due notifications, at most ``concurrency`` attempts at once
-    (:func:`statebook.outbox.slots.run_in_slots`, the dispatch pass's slots): claims in sets as slots
+    (:func:`statebook.outbox.core.slots.run_in_slots`, the dispatch pass's slots): claims in sets as slots
     free (:func:`claim_due`), attempts outside any transaction, finalizations of attempts that end
     together in one transaction. Its counters (``stopped``: attempts that ended without an outcome).
     ``order``: the persistent channels' fallback order, a permutation of :data:`~.channels.PERSISTENT_ORDER`."""

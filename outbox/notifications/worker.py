@@ -1,7 +1,7 @@
 """``NotificationWorker``: delivery passes over due notifications, on the loop every deliverable shares.
 
 The loop — sleep until the next due row or a wake-up, a pause after a failed pass — is
-:class:`statebook.outbox.passes.PassWorker`, the dispatch worker's too. A notification accepted
+:class:`statebook.outbox.core.passes.PassWorker`, the dispatch worker's too. A notification accepted
 through the same book wakes it at commit; other processes' intakes wake it through ``extra_wakeups``
 (PostgreSQL LISTEN on ``statebook_notification``) or at the tick.
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Book
 from statebook.lifecycle.inputs import shown
-from statebook.outbox.passes import ERROR_PAUSE_SECONDS, PassWorker
+from statebook.outbox.core.passes import ERROR_PAUSE_SECONDS, PassWorker
 
 from .channels import CHANNEL_NAMES, PERSISTENT_ORDER, Channel, check_order
 from .delivery import ACTIVE, COUNTERS, DEADLINE_SECONDS, LEASE_SECONDS, deliver_due_notifications

@@ -130,7 +130,7 @@ class NotificationPassCases:
         """N7, N11: one finalization of a group that cannot be written does not lose the others: the group
         falls back to one transition each; the bad one is reported (None) and keeps its claim."""
         from statebook.lifecycle import Command
-        from statebook.outbox.claims import record_set
+        from statebook.outbox.core.claims import record_set
         from statebook.outbox.notifications.delivery import finalize_command
 
         ids = [await accept(book, ["email"]) for _ in range(3)]
