@@ -20,7 +20,7 @@ from typing import Any
 
 from statebook.lifecycle import Book
 
-log = logging.getLogger("statebook.outbox.dispatch.worker")
+log = logging.getLogger("statebook.outbox.worker")
 
 MIN_PAUSE_SECONDS = 0.05
 """Pause after a pass that changed nothing while rows look due (e.g. held by another worker)."""
