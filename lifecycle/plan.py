@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from .codec import digest, dumps, new_id
 from .facts import GENESIS as GENESIS_ID, stored_values
-from .head import HEAD, Head
+from .head import Head
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .store import RowWrite

@@ -12,7 +12,8 @@ from statebook.outbox.notifications import (
     notification_attempts, send_notification,
 )
 from statebook.outbox.notifications.buckets import draw
-from statebook.outbox.notifications.delivery import backoff_seconds, deliver_due_notifications
+from statebook.outbox.notifications.attempts import backoff_seconds
+from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 DEADLINE = 2.0

@@ -44,7 +44,8 @@ from statebook.outbox.notifications import (
     CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses,
     register_timeout_callback, send_notification, unregister_timeout_callback,
 )
-from statebook.outbox.notifications.delivery import deliver_due_notifications, run_attempt, scan_due
+from statebook.outbox.notifications.calls import run_attempt
+from statebook.outbox.notifications.delivery import deliver_due_notifications, scan_due
 from statebook.outbox.notifications.delivery import claim as notify_claim
 from statebook.outbox.notifications.delivery import finalize as notify_finalize
 from statebook.outbox.notifications.scripted import ScriptedChannel
