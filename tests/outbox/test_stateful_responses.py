@@ -41,9 +41,10 @@ from statebook.lifecycle.replay import replay
 from statebook.outbox import deliver_due_dispatches
 from statebook.outbox.dispatch.attempts import scan
 from statebook.outbox.notifications import (
-    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses,
-    register_timeout_callback, send_notification, unregister_timeout_callback,
+    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, register_timeout_callback,
+    send_notification, unregister_timeout_callback,
 )
+from statebook.outbox.notifications.responses import expire_responses
 from statebook.outbox.notifications.calls import run_attempt
 from statebook.outbox.notifications.delivery import deliver_due_notifications, scan_due
 from statebook.outbox.notifications.delivery import claim as notify_claim
