@@ -21,9 +21,13 @@ from statebook.lifecycle import Book, Command, Head, Reason, apply_many, create
 from statebook.lifecycle.codec import new_id
 from statebook.lifecycle.inputs import shown
 
-from .attempts import DEADLINE_SECONDS, DEFAULT_SCOPE, DELIVERY_ACTOR, DETAIL_CHARS, AttemptResult, EvidenceLost, Lease, Recorded
+from .attempts import (
+    DEADLINE_SECONDS, DEFAULT_SCOPE, DELIVERY_ACTOR, DETAIL_CHARS, AttemptResult, EvidenceLost, Lease, Recorded,
+)
 from .buckets import MAX_HOLD_SECONDS, draw, hold
-from .channels import EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome
+from .channels import (
+    EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
+)
 from .policy import RESULT_REASONS, RETRIED_REASON, STARTED_REASON
 from .schema import notifications
 
