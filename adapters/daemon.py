@@ -27,7 +27,7 @@ from statebook.outbox.notifications import (
     CallbackTransport, Channel, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker, ensure_bucket,
     register_timeout_callback,
 )
-from statebook.outbox.notifications.delivery import DEFAULT_SCOPE
+from statebook.outbox.notifications.attempts import DEFAULT_SCOPE
 from statebook.outbox.notifications.responses import CALLBACK_PREFIX
 from statebook.outbox.notifications.policy import NOTIFY_CHANNEL as NOTIFICATION_CHANNEL
 from statebook.outbox.notifications.worker import check_adapters
@@ -99,7 +99,7 @@ async def seed_schedules(book: Book, settings: Settings) -> list[str]:
 
 
 class _InTask:
-    """A worker (a :class:`~statebook.outbox.passes.PassWorker`) in a task of its own."""
+    """A worker (a :class:`~statebook.outbox.core.passes.PassWorker`) in a task of its own."""
 
     worker: Any
     task_name = "statebook-worker"

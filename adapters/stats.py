@@ -43,7 +43,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 """Upper bounds (seconds) of the attempt latency histogram; ``+Inf`` is the count."""
 
 NOTIFICATION_DUE_STATUSES = ("pending", "rate_limited")
-"""The statuses the notification due scan reads (``outbox.notifications.delivery.ACTIVE``)."""
+"""The statuses the notification due scan reads (``outbox.notifications.attempts.DUE``)."""
 
 DELIVERY_OUTCOMES: dict[str, dict[str, str]] = {
     "dispatch": {

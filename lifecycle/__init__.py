@@ -12,13 +12,14 @@ from .clock import Clock, FakeClock
 from .engine import Command, NewEntity, Outcome, apply_many, create, create_many, purge, transition
 from .errors import EntityNotFound, StatebookError, TransitionRejected
 from .facts import Fact
+from .head import Head, head_columns
 from .policy import Lifecycle, Registry, edges
 from .reasons import Actor, Reason
 from .replay import as_of, history, replay, verify
 from .schema import managed_table
 
 __all__ = [
-    "Actor", "Book", "Clock", "Command", "EntityNotFound", "Fact", "FakeClock", "Lifecycle", "NewEntity", "Outcome",
+    "Actor", "Book", "Clock", "Command", "EntityNotFound", "Fact", "FakeClock", "Head", "Lifecycle", "NewEntity", "Outcome",
     "Reason", "Registry", "StatebookError", "TransitionRejected", "apply_many", "as_of", "create", "create_many",
-    "edges", "history", "managed_table", "purge", "replay", "transition", "verify",
+    "edges", "head_columns", "history", "managed_table", "purge", "replay", "transition", "verify",
 ]

@@ -19,8 +19,9 @@ from .errors import (
     ConstraintViolation, DuplicateEntity, EntityNotFound, IdempotencyMismatch, InvalidArgument, StorageError,
     TransitionRejected,
 )
+from .head import HEAD, Head
 from .inputs import KEY_CHARS, check_columns, check_reason_actor, plain_texts, text
-from .plan import HEAD, Command, NewEntity, Outcome, applied, conflict, matches, plan_create, plan_purge, plan_transition
+from .plan import Command, NewEntity, Outcome, applied, conflict, matches, plan_create, plan_purge, plan_transition
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .schema import data_column_names, row_defaults
@@ -195,7 +196,7 @@ async def apply_many(
     commands: Sequence[Command],
     *,
     lock: Literal["wait", "skip_locked"] = "wait",
-    seen: Mapping[str, Mapping[str, Any]] | None = None,
+    seen: Mapping[str, Head | Mapping[str, Any]] | None = None,
 ) -> list[Outcome]:
     """Apply transitions of one entity type to distinct entities in one transaction.
 
@@ -203,9 +204,9 @@ async def apply_many(
     whose status or guards no longer match — or, with ``lock="skip_locked"``, rows another
     transaction holds — get a ``conflict`` outcome; the rest are applied.
 
-    ``seen`` maps entity ids to their rows as the caller last read them (``status``, ``version``,
-    ``last_fact_id``, ``chain_hash`` and the guarded columns) — e.g. the row a claim just wrote.
-    Those rows are not read again: the compare-and-set decides, so a row changed since is a
+    ``seen`` maps entity ids to their heads as the caller last saw them (:class:`~.head.Head`: from
+    a read with :func:`~.head.head_columns`, or :meth:`Outcome.head` — e.g. the row a claim just
+    wrote; a row read with those columns and the guarded ones serves as well). Those rows are not read again: the compare-and-set decides, so a row changed since is a
     ``conflict``. Keyed commands (with an idempotency key) are always read under lock.
     """
     if not commands:
@@ -214,7 +215,7 @@ async def apply_many(
 
 
 async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"],
-                 seen: Mapping[str, Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
+                 seen: Mapping[str, Head | Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
     for c in commands:
         if not isinstance(c, Command):
             raise InvalidArgument(f"commands: expected Command, got {type(c).__name__}", argument="commands",
@@ -237,7 +238,7 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
     whole = not unseen and _one_statement(_groups(commands, lambda c: (tuple(c.guards), tuple(c.patch))))
     outcomes: dict[str, Outcome] = {}
     async with store.unit(book.conn, one_statement=whole) as unit:
-        current: dict[str, Mapping[str, Any]] = dict(seen)
+        current: dict[str, Head | Mapping[str, Any]] = dict(seen)
         guard_cols = sorted({g for c in commands for g in c.guards})
         for chunk in _chunks(unseen):
             for row in await store.rows(unit, lc.table, ("id", *HEAD, *guard_cols), chunk, lock=lock):
@@ -274,7 +275,7 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
     return [outcomes[c.entity_id] for c in commands]
 
 
-async def _replays(store: Store, unit: Unit, keyed: list[Command], current: Mapping[str, Mapping[str, Any]],
+async def _replays(store: Store, unit: Unit, keyed: list[Command], current: Mapping[str, Head | Mapping[str, Any]],
                    outcomes: dict[str, Outcome]) -> None:
     """Keyed commands whose key already produced a fact: the original outcome, or a mismatch.
 

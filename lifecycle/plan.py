@@ -12,12 +12,10 @@ from typing import Any, Literal
 
 from .codec import digest, dumps, new_id
 from .facts import GENESIS as GENESIS_ID, stored_values
+from .head import Head
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .store import RowWrite
-
-HEAD = ("status", "version", "last_fact_id", "chain_hash")
-"""The lifecycle columns a compare-and-set reads: the row's status and its chain head."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +37,13 @@ class Outcome:
     def applied(self) -> bool:
         """True when the command wrote its fact."""
         return self.kind == "applied"
+
+    def head(self, **guarded: Any) -> Head | None:
+        """The row's head as this command left it, with the ``guarded`` columns' values it wrote: what
+        the next command on the row compares against (``apply_many(seen=)``). None unless applied."""
+        if self.kind != "applied" or self.chain_hash is None or self.fact_id is None or self.status is None:
+            return None
+        return Head(self.status, self.version, self.fact_id, self.chain_hash, guarded)  # type: ignore[arg-type]
 
     @property
     def conflict(self) -> bool:
@@ -144,7 +149,7 @@ def plan_create(lc: Lifecycle, data: Mapping[str, Any], item: NewEntity, at: flo
     return RowWrite(data["id"], {**data, **projection(content, fact)}, fact)
 
 
-def plan_transition(lc: Lifecycle, cmd: Command, row: Mapping[str, Any], at: float, key: bytes | None = None) -> RowWrite:
+def plan_transition(lc: Lifecycle, cmd: Command, row: Head | Mapping[str, Any], at: float, key: bytes | None = None) -> RowWrite:
     """The compare-and-set update of ``row`` (as read) to ``cmd.target``, and its fact."""
     keyed = cmd.idempotency_key is not None
     content = fact_content(
@@ -169,7 +174,7 @@ def plan_purge(lc: Lifecycle, entity_id: str, row: Mapping[str, Any], reason: Re
     return RowWrite(entity_id, {}, fact, _expect(row, {}))
 
 
-def _expect(row: Mapping[str, Any], guards: Mapping[str, Any]) -> dict[str, Any]:
+def _expect(row: Head | Mapping[str, Any], guards: Mapping[str, Any]) -> dict[str, Any]:
     """The compare-and-set of a write: the row's head as read (its chain hash too: the new fact's
     ``prev_hash`` is taken from it, so a row given by a caller (``seen=``) with a wrong hash is a
     conflict, not a broken chain) and the guarded columns."""
@@ -177,7 +182,7 @@ def _expect(row: Mapping[str, Any], guards: Mapping[str, Any]) -> dict[str, Any]
             "chain_hash": row["chain_hash"], **guards}
 
 
-def matches(cmd: Command, row: Mapping[str, Any] | None) -> bool:
+def matches(cmd: Command, row: Head | Mapping[str, Any] | None) -> bool:
     """Does ``row`` (as read) satisfy the command's expected statuses and guards?"""
     return row is not None and row["status"] in cmd.expected and all(row[g] == v for g, v in cmd.guards.items())
 

@@ -14,14 +14,14 @@ from .admin import (
     apply_retention, expedite_dispatch, get_dispatch, list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
 )
 from .bounds import DispatchLimits, dispatch_limits
-from .delivery import deliver_due_dispatches
+from .dispatch.delivery import deliver_due_dispatches
 from .enqueue import enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat
 from .errors import AckRejected, DispatchInvalid
 from .policy import DISPATCH
 from .schema import dispatch_outbox
 from .signal import DispatchSignal, Signal
 from .transport import ArgvTransport, CallableTransport, RoutingTransport, Transport, TransportResult
-from .worker import DeliveryWorker, Retention
+from .dispatch.worker import DeliveryWorker, Retention
 
 __all__ = [
     "DISPATCH", "AckRejected", "ArgvTransport", "CallableTransport", "DeliveryWorker", "DispatchInvalid",

@@ -4,7 +4,7 @@ is audited."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -14,12 +14,12 @@ from statebook.lifecycle.engine import purge_many
 from statebook.lifecycle.schema import status_in
 
 from . import checks
+from .core.retention import PURGE_BATCH, RETENTION_ACTOR, Progress
 from .enqueue import notify
 from .errors import DispatchInvalid
 from .schema import dispatch_outbox
 
 OPERATOR_ACTOR = Actor("operator", "api")
-RETENTION_ACTOR = Actor("system", "retention")
 RETRYABLE = ("dead_letter", "expired")
 EXPEDITED = "dispatch.pending.operator_expedited"
 SUCCEEDED = ("delivered", "acked")
@@ -170,13 +170,6 @@ async def purge_dispatch(
     except EntityNotFound:
         return False
     return outcome.applied
-
-
-PURGE_BATCH = 500
-"""Rows per purge transaction: a bulk purge is set-based, a bounded transaction at a time."""
-
-Progress = Callable[[int, int], None]
-"""Called with (rows done, rows in all) after each batch of a bulk purge."""
 
 
 def settled_only(book: Book, statuses: Iterable[str]) -> list[Any]:

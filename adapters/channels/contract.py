@@ -43,7 +43,8 @@ from statebook.lifecycle.clock import SYSTEM_CLOCK
 from statebook.outbox.notifications import (
     Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome, send_notification,
 )
-from statebook.outbox.notifications.delivery import attempt_channel, claim_due
+from statebook.outbox.notifications.calls import attempt_channel
+from statebook.outbox.notifications.delivery import claim_due
 
 SCENARIOS = ("accept", "reject", "retry_then_accept", "hang_before_admission", "hang_after_admission",
              "rate_limited")

@@ -27,7 +27,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create
+from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create, head_columns
 from statebook.lifecycle.errors import StorageError
 from statebook.lifecycle.inputs import KEY_CHARS, number, shown, text, timestamp
 from statebook.lifecycle.queries import lock_rows
@@ -50,9 +50,8 @@ MAX_HOLD_SECONDS = 86_400.0
 """Fresh reads of a bucket after a guarded draw that conflicted (never expected under the row lock)."""
 
 _ROW = sa.select(
-    rate_buckets.c.id, rate_buckets.c.status, rate_buckets.c.version, rate_buckets.c.last_fact_id,
-    rate_buckets.c.chain_hash, rate_buckets.c.capacity, rate_buckets.c.refill_per_second, rate_buckets.c.tokens,
-    rate_buckets.c.refilled_at,
+    rate_buckets.c.id, *head_columns(rate_buckets), rate_buckets.c.capacity, rate_buckets.c.refill_per_second,
+    rate_buckets.c.tokens, rate_buckets.c.refilled_at,
 ).where(rate_buckets.c.id == sa.bindparam("b_id"))
 
 

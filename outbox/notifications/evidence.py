@@ -34,7 +34,7 @@ from .policy import RESULT_REASONS
 from .schema import channel_attempts
 
 if TYPE_CHECKING:
-    from .delivery import Candidate
+    from .attempts import Candidate
 
 EVIDENCE_ACTOR = Actor("system", "notification_delivery")
 SETTLED_REASON = "notification.delivered.recorded_success"

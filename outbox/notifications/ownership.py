@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create
+from statebook.lifecycle import Actor, Book, Command, Head, Reason, apply_many, create, head_columns
 from statebook.lifecycle.codec import digest
 
 from .schema import dedup_claims, notifications
@@ -68,8 +68,8 @@ async def lock(tx: Book, cid: str) -> dict[str, Any] | None:
 _CLAIM_BY_ID = sa.select(dedup_claims).where(dedup_claims.c.id == sa.bindparam("b_id", type_=sa.String))
 
 
-def _head(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ("status", "version", "last_fact_id", "chain_hash", "owner_id", "generation")}
+def _head(row: dict[str, Any]) -> Head:
+    return Head.of(row, "owner_id", "generation")
 
 
 async def move_claim(tx: Book, row: dict[str, Any], target: str, code: str, summary: str,
@@ -132,8 +132,8 @@ async def arrival(tx: Book, row: dict[str, Any] | None, cid: str, *, notificatio
 
 
 _FOLLOWERS = (
-    sa.select(*(notifications.c[c] for c in ("id", "status", "version", "last_fact_id", "chain_hash",
-                                             "obligation_owner_id", "generation")))
+    sa.select(notifications.c.id, *head_columns(notifications), notifications.c.obligation_owner_id,
+              notifications.c.generation)
     .where(notifications.c.obligation_owner_id == sa.bindparam("b_owner", type_=sa.String),
            notifications.c.status == "pending")
     .order_by(notifications.c.created_at, notifications.c.id)

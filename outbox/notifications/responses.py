@@ -33,10 +33,8 @@ from statebook.lifecycle import Actor, Book, Command, EntityNotFound, Reason, ap
 from statebook.lifecycle.errors import StatebookError
 from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 from statebook.lifecycle.schema import status_in
-from statebook.outbox.claims import read_rows
-from statebook.outbox.enqueue import enqueue_dispatches
-from statebook.outbox.schema import dispatch_outbox
-from statebook.outbox.transport import TransportResult
+from statebook.outbox import TransportResult, dispatch_outbox, enqueue_dispatches
+from statebook.outbox.core.claims import read_rows
 
 from .errors import checked, refused
 from .channels import FOLLOWS_RESPONSES

@@ -21,7 +21,7 @@ through the engine (a tombstone fact);
 the run itself is a ``notification_retention`` entity with its counts.
 
 Like the dispatch outbox's bulk purge (:mod:`statebook.outbox.admin`), candidates are listed once and
-removed :data:`~statebook.outbox.admin.PURGE_BATCH` at a time, each batch in ONE transaction that locks
+removed :data:`~statebook.outbox.core.retention.PURGE_BATCH` at a time, each batch in ONE transaction that locks
 its rows, then the claims they are counted under (the lock every intake of the obligation queues on),
 and only then reads what links to them: an arrival cannot link to a notification between the check
 and the purge.
@@ -44,7 +44,7 @@ from statebook.lifecycle.engine import purge_many
 from statebook.lifecycle.inputs import duration, timestamp
 from statebook.lifecycle.queries import lock_rows
 from statebook.lifecycle.schema import status_in
-from statebook.outbox.admin import PURGE_BATCH, RETENTION_ACTOR, Progress
+from statebook.outbox.core.retention import PURGE_BATCH, RETENTION_ACTOR, Progress
 
 from .errors import checked, refused
 from .policy import ATTEMPT_RESULTS

@@ -1,7 +1,7 @@
 """``NotificationWorker``: delivery passes over due notifications, on the loop every deliverable shares.
 
 The loop — sleep until the next due row or a wake-up, a pause after a failed pass — is
-:class:`statebook.outbox.passes.PassWorker`, the dispatch worker's too. A notification accepted
+:class:`statebook.outbox.core.passes.PassWorker`, the dispatch worker's too. A notification accepted
 through the same book wakes it at commit; other processes' intakes wake it through ``extra_wakeups``
 (PostgreSQL LISTEN on ``statebook_notification``) or at the tick.
 
@@ -13,24 +13,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, Mapping, Sequence
 from typing import Any
 
-import sqlalchemy as sa
-
 from statebook.lifecycle import Book
 from statebook.lifecycle.inputs import shown
-from statebook.outbox.passes import ERROR_PAUSE_SECONDS, PassWorker
+from statebook.outbox.core.passes import ERROR_PAUSE_SECONDS, PassWorker
 
 from .channels import CHANNEL_NAMES, PERSISTENT_ORDER, Channel, check_order
-from .delivery import ACTIVE, COUNTERS, DEADLINE_SECONDS, LEASE_SECONDS, deliver_due_notifications
+from .attempts import DEADLINE_SECONDS, DUE, LEASE_SECONDS
+from .delivery import COUNTERS, deliver_due_notifications
 from .errors import NotificationInvalid
 from .responses import expire_responses, next_timeout
-from .schema import notifications
 
 
 async def next_due(book: Book) -> float | None:
     """The earliest ``next_attempt_at`` of a pending or rate-limited notification (None when idle)."""
-    t = notifications
-    async with book.read() as conn:
-        return (await conn.execute(sa.select(sa.func.min(t.c.next_attempt_at)).where(ACTIVE))).scalar()
+    return await DUE.next_due(book)
 
 
 def check_adapters(channels: Any) -> dict[str, Channel]:

@@ -21,7 +21,8 @@ from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import FakeClock
 from statebook.lifecycle.facts import facts_table
 from statebook.outbox import CallableTransport, deliver_due_dispatches, dispatch_outbox, enqueue_dispatch
-from statebook.outbox.notifications import notification_retention_runs, notifications, send_notification
+from statebook.outbox.notifications import notifications, send_notification
+from statebook.outbox.notifications.schema import notification_retention_runs
 
 cli_app = importlib.import_module("statebook.adapters.cli.app")  # the package's ``app`` attribute is the Typer app
 ENV = {"STATEBOOK_DB": None, "STATEBOOK_APP": None, "STATEBOOK_DEBUG": None}

@@ -136,7 +136,8 @@ def test_the_daemon_never_removes_notifications(tmp_path, channel_module):
 
     from statebook.lifecycle import FakeClock
     from statebook.lifecycle.facts import facts_table
-    from statebook.outbox.notifications import deliver_due_notifications, notification_retention_runs
+    from statebook.outbox.notifications import deliver_due_notifications
+    from statebook.outbox.notifications.schema import notification_retention_runs
     from statebook.outbox.notifications.scripted import ScriptedChannel
 
     db = f"sqlite:///{tmp_path / 'd.db'}"

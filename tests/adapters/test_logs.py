@@ -12,7 +12,7 @@ import pytest
 from statebook.adapters.logs import QUIET, configure
 from statebook.lifecycle import Book
 from statebook.outbox import TransportResult, enqueue_dispatch, get_dispatch
-from statebook.outbox.delivery import deliver_due_dispatches
+from statebook.outbox.dispatch.delivery import deliver_due_dispatches
 from statebook.outbox.notifications import get_notification, send_notification
 from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel

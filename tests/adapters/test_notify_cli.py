@@ -151,7 +151,7 @@ def test_retain_removes_settled_notifications_and_keeps_dead_letters(db):
         book = await open_book(db)
         try:
             from statebook.lifecycle import history
-            from statebook.outbox.notifications import notification_retention_runs as t
+            from statebook.outbox.notifications.schema import notification_retention_runs as t
 
             import sqlalchemy as sa
 

@@ -16,10 +16,11 @@ from statebook.adapters.stats import (
 from statebook.lifecycle import Book, FakeClock
 from statebook.lifecycle.facts import facts_table
 from statebook.outbox import TransportResult, enqueue_dispatch
-from statebook.outbox.delivery import deliver_due_dispatches
+from statebook.outbox.dispatch.delivery import deliver_due_dispatches
 from statebook.outbox.notifications import send_notification
 from statebook.outbox.notifications.buckets import ensure_bucket
-from statebook.outbox.notifications.delivery import DEFAULT_SCOPE, deliver_due_notifications
+from statebook.outbox.notifications.attempts import DEFAULT_SCOPE
+from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.schema import channel_attempts
 from statebook.outbox.notifications.scripted import ScriptedChannel
 from statebook.outbox.policy import DUE_STATUSES

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from statebook.adapters.db import open_book, reset_schema  # noqa: E402
 from statebook.outbox import dispatch_outbox, enqueue_dispatches  # noqa: E402
-from statebook.outbox.attempts import SCAN, ACTIVE  # noqa: E402
+from statebook.outbox.dispatch.attempts import SCAN, ACTIVE  # noqa: E402
 
 import seed  # noqa: E402  (tests/bench, the script's directory)
 import statebook_side as sb  # noqa: E402

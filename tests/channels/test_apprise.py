@@ -21,7 +21,8 @@ from statebook.adapters.channels.apprise import AppriseChannel, AppriseConfig, A
 from statebook.adapters.channels.contract import ChannelContract, RecordingGuard, Scenario  # noqa: E402
 from statebook.adapters.channels.secrets import SecretRef  # noqa: E402
 from statebook.outbox.notifications import Delivery, Mode, ProviderOutcome, notification_attempts, send_notification  # noqa: E402
-from statebook.outbox.notifications.delivery import attempt_channel, claim_due, finalize, run_attempt  # noqa: E402
+from statebook.outbox.notifications.calls import attempt_channel, run_attempt  # noqa: E402
+from statebook.outbox.notifications.delivery import claim_due, finalize  # noqa: E402
 
 SECRET = "hunter2-apprise-token"
 DEADLINE = 1.0

@@ -18,7 +18,8 @@ from statebook.adapters.channels.contract import ChannelContract, RecordingGuard
 from statebook.adapters.channels.email import EmailChannel, EmailConfig
 from statebook.adapters.channels.secrets import SecretRef
 from statebook.outbox.notifications import Delivery, LeaseLost, Mode, ProviderOutcome, notification_attempts, send_notification
-from statebook.outbox.notifications.delivery import claim_due, finalize, run_attempt
+from statebook.outbox.notifications.calls import run_attempt
+from statebook.outbox.notifications.delivery import claim_due, finalize
 
 PASSWORD = "pa55-w0rd-SMTP-test-only"
 USER = "alerts"

@@ -23,8 +23,9 @@ from statebook.lifecycle import Actor, verify
 from statebook.lifecycle.codec import loads
 from statebook.lifecycle.schema import metadata
 from statebook.outbox.notifications import (
-    ack_notification, follow_ups, get_notification, notification_attempts, send_notification,
+    ack_notification, get_notification, notification_attempts, send_notification,
 )
+from statebook.outbox.notifications.responses import follow_ups
 
 HOOK = "e2eHOOKsecretT0KEN0123456789"
 ROUTING = "e2eROUTINGkey0123456789abcd"

@@ -28,10 +28,12 @@ from statebook.scheduler import (
 )
 
 from statebook.outbox.notifications import (
-    draw, ensure_bucket, get_notification, list_dead_letters, list_notifications, notification_attempts,
-    ack_notification, dismiss_notification, expire_responses, get_response, replay_notification,
-    resolve_notification, send_notification,
+    ensure_bucket, get_notification, list_dead_letters, list_notifications, notification_attempts,
+    ack_notification, dismiss_notification, get_response, replay_notification, resolve_notification,
+    send_notification,
 )
+from statebook.outbox.notifications.buckets import draw
+from statebook.outbox.notifications.responses import expire_responses
 
 from .strategies import Deep, Seed, bodies, ids, integers, json_values, numbers, texts, times, wrong_types
 from .support import START, examples, open_pair

@@ -13,8 +13,8 @@ from statebook.outbox import (
     deliver_due_dispatches,
     enqueue_dispatch,
 )
-from statebook.outbox.attempts import scan
-from statebook.outbox.steps import claim, execute, finalize
+from statebook.outbox.dispatch.attempts import scan
+from statebook.outbox.dispatch.steps import claim, execute, finalize
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

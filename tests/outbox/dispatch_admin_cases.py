@@ -17,8 +17,8 @@ from statebook.outbox import (
     purge_dispatches,
     retry_dispatch,
 )
-from statebook.outbox.attempts import scan
-from statebook.outbox.steps import claim
+from statebook.outbox.dispatch.attempts import scan
+from statebook.outbox.dispatch.steps import claim
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

@@ -15,8 +15,8 @@ import pytest
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, verify
 from statebook.outbox import TransportResult, deliver_due_dispatches, enqueue_dispatch, retry_dispatch
-from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
-from statebook.outbox.steps import claim, execute, finalize
+from statebook.outbox.dispatch.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
+from statebook.outbox.dispatch.steps import claim, execute, finalize
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

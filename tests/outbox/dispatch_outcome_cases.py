@@ -17,7 +17,7 @@ from statebook.outbox import (
     purge_dispatch,
     retry_dispatch,
 )
-from statebook.outbox.attempts import backoff_seconds
+from statebook.outbox.dispatch.attempts import backoff_seconds
 
 from dispatch_support import Recorder, facts, failing, moves, row
 

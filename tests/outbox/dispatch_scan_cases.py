@@ -11,8 +11,8 @@ import pytest
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book
 from statebook.outbox import DispatchInvalid, deliver_due_dispatches, enqueue_dispatch
-from statebook.outbox.attempts import next_due, scan
-from statebook.outbox.steps import claim
+from statebook.outbox.dispatch.attempts import next_due, scan
+from statebook.outbox.dispatch.steps import claim
 
 from dispatch_support import Recorder, failing, row
 

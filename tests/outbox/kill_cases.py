@@ -20,7 +20,7 @@ import pytest
 from statebook.lifecycle import history, verify
 from statebook.lifecycle.replay import read_row
 from statebook.outbox import enqueue_dispatch
-from statebook.outbox.attempts import CLAIM_LEASE_SECONDS
+from statebook.outbox.dispatch.attempts import CLAIM_LEASE_SECONDS
 
 WORKER = Path(__file__).with_name("kill_worker.py")
 

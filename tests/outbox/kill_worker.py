@@ -26,8 +26,8 @@ import sys
 from statebook.adapters.db import open_book
 from statebook.lifecycle import FakeClock
 from statebook.outbox import CallableTransport, TransportResult, deliver_due_dispatches
-from statebook.outbox.attempts import scan
-from statebook.outbox.steps import claim, execute, finalize, settle
+from statebook.outbox.dispatch.attempts import scan
+from statebook.outbox.dispatch.steps import claim, execute, finalize, settle
 
 FAULT = os.environ.get("STATEBOOK_FAULT", "")
 FAULT_POINTS = {"", "after_scan", "after_claim", "after_transport", "after_finalize", "in_pass"}

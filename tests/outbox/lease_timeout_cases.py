@@ -26,9 +26,9 @@ from statebook.outbox import (
     enqueue_dispatch,
     list_dispatches,
 )
-from statebook.outbox.attempts import scan
-from statebook.outbox.delivery import run_leases
-from statebook.outbox.steps import claim, execute, finalize, release
+from statebook.outbox.dispatch.attempts import scan
+from statebook.outbox.dispatch.delivery import run_leases
+from statebook.outbox.dispatch.steps import claim, execute, finalize, release
 from statebook.outbox.transport import NOTIFY_TIMEOUT_SECONDS
 from statebook.outbox.policy import DISPATCH_V1, DISPATCH_V2
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Book, history, replay, verify
 from statebook.lifecycle.facts import facts_table
-from statebook.outbox.notifications import NotificationInvalid, rate_buckets
+from statebook.outbox.notifications import NotificationInvalid
+from statebook.outbox.notifications.schema import rate_buckets
 from statebook.outbox.notifications.buckets import draw, ensure_bucket
 
 RACERS = 8

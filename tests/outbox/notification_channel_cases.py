@@ -8,11 +8,14 @@ import pytest
 
 from statebook.lifecycle import Actor, Book, history, verify
 from statebook.outbox.notifications import (
-    NotificationInvalid, ack_notification, dismiss_notification, ensure_bucket, follow_ups, get_notification, hold,
+    NotificationInvalid, ack_notification, dismiss_notification, ensure_bucket, get_notification,
     notification_attempts, send_notification,
 )
+from statebook.outbox.notifications.buckets import hold
+from statebook.outbox.notifications.responses import follow_ups
 from statebook.outbox.notifications.buckets import draw
-from statebook.outbox.notifications.delivery import backoff_seconds, deliver_due_notifications
+from statebook.outbox.notifications.attempts import backoff_seconds
+from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 DEADLINE = 2.0

@@ -6,10 +6,10 @@ import pytest
 
 from statebook.lifecycle import Book, history, replay, verify
 from statebook.outbox.notifications import get_notification, notification_attempts, send_notification
-from statebook.outbox.notifications import delivery
-from statebook.outbox.notifications.delivery import (
-    AttemptResult, claim, deliver_due_notifications, finalize, run_attempt, scan_due,
-)
+from statebook.outbox.notifications import calls
+from statebook.outbox.notifications.attempts import AttemptResult
+from statebook.outbox.notifications.calls import run_attempt
+from statebook.outbox.notifications.delivery import claim, deliver_due_notifications, finalize, scan_due
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 FAST = 0.05
@@ -213,14 +213,14 @@ class NotificationDeliveryCases:
         """N7: when the started fact cannot be written, the channel makes no effect, no rejection is
         recorded, the fallback does not go on and the claim is left to lapse (recoverable)."""
         nid = await accept(book, ["slack", "email"])
-        real = delivery.create
+        real = calls.create
 
         async def failing(book_, entity_type, **kwargs):
             if entity_type == "channel_attempt" and kwargs.get("status") == "started":
                 raise OSError("disk full")
             return await real(book_, entity_type, **kwargs)
 
-        monkeypatch.setattr(delivery, "create", failing)
+        monkeypatch.setattr(calls, "create", failing)
         chans = adapters(slack=["success"], email=["success"])
         counts = await one_pass(book, chans)
         assert (counts["claimed"], counts["stopped"]) == (1, 1)
@@ -228,7 +228,7 @@ class NotificationDeliveryCases:
         assert await notification_attempts(book, nid) == []
         row = await get_notification(book, nid)
         assert row["status"] == "pending" and row["claim_id"] is not None
-        monkeypatch.setattr(delivery, "create", real)
+        monkeypatch.setattr(calls, "create", real)
         clock.advance(61)
         assert (await one_pass(book, chans))["delivered"] == 1
 
@@ -311,7 +311,7 @@ class NotificationDeliveryCases:
         chans = adapters(email=["success"])
         [candidate] = await scan_due(book, now=clock.now())
         crashed = await claim(book, candidate, now=clock.now())
-        guard = delivery.LeaseGuard(book, crashed, "email", deadline_end=clock.now() + 10, duplicate_risk=False)
+        guard = calls.LeaseGuard(book, crashed, "email", deadline_end=clock.now() + 10, duplicate_risk=False)
         await guard.admit()
         chans["email"].effects.append("the provider accepted it")  # ... and then the worker died
         assert [a[1] for a in await attempts(book, nid)] == ["started"]

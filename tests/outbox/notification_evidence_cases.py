@@ -13,11 +13,11 @@ from statebook.lifecycle import Book, history
 from statebook.outbox.notifications import (
     ProviderOutcome, get_notification, get_response, notification_attempts, send_notification,
 )
-from statebook.outbox.notifications import delivery
+from statebook.outbox.notifications import calls
 from statebook.outbox.notifications.channels import Observation
-from statebook.outbox.notifications.delivery import (
-    AttemptResult, attempt_channel, claim, claim_due, deliver_due_notifications, finalize, scan_due,
-)
+from statebook.outbox.notifications.attempts import AttemptResult
+from statebook.outbox.notifications.calls import attempt_channel
+from statebook.outbox.notifications.delivery import claim, claim_due, deliver_due_notifications, finalize, scan_due
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 SETTLED = "notification.delivered.recorded_success"
@@ -169,7 +169,7 @@ class NotificationEvidenceCases:
         A live UNKNOWN finalized as a retry makes the cycle's next attempt a risk the same way."""
         nid = await accept(book, ["email"])
         lease = await first_claim(book, nid, clock)
-        await delivery.LeaseGuard(book, lease, "email", deadline_end=clock.now() + 10, duplicate_risk=False).admit()
+        await calls.LeaseGuard(book, lease, "email", deadline_end=clock.now() + 10, duplicate_risk=False).admit()
         clock.advance(61)  # killed after the admission
         second = await first_claim(book, nid, clock)
         assert second.duplicate_risk
@@ -281,7 +281,7 @@ class NotificationEvidenceCases:
 
         nid = await accept(book, ["email"])
         lease = await first_claim(book, nid, clock)
-        guard = delivery.LeaseGuard(book, lease, "email", deadline_end=clock.now() + 10, duplicate_risk=False)
+        guard = calls.LeaseGuard(book, lease, "email", deadline_end=clock.now() + 10, duplicate_risk=False)
         await guard.admit()
         clock.advance(61)
         real = evidence.apply_many
@@ -289,7 +289,7 @@ class NotificationEvidenceCases:
         async def result_lands_first(tx, commands, **kwargs):  # noqa: ANN001
             if commands and commands[0].entity_type == "channel_attempt":
                 late = Command("channel_attempt", guard.attempt_id, "success",
-                               Reason("channel_attempt.success.observed", "email: success"), delivery.DELIVERY_ACTOR,
+                               Reason("channel_attempt.success.observed", "email: success"), calls.DELIVERY_ACTOR,
                                ("started",), {}, {"detail": "accepted", "ended_at": clock.now()})
                 [landed] = await real(tx, [late])
                 assert landed.applied

@@ -18,7 +18,8 @@ import sqlalchemy as sa
 from statebook.lifecycle import Book, Fact, Registry
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.replay import check_entity, fold
-from statebook.outbox.notifications import channel_attempts, notifications
+from statebook.outbox.notifications import notifications
+from statebook.outbox.notifications.schema import channel_attempts
 from statebook.outbox.notifications.channels import CHANNEL_NAMES, PERSISTENT_ORDER
 
 CLAIMS = frozenset({"notification.pending.claimed", "notification.pending.reclaimed",

@@ -268,7 +268,8 @@ class NotificationOwnershipCases:
         that arrival, the idempotent repeat of the owner — carries the same obligation_owner_id,
         effective_ack_status and ack_inherited as get_notification of the same row."""
         from statebook.lifecycle import Actor
-        from statebook.outbox.notifications import ack_notification, dismiss_notification, expire_responses
+        from statebook.outbox.notifications import ack_notification, dismiss_notification
+        from statebook.outbox.notifications.responses import expire_responses
 
         alice = Actor("operator", "alice")
         answers = {"pending": None, "none": None, "waiting": None, "acked": ack_notification,

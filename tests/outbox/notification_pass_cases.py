@@ -9,8 +9,10 @@ from statebook.adapters.db import connect
 from statebook.lifecycle import Book
 from statebook.outbox.notifications import get_notification, notification_attempts, send_notification
 from statebook.outbox.notifications.channels import Delivery, Guard, Observation, ProviderOutcome
+from statebook.outbox.notifications.attempts import AttemptResult
+from statebook.outbox.notifications.calls import run_attempt
 from statebook.outbox.notifications.delivery import (
-    AttemptResult, claim, claim_due, deliver_due_notifications, finalize_all, run_attempt, scan_due,
+    claim, claim_due, deliver_due_notifications, finalize_all, scan_due,
 )
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
@@ -130,8 +132,8 @@ class NotificationPassCases:
         """N7, N11: one finalization of a group that cannot be written does not lose the others: the group
         falls back to one transition each; the bad one is reported (None) and keeps its claim."""
         from statebook.lifecycle import Command
-        from statebook.outbox.claims import record_set
-        from statebook.outbox.notifications.delivery import finalize_command
+        from statebook.outbox.core.claims import record_set
+        from statebook.outbox.notifications.attempts import finalize_command
 
         ids = [await accept(book, ["email"]) for _ in range(3)]
         claimed, _ = await claim_due(book, now=clock.now(), limit=10)

@@ -10,10 +10,11 @@ import pytest
 from statebook.lifecycle import Actor, Book, history, verify
 from statebook.outbox import deliver_due_dispatches
 from statebook.outbox.notifications import (
-    CallbackTransport, NotificationInvalid, ResponseConflict, ack_notification, dismiss_notification, expire_responses,
+    CallbackTransport, NotificationInvalid, ResponseConflict, ack_notification, dismiss_notification,
     get_notification, get_response, register_timeout_callback, send_notification, timeout_callbacks,
     unregister_timeout_callback,
 )
+from statebook.outbox.notifications.responses import expire_responses
 from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 

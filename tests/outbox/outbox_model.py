@@ -21,7 +21,7 @@ from statebook.lifecycle import Book, Fact, Lifecycle
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.replay import check_entity
 from statebook.outbox import CallableTransport, TransportResult, dispatch_outbox
-from statebook.outbox.attempts import Candidate, Lease
+from statebook.outbox.dispatch.attempts import Candidate, Lease
 
 TERMINAL = frozenset({"delivered", "acked", "dead_letter", "expired"})
 LIVE = frozenset({"pending", "delivering"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from statebook.outbox.attempts import backoff_seconds
+from statebook.outbox.dispatch.attempts import backoff_seconds
 
 from backoff_cap_cases import CAP
 

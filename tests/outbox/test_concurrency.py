@@ -23,9 +23,9 @@ from statebook.outbox import (
     dispatch_outbox,
     enqueue_dispatch,
 )
-from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, scan
-from statebook.outbox.delivery import claim_due
-from statebook.outbox.steps import claim, execute, finalize, settle
+from statebook.outbox.dispatch.attempts import CLAIM_LEASE_SECONDS, scan
+from statebook.outbox.dispatch.delivery import claim_due
+from statebook.outbox.dispatch.steps import claim, execute, finalize, settle
 
 pytestmark = pytest.mark.postgres
 

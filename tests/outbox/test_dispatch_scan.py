@@ -47,7 +47,7 @@ async def test_the_scan_reads_the_due_index_in_order(tmp_path):
     import sqlalchemy as sa
 
     from statebook.adapters.db import open_book
-    from statebook.outbox import attempts
+    from statebook.outbox.dispatch import attempts
 
     book = await open_book(f"sqlite:///{tmp_path / 'plan.db'}")
     try:

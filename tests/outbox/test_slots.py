@@ -1,4 +1,4 @@
-"""The bounded slots every delivery pass runs on (statebook.outbox.slots, specs/notifications.md N11)."""
+"""The bounded slots every delivery pass runs on (statebook.outbox.core.slots, specs/notifications.md N11)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from statebook.outbox.slots import Claimed, run_in_slots
+from statebook.outbox.core.slots import Claimed, run_in_slots
 
 
 def run(coro):

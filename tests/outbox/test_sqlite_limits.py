@@ -17,8 +17,8 @@ from statebook.lifecycle import Book, FakeClock, history, verify
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.replay import read_row
 from statebook.outbox import dispatch_outbox, enqueue_dispatch
-from statebook.outbox.attempts import scan
-from statebook.outbox.steps import claim
+from statebook.outbox.dispatch.attempts import scan
+from statebook.outbox.dispatch.steps import claim
 
 HOLD_SECONDS = 1.0
 

@@ -7,7 +7,7 @@ hang before/after admission under a tiny real deadline, provider 429, raise befo
 ``run_attempt``, then ``finalize``. A worker may crash between any two steps (it drops its lease),
 right after an admission or a guarded retry, after its evidence was written and before it finalized,
 and twice in a row on one notification (N10a, N10b);
-evidence writes fail at random (``delivery.create`` / ``delivery.apply_many`` patched for one call
+evidence writes fail at random (``calls.create`` / ``calls.apply_many`` patched for one call
 inside the rule); rate-limit buckets hold few tokens; the clock jumps past leases and deadlines.
 Every lease ever won stays drawable, so stale finalizations come late and must be fenced.
 
@@ -38,13 +38,12 @@ import statebook.outbox.notifications.intake as intake_module
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Book, FakeClock, verify
 from statebook.outbox.notifications import Delivery, LeaseLost, NoToken, ProviderOutcome, send_notification
-from statebook.outbox.notifications import delivery
+from statebook.outbox.notifications import calls
 from statebook.outbox.notifications.buckets import ensure_bucket
 from statebook.outbox.notifications.channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER
-from statebook.outbox.notifications.delivery import (
-    AttemptResult, EvidenceLost, Lease, Recorded, attempt_channel, claim, deliver_due_notifications,
-    finalize, run_attempt, scan_due,
-)
+from statebook.outbox.notifications.attempts import AttemptResult, EvidenceLost, Lease, Recorded
+from statebook.outbox.notifications.calls import attempt_channel, run_attempt
+from statebook.outbox.notifications.delivery import claim, deliver_due_notifications, finalize, scan_due
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -262,7 +261,7 @@ class NotificationMachine(RuleBasedStateMachine):
         """Evidence writes fail for this rule: the started fact (``create`` with status started) or
         the result (the admitted observation's result through ``apply_many``, or a direct ``create``);
         a provider retry's record still succeeds, so a retried send can be left ``started``."""
-        real_create, real_apply = delivery.create, delivery.apply_many
+        real_create, real_apply = calls.create, calls.apply_many
 
         async def create(book, entity_type, **kw):  # noqa: ANN001
             if entity_type == "channel_attempt" and (mode == "fail_result") != (kw.get("status") == "started"):
@@ -276,11 +275,11 @@ class NotificationMachine(RuleBasedStateMachine):
             return await real_apply(book, commands, **kw)
 
         if mode != "ok":
-            delivery.create, delivery.apply_many = create, apply_many
+            calls.create, calls.apply_many = create, apply_many
         try:
             yield
         finally:
-            delivery.create, delivery.apply_many = real_create, real_apply
+            calls.create, calls.apply_many = real_create, real_apply
 
     @precondition(lambda self: any(w.lease is not None and not w.done for w in self.workers))
     @rule(data=st.data(), behaviour=BEHAVIOURS, storage=STORAGE)
@@ -424,7 +423,7 @@ class NotificationMachine(RuleBasedStateMachine):
         w.forget()
 
     async def killed_after_admission(self, w: Worker, lease: Lease, ch: Checked, *, retries: int) -> None:
-        guard = CheckedGuard(delivery.LeaseGuard(w.book, lease, ch.name, deadline_end=w.clock.now() + DEADLINE,
+        guard = CheckedGuard(calls.LeaseGuard(w.book, lease, ch.name, deadline_end=w.clock.now() + DEADLINE,
                                                  duplicate_risk=lease.duplicate_risk), self)
         sent = Delivery(lease.notification_id, lease.recipient, lease.content, lease.cycle, lease.attempt, ch.name)
         await guard.admit()

@@ -47,8 +47,8 @@ from statebook.outbox import (
     purge_dispatch,
     retry_dispatch,
 )
-from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
-from statebook.outbox.steps import claim, execute, finalize, release, settle
+from statebook.outbox.dispatch.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
+from statebook.outbox.dispatch.steps import claim, execute, finalize, release, settle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from outbox_model import (  # noqa: E402

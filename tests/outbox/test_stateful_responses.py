@@ -39,16 +39,18 @@ from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import Actor, FakeClock, verify
 from statebook.lifecycle.replay import replay
 from statebook.outbox import deliver_due_dispatches
-from statebook.outbox.attempts import scan
+from statebook.outbox.dispatch.attempts import scan
 from statebook.outbox.notifications import (
-    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, expire_responses,
-    register_timeout_callback, send_notification, unregister_timeout_callback,
+    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, register_timeout_callback,
+    send_notification, unregister_timeout_callback,
 )
-from statebook.outbox.notifications.delivery import deliver_due_notifications, run_attempt, scan_due
+from statebook.outbox.notifications.responses import expire_responses
+from statebook.outbox.notifications.calls import run_attempt
+from statebook.outbox.notifications.delivery import deliver_due_notifications, scan_due
 from statebook.outbox.notifications.delivery import claim as notify_claim
 from statebook.outbox.notifications.delivery import finalize as notify_finalize
 from statebook.outbox.notifications.scripted import ScriptedChannel
-from statebook.outbox.steps import claim, execute, finalize, release, settle
+from statebook.outbox.dispatch.steps import claim, execute, finalize, release, settle
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from response_model import (  # noqa: E402

@@ -7,20 +7,24 @@ The command builders here are shared by the single steps and the batched passes 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, Command, Reason
+from statebook.lifecycle import Actor, Book, Command, Head, Reason, head_columns
 from statebook.lifecycle.codec import new_id
 from statebook.lifecycle.queries import ids_in
-from statebook.lifecycle.schema import status_in
 
-from .errors import DispatchInvalid
-from .policy import DUE_STATUSES
-from .schema import dispatch_outbox
-from .transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
+from ..core import lease as core
+from ..core.claims import read_rows
+from ..core.due import DueScan
+
+from ..errors import DispatchInvalid
+from ..policy import DUE_STATUSES
+from ..schema import dispatch_outbox
+from ..transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
 
 LEASE_MARGIN_SECONDS = 5.0
 """What a lease grants beyond the transport timeout: time to start the send and record its outcome."""
@@ -58,9 +62,6 @@ def claimable(free: int, slowest: float | None) -> int:
 BASE_BACKOFF_SECONDS = 30
 MAX_BACKOFF_SECONDS = 1800
 DELIVERY_ACTOR = Actor("system", "delivery")
-ACTIVE = sa.text(status_in("dispatch_outbox.status", DUE_STATUSES))
-"""Literal, so PostgreSQL can match the partial due index (bound parameters cannot); the values come
-from the dispatch lifecycle (:data:`.policy.DUE_STATUSES`)."""
 
 Finalized = Literal["delivered", "awaiting_ack", "retried", "dead_letter", "conflict"]
 Released = Literal["released", "conflict"]
@@ -79,8 +80,8 @@ def backoff_seconds(attempt: int) -> float:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """A due row as a scan read it. Claim and settle compare-and-set against these values."""
+class Candidate(core.Candidate):
+    """A due row as a scan read it. Claim and settle compare-and-set against these values (and ``head``)."""
 
     dispatch_id: str
     status: str
@@ -109,7 +110,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Lease:
+class Lease(core.Lease):
     """One won claim: the right to run attempt ``attempt`` until ``lease_until``.
 
     ``claim_id`` fences the finalization: only the claim that wrote it can settle the attempt.
@@ -119,24 +120,19 @@ class Lease:
 
     dispatch_id: str
     attempt: int
-    lease_until: float
     kind: str
     deliver_to: str
     payload: str
     ack_required: bool
     max_attempts: int
-    claim_id: str
-    version: int | None = None
-    """The row's version after the claim, with ``fact_id``/``chain_hash`` its chain head: lets the
-    finalization skip reading the row again (``apply_many(seen=...)``); None when unknown."""
-    fact_id: str | None = None
-    chain_hash: str | None = None
     timeout: float = NOTIFY_TIMEOUT_SECONDS
 
-    def with_head(self, version: int | None, fact_id: str | None, chain_hash: str | None) -> Lease:
-        """This lease once its claim is written: the row's new chain head attached."""
-        return Lease(self.dispatch_id, self.attempt, self.lease_until, self.kind, self.deliver_to, self.payload,
-                     self.ack_required, self.max_attempts, self.claim_id, version, fact_id, chain_hash, self.timeout)
+    FENCE: ClassVar[tuple[str, ...]] = ("attempt", "claim_id")
+
+    @property
+    def id(self) -> str:
+        """The dispatch's id."""
+        return self.dispatch_id
 
     def may_start(self, now: float) -> bool:
         """True while a send bounded by the timeout still ends inside the lease (O21).
@@ -146,96 +142,80 @@ class Lease:
         """
         return self.lease_until - now >= self.timeout
 
-    def head(self) -> dict[str, Any] | None:
-        """The row as this lease's claim left it, for ``apply_many(seen=...)`` (None when unknown)."""
-        if self.version is None:
-            return None
-        return {
-            "id": self.dispatch_id, "status": "delivering", "version": self.version, "last_fact_id": self.fact_id,
-            "chain_hash": self.chain_hash, "attempt": self.attempt, "claim_id": self.claim_id,
-        }
-
 
 # -- reading ------------------------------------------------------------------------------------
 def _columns() -> list[Any]:
     t = dispatch_outbox
     return [
         t.c.id, t.c.status, t.c.attempt, t.c.next_attempt_at, t.c.expires_at, t.c.max_attempts, t.c.ack_required,
-        t.c.kind, t.c.deliver_to, sa.cast(t.c.payload, sa.Text).label("payload"),
+        t.c.kind, t.c.deliver_to, sa.cast(t.c.payload, sa.Text).label("payload"), t.c.claim_id,
     ]
 
 
-_HEAD = ("version", "last_fact_id", "chain_hash", "claim_id")
+GUARDED = ("attempt", "next_attempt_at", "claim_id")
+"""The columns a claim or settle compares beside the head (``apply_many(seen=)``)."""
 
-
-SCAN = (
-    sa.select(*_columns(), *(dispatch_outbox.c[c] for c in _HEAD))
-    .where(ACTIVE, dispatch_outbox.c.next_attempt_at <= sa.bindparam("b_now", type_=sa.Float))
-    .order_by(dispatch_outbox.c.next_attempt_at, dispatch_outbox.c.created_at, dispatch_outbox.c.id)
-    .limit(sa.bindparam("b_limit", type_=sa.Integer))
-)
-"""The due-row scan with bound ``b_now``/``b_limit`` (one compiled shape), plus each row's chain head;
-served by ``idx_dispatch_outbox_due`` in (next_attempt_at, created_at, id) order: due time, then the
-event's time (a retry due with a fresh row goes first when its event is older), then id (O11)."""
+DUE = DueScan(dispatch_outbox, DUE_STATUSES, _columns(),
+              (dispatch_outbox.c.next_attempt_at, dispatch_outbox.c.created_at, dispatch_outbox.c.id))
+"""The due rows: pending or lease-lapsed delivering (:data:`.policy.DUE_STATUSES`); served by
+``idx_dispatch_outbox_due`` in (next_attempt_at, created_at, id) order: due time, then the event's time
+(a retry due with a fresh row goes first when its event is older), then id (O11)."""
+ACTIVE = DUE.active
+SCAN = DUE.query
 
 
 async def scan_heads(
     book: Book, *, now: float, limit: int, skip_locked: bool = False
-) -> list[tuple[Candidate, dict[str, Any]]]:
-    """Like :func:`scan`, with each row's lifecycle columns as ``apply_many(seen=...)`` takes them.
+) -> list[tuple[Candidate, Head]]:
+    """Like :func:`scan`, with each row's head as ``apply_many(seen=...)`` takes it.
 
     With ``skip_locked`` the rows are locked (``FOR UPDATE SKIP LOCKED`` on PostgreSQL) until the
     bound transaction ends, so concurrent workers pick disjoint rows.
     """
     if limit < 1:
         raise DispatchInvalid(f"limit must be >= 1, got {limit}")
-    store = book.store
-    async with store.reader(book.conn) as unit:
-        rows = await store.select(unit, SCAN, {"b_now": now, "b_limit": limit},
-                                  lock="skip_locked" if skip_locked else None)
+    rows = await read_rows(book, SCAN, DUE.params(now, limit), lock=skip_locked)
     return [with_head(r) for r in rows]
 
 
 _by_ids: dict[str, Any] = {}
 
 
-async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, dict[str, Any]]]:
+async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, Head]]:
     """The pending or delivering rows among ``ids``, read by key, as :func:`scan_heads` returns them."""
     store = book.store
     query = _by_ids.get(book.dialect)
     if query is None:
         t = dispatch_outbox
-        query = _by_ids[book.dialect] = sa.select(*_columns(), *(t.c[c] for c in _HEAD)).where(
-            ACTIVE, ids_in(t.c.id, "b_ids"))
+        query = _by_ids[book.dialect] = sa.select(
+            *_columns(), *(c for c in head_columns(t) if c.name != "status")).where(ACTIVE, ids_in(t.c.id, "b_ids"))
     async with store.reader(book.conn) as unit:
         rows = await store.select(unit, query, {"b_ids": ids})
     return [with_head(r) for r in rows]
 
 
-def with_head(row: dict[str, Any]) -> tuple[Candidate, dict[str, Any]]:
-    """A row read by a scan (payload as text) as its Candidate, and the row for ``apply_many(seen=)``."""
+def with_head(row: Mapping[str, Any]) -> tuple[Candidate, Head]:
+    """A row read by a scan (payload as text) as its Candidate, and its head for ``apply_many(seen=)``."""
     candidate = Candidate(
         dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
         expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),
-        kind=row["kind"], deliver_to=row["deliver_to"], payload=row["payload"],
+        kind=row["kind"], deliver_to=row["deliver_to"], payload=row["payload"], head=Head.of(row, *GUARDED),
     )
-    return candidate, row
+    return candidate, candidate.head
 
 
 async def scan(book: Book, *, now: float, limit: int = 100, skip_locked: bool = False) -> list[Candidate]:
     """Due rows: pending or lease-lapsed delivering with ``next_attempt_at <= now``.
 
     Ordered by (next_attempt_at, created_at, id), at most ``limit``; ``skip_locked`` as in :func:`scan_heads`
-    (see :func:`statebook.outbox.delivery.claim_due`).
+    (see :func:`statebook.outbox.dispatch.delivery.claim_due`).
     """
     return [candidate for candidate, _ in await scan_heads(book, now=now, limit=limit, skip_locked=skip_locked)]
 
 
 async def next_due(book: Book) -> float | None:
     """The earliest ``next_attempt_at`` of any pending or delivering row (None when idle)."""
-    t = dispatch_outbox
-    async with book.read() as conn:
-        return (await conn.execute(sa.select(sa.func.min(t.c.next_attempt_at)).where(ACTIVE))).scalar()
+    return await DUE.next_due(book)
 
 
 # -- commands (shared by the single steps and the batched passes) ---------------------------------

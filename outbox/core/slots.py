@@ -7,7 +7,7 @@ transaction, one transition each — :func:`.claims.record_set`). As slots fall 
 slots only as far as timed sends show the leases will start in time, specs/outbox.md O21; the
 notification pass claims its free slots).
 
-Both deliverable lifecycles run their passes on it: :func:`statebook.outbox.delivery.run_leases`
+Both deliverable lifecycles run their passes on it: :func:`statebook.outbox.dispatch.delivery.run_leases`
 and :func:`statebook.outbox.notifications.delivery.deliver_due_notifications`.
 """
 

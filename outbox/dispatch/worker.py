@@ -16,17 +16,16 @@ from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from typing import Any
 
-from statebook.lifecycle import Actor, Book
+from statebook.lifecycle import Actor, Book, Head
 
-from . import checks
-from .admin import apply_retention
-from .attempts import Candidate, read_candidates
-from .attempts import DELIVERY_ACTOR, next_due
+from .. import checks
+from ..admin import apply_retention
+from ..core.passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
+from ..errors import DispatchInvalid
+from ..transport import Transport
+from .attempts import DELIVERY_ACTOR, Candidate, next_due, read_candidates
 from .delivery import COUNTERS, deliver_due_dispatches, deliver_offered
-from .errors import DispatchInvalid
 from .offers import offered_id, subscribe, unsubscribe
-from .passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
-from .transport import Transport
 
 log = logging.getLogger("statebook.outbox.worker")
 
@@ -84,7 +83,7 @@ class DeliveryWorker(PassWorker):
         self.retention = retention
         self.actor = actor
         self.totals = dict.fromkeys(COUNTERS, 0)
-        self._offered: dict[str, tuple[Candidate, dict[str, Any]] | None] = {}
+        self._offered: dict[str, tuple[Candidate, Head] | None] = {}
         self._next_retention: float | None = None
 
     # -- the pass loop's hooks (.passes.PassWorker) -------------------------------------------------
@@ -105,7 +104,7 @@ class DeliveryWorker(PassWorker):
         offered, self._offered = self._offered, {}
         return await (self.run_offered(offered) if offered else self.run_once())
 
-    def _take(self, dispatch_id: str, hint: tuple[Candidate, dict[str, Any]] | None) -> bool:
+    def _take(self, dispatch_id: str, hint: tuple[Candidate, Head] | None) -> bool:
         """Accept an offer (see :mod:`.offers`) while idle: the next pass claims it without a scan."""
         if not self.idle.is_set() or len(self._offered) >= self.batch_size:
             return False
@@ -124,7 +123,7 @@ class DeliveryWorker(PassWorker):
         await self._retention_if_due()
         return self._counted(counts)
 
-    async def run_offered(self, offered: dict[str, tuple[Candidate, dict[str, Any]] | None]) -> dict[str, int]:
+    async def run_offered(self, offered: dict[str, tuple[Candidate, Head] | None]) -> dict[str, int]:
         """Claim and deliver offered dispatches (read by key when the offer named only an id)."""
         hinted = [hint for hint in offered.values() if hint is not None]
         named = [dispatch_id for dispatch_id, hint in offered.items() if hint is None]

@@ -19,17 +19,15 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from statebook.lifecycle import Book
+from statebook.lifecycle import Book, Head
 
 from .attempts import Candidate, with_head
 
-Take = Callable[[str, "tuple[Candidate, dict[str, Any]] | None"], bool]
-"""A worker's intake: (dispatch id, candidate and chain head or None) -> accepted."""
+Take = Callable[[str, "tuple[Candidate, Head] | None"], bool]
+"""A worker's intake: (dispatch id, candidate and its head or None) -> accepted."""
 
 _takers: weakref.WeakKeyDictionary[Any, list[Take]] = weakref.WeakKeyDictionary()
 _HEX32 = re.compile(r"[0-9a-f]{32}")
-_SEEN = ("id", "status", "version", "last_fact_id", "chain_hash", "attempt", "next_attempt_at", "claim_id")
-"""The columns a claim or settle compares (``apply_many(seen=)``)."""
 
 
 def subscribe(book: Book, take: Take) -> None:
@@ -49,10 +47,9 @@ def offered_id(payload: Any) -> str | None:
     return payload if isinstance(payload, str) and _HEX32.fullmatch(payload) else None
 
 
-def candidate_of(row: Mapping[str, Any], payload_text: str) -> tuple[Candidate, dict[str, Any]]:
-    """A committed row as a scan would read it, and its lifecycle columns for ``apply_many(seen=)``."""
-    candidate, _ = with_head({**row, "payload": payload_text})
-    return candidate, {k: row.get(k) for k in _SEEN}
+def candidate_of(row: Mapping[str, Any], payload_text: str) -> tuple[Candidate, Head]:
+    """A committed row as a scan would read it, and its head for ``apply_many(seen=)``."""
+    return with_head({"claim_id": None, **row, "payload": payload_text})
 
 
 def offer_created(book: Book, row: Mapping[str, Any], payload_text: Callable[[], str]) -> None:

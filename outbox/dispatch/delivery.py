@@ -21,10 +21,17 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from statebook.lifecycle import Actor, Book, Command, apply_many
+from statebook.lifecycle import Actor, Book, Command, Head, apply_many
 
+from .. import checks
+from ..core.claims import Planned, claim_set, record_set, won
+from ..core.slots import Claimed, run_in_slots
+from ..errors import DispatchInvalid
+from ..transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
 from .attempts import (
     DELIVERY_ACTOR,
+    DUE,
+    SCAN,
     Candidate,
     Finalized,
     Lease,
@@ -33,16 +40,9 @@ from .attempts import (
     claimable,
     finalize_command,
     release_command,
-    SCAN,
     settle_command,
     with_head,
 )
-from . import checks
-from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
-
-from .claims import Planned, claim_set, record_set
-from .errors import DispatchInvalid
-from .slots import Claimed, run_in_slots
 from .steps import execute
 
 __all__ = [
@@ -60,11 +60,11 @@ Plan = list[tuple[Command, "str | Lease"]]
 
 
 def _plan(
-    rows: Iterable[tuple[Candidate, dict[str, Any]]], now: float, actor: Actor, timeout: float
-) -> tuple[Plan, dict[str, dict[str, Any]]]:
-    """The settle or claim command for each row read (once per dispatch), and the rows as read."""
+    rows: Iterable[tuple[Candidate, Head]], now: float, actor: Actor, timeout: float
+) -> tuple[Plan, dict[str, Head]]:
+    """The settle or claim command for each row read (once per dispatch), and the heads as read."""
     planned: Plan = []
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, Head] = {}
     for candidate, row in rows:
         if candidate.dispatch_id in seen:
             continue
@@ -77,18 +77,9 @@ def _plan(
 
 
 def _won(planned: Iterable[tuple["str | Lease", Any]]) -> tuple[list[Lease], dict[str, int]]:
-    """The leases won (with the chain head their claim wrote) and the pass's counters."""
+    """The leases won (with the head their claim left) and the pass's counters."""
     counts = dict.fromkeys(COUNTERS, 0)
-    leases: list[Lease] = []
-    for what, outcome in planned:
-        if not outcome.applied:
-            continue
-        if isinstance(what, Lease):
-            leases.append(what.with_head(outcome.version, outcome.fact_id, outcome.chain_hash))
-            counts["attempted"] += 1
-        else:
-            counts[what] += 1
-    return leases, counts
+    return won(planned, counts, "attempted"), counts
 
 
 async def claim_due(
@@ -108,11 +99,11 @@ async def claim_due(
         planned, seen = _plan((with_head(r) for r in rows), now, actor, timeout)
         return [Planned(command, seen[command.entity_id], what) for command, what in planned]
 
-    return _won(await claim_set(book, SCAN, {"b_now": now, "b_limit": limit}, plan))
+    return _won(await claim_set(book, SCAN, DUE.params(now, limit), plan))
 
 
 async def claim_offered(
-    book: Book, offered: list[tuple[Candidate, dict[str, Any]]], *, now: float, actor: Actor = DELIVERY_ACTOR,
+    book: Book, offered: list[tuple[Candidate, Head]], *, now: float, actor: Actor = DELIVERY_ACTOR,
     timeout: float = NOTIFY_TIMEOUT_SECONDS,
 ) -> tuple[list[Lease], dict[str, int]]:
     """Settle or claim rows the caller already read (an offer, see :mod:`.offers`) without scanning.
@@ -146,7 +137,7 @@ async def release_all(
 
 async def _record_all(book: Book, planned: list[tuple[Lease, Command, str]]) -> list[str]:
     """Apply each lease's command in one transaction; what each returns, or ``conflict`` where it lost."""
-    heads = {lease.dispatch_id: lease.head() for lease, _, _ in planned}
+    heads = {lease.dispatch_id: lease.head for lease, _, _ in planned}
     seen = {k: v for k, v in heads.items() if v is not None}
     outcomes = await apply_many(book, [command for _, command, _ in planned], seen=seen)
     return [ret if outcome.applied else "conflict" for (_, _, ret), outcome in zip(planned, outcomes, strict=True)]
@@ -165,7 +156,7 @@ async def _record_group(
     """Record what a pass's sends came to — outcomes and releases — together, one transition each."""
     at = now()
     planned = [(lease, *_record_command(lease, result, at, actor)) for lease, result in done]
-    applied = await record_set(book, [(command, lease.head()) for lease, command, _ in planned])
+    applied = await record_set(book, [(command, lease.head) for lease, command, _ in planned])
     return [None if ok is None else ret if ok else "conflict" for (_, _, ret), ok in zip(planned, applied, strict=True)]
 
 
@@ -297,7 +288,7 @@ def _due_claimer(book: Book, clock: Callable[[], float], timeout: float, actor: 
 
 async def deliver_offered(
     book: Book,
-    offered: list[tuple[Candidate, dict[str, Any]]],
+    offered: list[tuple[Candidate, Head]],
     *,
     transport: Transport,
     concurrency: int = 8,

@@ -11,20 +11,23 @@ once:
   transition each, falling back to one by one when the group cannot be written.
 
 What a lifecycle plans — the claim, or a settlement of a row that must not be claimed again — stays
-with the lifecycle (:mod:`.attempts` for dispatches, :mod:`.notifications.delivery`).
+with the lifecycle (:mod:`statebook.outbox.dispatch.attempts`, :mod:`statebook.outbox.notifications.attempts`);
+:func:`won` turns what applied into leases and counters the same way for both.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, Command, Outcome, apply_many
+from statebook.lifecycle import Book, Command, Head, Outcome, apply_many
 
-__all__ = ["Planned", "claim_set", "read_rows", "record_set"]
+from .lease import Lease
+
+__all__ = ["Planned", "claim_set", "read_rows", "record_set", "won"]
 
 log = logging.getLogger("statebook.outbox")
 
@@ -37,7 +40,7 @@ class Planned(Generic[T]):
 
     __slots__ = ("command", "row", "what")
 
-    def __init__(self, command: Command, row: Mapping[str, Any], what: T) -> None:
+    def __init__(self, command: Command, row: Head | Mapping[str, Any], what: T) -> None:
         self.command, self.row, self.what = command, row, what
 
 
@@ -70,7 +73,22 @@ async def claim_set(book: Book, query: sa.Select[Any], params: Mapping[str, Any]
     return [(p.what, outcome) for p, outcome in zip(planned, outcomes, strict=True)]
 
 
-async def record_set(book: Book, planned: Sequence[tuple[Command, Mapping[str, Any] | None]]) -> list[bool | None]:
+def won(done: Iterable[tuple[Any, Outcome]], counts: dict[str, int], claimed: str) -> list[Any]:
+    """The leases a claim won, each with the head its claim left (:meth:`.lease.Lease.won`); ``counts``
+    gets ``claimed`` once per lease and a settlement's name (what it planned instead) once per settlement."""
+    leases = []
+    for what, outcome in done:
+        if not outcome.applied:
+            continue
+        if isinstance(what, Lease):
+            leases.append(what.won(outcome))
+            counts[claimed] += 1
+        else:
+            counts[what] += 1
+    return leases
+
+
+async def record_set(book: Book, planned: Sequence[tuple[Command, Head | None]]) -> list[bool | None]:
     """Apply fenced commands in ONE transaction (one transition each, compared against the given
     heads where there are some): True applied, False lost (``conflict``: written nothing), None
     could not be written (logged; the row keeps its claim, which lapses and is taken again). When the

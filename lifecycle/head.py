@@ -1,0 +1,63 @@
+"""The head of a row: what a compare-and-set compares, produced by the engine and handed back to it.
+
+A caller that read a row (a due scan) or wrote one (a claim's outcome) keeps its :class:`Head` and
+passes it as ``apply_many(seen={id: head})``: the engine plans against it without reading the row
+again, and a row moved since is a ``conflict``. Which columns make a head is the engine's business:
+a read selects :func:`head_columns` and builds the head with :meth:`Head.of`; a write's head comes
+from :meth:`~.plan.Outcome.head`.
+
+>>> head = Head.of({"status": "pending", "version": 3, "last_fact_id": "f3", "chain_hash": "h3", "attempt": 2},
+...                "attempt")
+>>> head["version"], head["attempt"]
+(3, 2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import sqlalchemy as sa
+
+HEAD = ("status", "version", "last_fact_id", "chain_hash")
+"""The lifecycle columns a compare-and-set reads: the row's status and its chain head."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """A row as its last reader or writer saw it: status, version, chain head, and the values of the
+    columns the next command guards on (``guarded``)."""
+
+    status: str
+    version: int
+    fact_id: str
+    chain_hash: str = field(repr=False)
+    guarded: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any], *guarded: str) -> Head:
+        """The head of ``row`` (read with :func:`head_columns`), with the ``guarded`` columns' values."""
+        return cls(row["status"], row["version"], row["last_fact_id"], row["chain_hash"],
+                   {g: row[g] for g in guarded})
+
+    def guarding(self, **values: Any) -> Head:
+        """This head with the guarded columns' values set (e.g. what a claim just wrote)."""
+        return replace(self, guarded={**self.guarded, **values})
+
+    def __getitem__(self, column: str) -> Any:
+        # The engine plans against a head as against a row it read.
+        if column == "status":
+            return self.status
+        if column == "version":
+            return self.version
+        if column == "last_fact_id":
+            return self.fact_id
+        if column == "chain_hash":
+            return self.chain_hash
+        return self.guarded[column]
+
+
+def head_columns(table: sa.Table) -> list[sa.Column[Any]]:
+    """The columns a read must select for :meth:`Head.of` to build a row's head."""
+    return [table.c[c] for c in HEAD]

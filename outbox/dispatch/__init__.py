@@ -1,0 +1,8 @@
+"""statebook.outbox.dispatch — delivering dispatches, on the delivery core (:mod:`statebook.outbox.core`).
+
+What is special about a dispatch: its attempts, backoff and lease sized from the transport's timeout
+(:mod:`.attempts`), the transport run between claim and finalization (:mod:`.steps`), passes that
+claim no faster than sends can start (:mod:`.delivery`), offers of fresh rows to an idle worker
+(:mod:`.offers`) and the :class:`~.worker.DeliveryWorker`. Its public names are exported from
+:mod:`statebook.outbox`.
+"""
