@@ -15,7 +15,7 @@ from statebook.lifecycle import Book, FakeClock, verify
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.errors import LeadershipLost
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from conformance.scheduler.support import FakeSpawner, make, runs_of, settings
 
 
 @pytest.mark.postgres

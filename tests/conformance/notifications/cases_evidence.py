@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-from notification_delivery_cases import accept, adapters, assert_consistent, attempts
-
 from statebook.lifecycle import Book, history
 from statebook.outbox.notifications import (
     ProviderOutcome, get_notification, get_response, notification_attempts, send_notification,
@@ -19,6 +17,8 @@ from statebook.outbox.notifications.delivery import (
     AttemptResult, attempt_channel, claim, claim_due, deliver_due_notifications, finalize, scan_due,
 )
 from statebook.outbox.notifications.scripted import ScriptedChannel
+
+from .cases_delivery import accept, adapters, assert_consistent, attempts
 
 SETTLED = "notification.delivered.recorded_success"
 CALM = 2.0

@@ -11,7 +11,7 @@ import pytest
 
 from statebook.outbox import AckRejected, ack_dispatch, enqueue_dispatch
 
-from dispatch_support import facts, row
+from .support import facts, row
 
 
 def _one_char_changed(token: str, at: int) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from statebook.outbox import ArgvTransport, deliver_due_dispatches, enqueue_dispatch
 
-from dispatch_support import row
+from .support import row
 
 NASTY_ROUTE = "seat-1; touch PWNED_ROUTE && echo $(id) `id` | cat > /dev/null & \"'*"
 NASTY_BODY = {"cmd": "$(touch PWNED_BODY)", "x": "`touch PWNED_BODY2`; rm -rf ~ | >&2 \\ \n'\""}

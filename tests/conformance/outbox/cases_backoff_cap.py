@@ -10,7 +10,7 @@ from __future__ import annotations
 from statebook.lifecycle import verify
 from statebook.outbox import deliver_due_dispatches, enqueue_dispatch
 
-from dispatch_support import Recorder, facts, failing, row
+from .support import Recorder, facts, failing, row
 
 CAP = 1800.0
 

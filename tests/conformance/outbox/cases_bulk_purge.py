@@ -6,7 +6,7 @@ from __future__ import annotations
 from statebook.lifecycle import verify
 from statebook.outbox import admin, apply_retention, deliver_due_dispatches, enqueue_dispatches, purge_dispatches
 
-from dispatch_support import Recorder, facts
+from .support import Recorder, facts
 
 
 def count_purge_batches(monkeypatch) -> list[int]:

@@ -19,7 +19,7 @@ from statebook.outbox import (
     get_dispatch,
 )
 
-from dispatch_support import Recorder, Signalled, failing, row
+from .support import Recorder, Signalled, failing, row
 
 TICK = 30.0
 WAIT = 10.0

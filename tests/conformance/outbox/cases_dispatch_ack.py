@@ -16,7 +16,7 @@ from statebook.outbox import (
 from statebook.outbox.attempts import scan
 from statebook.outbox.steps import claim, execute, finalize
 
-from dispatch_support import Recorder, facts, failing, moves, row
+from .support import Recorder, facts, failing, moves, row
 
 
 class DispatchAckCases:

@@ -20,7 +20,7 @@ from statebook.outbox import (
 from statebook.outbox.attempts import scan
 from statebook.outbox.steps import claim
 
-from dispatch_support import Recorder, facts, failing, moves, row
+from .support import Recorder, facts, failing, moves, row
 
 DAY = 86400.0
 

@@ -18,7 +18,7 @@ from statebook.outbox import TransportResult, deliver_due_dispatches, enqueue_di
 from statebook.outbox.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
 from statebook.outbox.steps import claim, execute, finalize
 
-from dispatch_support import Recorder, facts, failing, moves, row
+from .support import Recorder, facts, failing, moves, row
 
 
 class Crash(Exception):

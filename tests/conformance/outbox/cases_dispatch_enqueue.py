@@ -24,7 +24,7 @@ from statebook.outbox import (
 from statebook.outbox.signal import SIGNAL_SCHEMA_VERSION
 
 
-from dispatch_support import Recorder, facts, row
+from .support import Recorder, facts, row
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 

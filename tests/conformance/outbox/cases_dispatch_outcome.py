@@ -19,7 +19,7 @@ from statebook.outbox import (
 )
 from statebook.outbox.attempts import backoff_seconds
 
-from dispatch_support import Recorder, facts, failing, moves, row
+from .support import Recorder, facts, failing, moves, row
 
 ZERO = {"attempted": 0, "delivered": 0, "dead_letter": 0, "expired": 0, "retried": 0}
 CLAIM = ("pending", "delivering", "dispatch.delivering.attempt")

@@ -14,7 +14,7 @@ from statebook.outbox import DispatchInvalid, deliver_due_dispatches, enqueue_di
 from statebook.outbox.attempts import next_due, scan
 from statebook.outbox.steps import claim
 
-from dispatch_support import Recorder, failing, row
+from .support import Recorder, failing, row
 
 
 class DispatchScanCases:

@@ -45,7 +45,7 @@ from statebook.outbox.bounds import ARG_STRLEN, ARGV_PAYLOAD_BYTES, dispatch_lim
 from statebook.outbox.checks import MAX_ATTEMPTS
 from statebook.outbox.enqueue import ENQUEUE_ACTOR, _new_row
 
-from dispatch_support import Recorder, row
+from .support import Recorder, row
 
 DEEP: Any = {}
 _node = DEEP

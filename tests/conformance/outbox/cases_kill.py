@@ -1,6 +1,6 @@
 """A worker process killed between the transport and finalize: another worker finishes the row.
 
-The worker (tests/outbox/kill_worker.py) runs the pipeline step by step and SIGKILLs itself at a
+The worker (tests/conformance/outbox/kill_worker.py) runs the pipeline step by step and SIGKILLs itself at a
 named fault point; every run takes an explicit ``now`` so the lease expiry is decided by the test,
 not by real time. Runs on SQLite (a file) and PostgreSQL through the ``book``/``db_url`` fixtures.
 """

@@ -33,7 +33,7 @@ from statebook.outbox.transport import NOTIFY_TIMEOUT_SECONDS
 from statebook.outbox.policy import DISPATCH_V1, DISPATCH_V2
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
-from dispatch_support import Recorder, facts, row
+from .support import Recorder, facts, row
 
 SEND_SECONDS = 4.0
 """Longer than a fifth of the 15 s default lease: five queued 4 s sends outlive one lease."""

@@ -16,7 +16,7 @@ from statebook.outbox.attempts import read_candidates, scan_heads
 from statebook.outbox.delivery import claim_offered, deliver_due_dispatches
 from statebook.outbox.offers import offered_id
 
-from dispatch_support import Recorder, Signalled, facts, row
+from .support import Recorder, Signalled, facts, row
 
 WAIT = 10.0
 

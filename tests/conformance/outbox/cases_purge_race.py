@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from statebook.lifecycle import Actor, Reason, TransitionRejected, purge, verify
 from statebook.outbox import deliver_due_dispatches, enqueue_dispatch, purge_dispatch, retry_dispatch
 
-from dispatch_support import Recorder, facts, failing, row
+from .support import Recorder, facts, failing, row
 
 OPERATOR = Actor("operator", "test")
 PURGED = Reason("dispatch.purged.operator", "purged by an operator")

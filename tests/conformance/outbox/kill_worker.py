@@ -1,6 +1,6 @@
-"""A delivery worker with named fault points, run as a subprocess by tests/outbox/test_kill.py.
+"""A delivery worker with named fault points, run as a subprocess by tests/conformance/outbox/cases_kill.py.
 
-Usage: ``python tests/outbox/kill_worker.py DB_URL NOW [TRANSPORT_LOG]``
+Usage: ``python tests/conformance/outbox/kill_worker.py DB_URL NOW [TRANSPORT_LOG]``
 
 It runs one pass of the pipeline step by step (scan, settle, claim, execute, finalize) at the
 explicit time ``NOW`` with an in-process transport that always succeeds and appends

@@ -10,7 +10,7 @@ from statebook.outbox.schema import dispatch_outbox
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.runs import cancel_run, finalize_run
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from .support import FakeSpawner, make, runs_of, settings
 
 
 async def dispatches(book):

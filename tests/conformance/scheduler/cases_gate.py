@@ -10,7 +10,7 @@ from statebook.scheduler.store import get_schedule
 
 import pytest
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from .support import FakeSpawner, make, runs_of, settings
 
 
 async def engine_for(book, clock, spawner=None, **cfg):

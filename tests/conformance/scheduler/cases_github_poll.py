@@ -23,7 +23,7 @@ from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.runs import finalize_run, open_run
 from statebook.scheduler.store import get_schedule
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from .support import FakeSpawner, make, runs_of, settings
 
 TICK = 5
 POLL = 60

@@ -23,7 +23,7 @@ from statebook.scheduler.polling import PollResult
 from statebook.scheduler.requests import INTERVAL_SECONDS
 from statebook.scheduler.schema import schedule_runs, schedules
 
-from sched_helpers import FakeSpawner, command_spec, make, runs_of, settings
+from .support import FakeSpawner, command_spec, make, runs_of, settings
 
 NEVER_FIRES = ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4,6,9,11 *"]
 NOT_CRON = ["not a cron", "0 0 * * 8", "61 * * * *", "@reboot", "* * * *", "\ud800 * * * *", "*/5 * * * *\x00",

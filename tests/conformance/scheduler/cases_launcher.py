@@ -11,7 +11,7 @@ from pathlib import Path
 
 from statebook.scheduler.engine import SchedulerEngine
 
-from sched_helpers import make, runs_of, settings
+from .support import make, runs_of, settings
 
 PY = sys.executable
 

@@ -21,7 +21,7 @@ from statebook.scheduler.recovery import _LIVE_DAEMONS
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
 from statebook.scheduler.store import get_schedule
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from .support import FakeSpawner, make, runs_of, settings
 
 LEASE = 15.0
 TICK = 5

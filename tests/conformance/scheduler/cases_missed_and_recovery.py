@@ -7,7 +7,7 @@ from statebook.lifecycle import verify
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.store import get_schedule
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from .support import FakeSpawner, make, runs_of, settings
 
 
 class MissedAndRecoveryCases:

@@ -11,7 +11,7 @@ from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.runs import SCHEDULER, finalize_run, open_run
 from statebook.scheduler.store import disable_schedule, get_schedule
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from .support import FakeSpawner, make, runs_of, settings
 
 
 async def engine_for(book, clock, spawner=None, **cfg):

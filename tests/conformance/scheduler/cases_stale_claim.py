@@ -24,7 +24,7 @@ from statebook.scheduler.errors import ScheduleError
 from statebook.scheduler.store import get_schedule
 from statebook.lifecycle import Reason
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from .support import FakeSpawner, make, runs_of, settings
 
 
 def engine(book, clock, **kw: Any) -> SchedulerEngine:
