@@ -1,4 +1,5 @@
-"""No double fire (S1) and the single-daemon lock on SQLite (S10, S15); the lease is in leadership_cases.py."""
+"""No double fire (S1) and the single-daemon lock on SQLite (S10, S15); the lease is in
+tests/conformance/scheduler/cases_leadership.py."""
 
 from __future__ import annotations
 
