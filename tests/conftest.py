@@ -18,20 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
 from sqlalchemy.engine import make_url
 
-_TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(_TESTS))
-# The outbox and scheduler case modules (``*_cases.py``) are imported by tests/conformance/suite.py.
-sys.path[1:1] = [str(_TESTS / "outbox"), str(_TESTS / "scheduler")]
-
-import pgcluster  # noqa: E402
-import profiles  # noqa: E402
+# pytest puts tests/ on sys.path (the folder of this conftest, in its default "prepend" import mode): the
+# helpers at its top level import by name, the conformance cases by package (conformance.outbox.cases_dispatch_scan).
+import pgcluster
+import profiles
 
 # Database round-trips make the 200 ms default deadline flaky; "ci" is built in. "deep" (make test-deep) runs ten
 # times the examples; a test that names its own size scales it with profiles.examples().

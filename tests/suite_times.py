@@ -21,7 +21,7 @@ def cases(path: str) -> list[tuple[str, float, str]]:
     out = []
     for case in ET.parse(path).getroot().iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
-        # classname is "tests.outbox.test_x" or "tests.conformance.test_sqlite.TestSQLite"
+        # classname is "tests.outbox.test_x" or "tests.conformance.outbox.test_outbox.TestOutboxSQLite"
         parts = module.split("/")
         while parts and not parts[-1].startswith("test"):
             parts.pop()

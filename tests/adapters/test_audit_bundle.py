@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from conformance.support import new_task, prepare, start, task_registry
+from conformance.lifecycle.support import new_task, prepare, start, task_registry
 
 from statebook.adapters.audit import (
     checkpoint_document, export_bundle, keygen, read_checkpoint, replay_bundle, verify_bundle, write_json)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conformance.support import SYSTEM, FINISHED, new_task, prepare, start, task_registry
+from conformance.lifecycle.support import SYSTEM, FINISHED, new_task, prepare, start, task_registry
 
 from statebook.adapters.db import connect, open_book, reset_schema
 from statebook.lifecycle import Book, FakeClock, transition, verify

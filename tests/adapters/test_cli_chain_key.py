@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import typer
-from dispatch_support import Recorder, failing
+from conformance.outbox.support import Recorder, failing
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from typer.testing import CliRunner

@@ -17,7 +17,7 @@ from statebook.outbox.notifications import get_notification, send_notification
 from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
-from dispatch_support import Recorder
+from conformance.outbox.support import Recorder
 
 
 @pytest.fixture

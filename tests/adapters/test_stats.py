@@ -25,7 +25,7 @@ from statebook.outbox.notifications.schema import channel_attempts
 from statebook.outbox.notifications.scripted import ScriptedChannel
 from statebook.outbox.policy import DUE_STATUSES
 
-from dispatch_support import Recorder
+from conformance.outbox.support import Recorder
 
 
 class Ticking(FakeClock):

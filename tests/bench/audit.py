@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conformance.support import CREATED, STARTED, SYSTEM, prepare, task_registry, task_values  # noqa: E402
+from conformance.lifecycle.support import CREATED, STARTED, SYSTEM, prepare, task_registry, task_values  # noqa: E402
 
 from statebook.adapters.db import connect  # noqa: E402
 from statebook.lifecycle import Book, Command, FakeClock, NewEntity, apply_many, create, create_many, transition, verify  # noqa: E402

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conformance.support import BLOCKED, STARTED, SYSTEM, new_task, prepare, start, task_registry, tasks
+from conformance.lifecycle.support import BLOCKED, STARTED, SYSTEM, new_task, prepare, start, task_registry, tasks
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

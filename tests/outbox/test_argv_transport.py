@@ -8,7 +8,7 @@ import sys
 
 from statebook.outbox import ArgvTransport
 
-from argv_transport_cases import _alive
+from conformance.outbox.cases_argv_transport import _alive
 
 
 async def test_stderr_is_the_error_and_is_capped(tmp_path):

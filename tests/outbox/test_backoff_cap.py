@@ -10,7 +10,7 @@ import pytest
 
 from statebook.outbox.dispatch.attempts import backoff_seconds
 
-from backoff_cap_cases import CAP
+from conformance.outbox.cases_backoff_cap import CAP
 
 
 def test_backoff_doubles_then_stops_at_exactly_1800_seconds():

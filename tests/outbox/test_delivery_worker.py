@@ -19,9 +19,9 @@ from statebook.outbox import (
     enqueue_dispatches,
 )
 
-from dispatch_support import Signalled
+from conformance.outbox.support import Signalled
 
-from delivery_worker_cases import TICK, WAIT, _started, _stopped
+from conformance.outbox.cases_delivery_worker import TICK, WAIT, _started, _stopped
 
 
 @pytest.mark.postgres

@@ -15,7 +15,7 @@ from statebook.adapters.db import open_book
 from statebook.lifecycle import history
 from statebook.outbox import deliver_due_dispatches, enqueue_dispatch, get_dispatch
 
-from dispatch_support import Recorder, failing
+from conformance.outbox.support import Recorder, failing
 
 
 def run_async(coro):

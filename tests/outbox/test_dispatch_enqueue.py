@@ -22,9 +22,9 @@ from statebook.outbox import (
 from statebook.lifecycle.codec import dumps
 from statebook.outbox.signal import dispatch_envelope, with_attempt
 
-from dispatch_support import facts, moves
+from conformance.outbox.support import facts, moves
 
-from dispatch_enqueue_cases import _until_waiting_on_a_lock, counts
+from conformance.outbox.cases_dispatch_enqueue import _until_waiting_on_a_lock, counts
 
 
 @pytest.mark.postgres

@@ -14,7 +14,7 @@ from statebook.outbox import (
     enqueue_dispatch,
 )
 
-from dispatch_support import Recorder, row
+from conformance.outbox.support import Recorder, row
 
 
 @pytest.mark.postgres

@@ -25,7 +25,6 @@ import itertools
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,8 +45,7 @@ from statebook.outbox.notifications.calls import attempt_channel, run_attempt
 from statebook.outbox.notifications.delivery import claim, deliver_due_notifications, finalize, scan_due
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from notification_model import SEEN, SETTLED, TERMINAL, Snapshot, event, problems, snapshot  # noqa: E402
+from notification_model import SEEN, SETTLED, TERMINAL, Snapshot, event, problems, snapshot
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 SETTINGS = settings(

@@ -21,7 +21,6 @@ import itertools
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,8 +49,7 @@ from statebook.outbox import (
 from statebook.outbox.dispatch.attempts import CLAIM_LEASE_SECONDS, backoff_seconds, scan
 from statebook.outbox.dispatch.steps import claim, execute, finalize, release, settle
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from outbox_model import (  # noqa: E402
+from outbox_model import (
     LIVE, SEEN, TERMINAL, Claimant, Held, Runs, Snapshot, claim_keys, claimable, epoch_of, event, expected_finalize,
     expected_settle, problems, scripted, snapshot,
 )

@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,9 +41,8 @@ from statebook.outbox.notifications.ownership import dedup_claim_id
 from statebook.outbox.notifications.schema import dedup_claims, notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from notification_model import SEEN, event  # noqa: E402
-from ownership_model import BUCKET_RATE, LIVE, Model, Request  # noqa: E402
+from notification_model import SEEN, event
+from ownership_model import BUCKET_RATE, LIVE, Model, Request
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 SETTINGS = settings(

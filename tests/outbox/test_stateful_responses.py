@@ -24,7 +24,6 @@ import hashlib
 import itertools
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,8 +51,7 @@ from statebook.outbox.notifications.delivery import finalize as notify_finalize
 from statebook.outbox.notifications.scripted import ScriptedChannel
 from statebook.outbox.dispatch.steps import claim, execute, finalize, release, settle
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from response_model import (  # noqa: E402
+from response_model import (
     CALLBACK_TERMINAL, SEEN, TERMINAL, Snapshot, attribution, due_order, event, expected_answer, expected_expiry,
     problems, snapshot,
 )

@@ -12,7 +12,7 @@ from statebook.scheduler.launcher import (
 )
 
 
-from launcher_cases import PY, _assert_gone, sched
+from conformance.scheduler.cases_launcher import PY, _assert_gone, sched
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import history, verify
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
 
-from sched_helpers import make, runs_of
+from conformance.scheduler.support import make, runs_of
 
 # Serial: real daemons racing for the lease, SIGKILL and SIGSTOP, takeovers bounded in seconds.
 pytestmark = pytest.mark.serial

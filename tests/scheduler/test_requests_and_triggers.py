@@ -14,7 +14,7 @@ from statebook.scheduler.errors import InvalidSchedule
 from statebook.scheduler.requests import CreateScheduleRequest
 from statebook.scheduler.triggers import following, next_cron, next_interval, resolve_zone
 
-from sched_helpers import command_spec
+from conformance.scheduler.support import command_spec
 
 NY = ZoneInfo("America/New_York")
 

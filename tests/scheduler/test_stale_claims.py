@@ -17,9 +17,9 @@ from statebook.scheduler.occurrence import claim
 from statebook.scheduler.store import get_schedule
 from statebook.lifecycle import Reason
 
-from sched_helpers import make, runs_of
+from conformance.scheduler.support import make, runs_of
 
-from stale_claim_cases import engine
+from conformance.scheduler.cases_stale_claim import engine
 
 
 async def test_sqlite_two_connections_stale_read_is_a_conflict(tmp_path, clock):

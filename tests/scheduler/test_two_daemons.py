@@ -1,4 +1,5 @@
-"""No double fire (S1) and the single-daemon lock on SQLite (S10, S15); the lease is in leadership_cases.py."""
+"""No double fire (S1) and the single-daemon lock on SQLite (S10, S15); the lease is in
+tests/conformance/scheduler/cases_leadership.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from statebook.lifecycle import Book, FakeClock, verify
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.errors import LeadershipLost
 
-from sched_helpers import FakeSpawner, make, runs_of, settings
+from conformance.scheduler.support import FakeSpawner, make, runs_of, settings
 
 
 @pytest.mark.postgres
