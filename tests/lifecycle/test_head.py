@@ -4,7 +4,7 @@ and a head that went stale is a conflict, never a write over a row that moved.""
 from __future__ import annotations
 
 import sqlalchemy as sa
-from conformance.support import RELEASED, STARTED, SYSTEM, new_task, prepare, start, task_registry, tasks
+from conformance.lifecycle.support import RELEASED, STARTED, SYSTEM, new_task, prepare, start, task_registry, tasks
 
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, Command, Head, apply_many, head_columns
