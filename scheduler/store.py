@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, create, transition
 from statebook.lifecycle.errors import InvalidArgument
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, text
 from statebook.outbox import checks
 
@@ -36,9 +37,7 @@ def ref_arg(argument: str, value: Any) -> str:
 
 def actor_arg(actor: Any) -> Actor:
     """Return ``actor`` when it is an :class:`~statebook.lifecycle.Actor`; raises ``InvalidArgument`` otherwise."""
-    if not isinstance(actor, Actor):
-        raise InvalidArgument(f"actor: expected an Actor, got {type(actor).__name__}", argument="actor", rule="type")
-    return actor
+    return inputs.actor("actor", actor)
 
 
 def zone_arg(default_zone: Any) -> str | None:
@@ -48,10 +47,7 @@ def zone_arg(default_zone: Any) -> str | None:
 
 def flag_arg(argument: str, value: Any) -> bool:
     """Return ``value`` when it is a bool; raises ``InvalidArgument`` naming ``argument`` otherwise."""
-    if type(value) is not bool:
-        raise InvalidArgument(f"{argument}: expected true or false, got {type(value).__name__}",
-                              argument=argument, rule="type")
-    return value
+    return inputs.flag(argument, value)  # type: ignore[return-value]
 
 
 def _row(row: Any) -> dict[str, Any]:

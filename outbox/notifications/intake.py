@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Reason, create
 from statebook.lifecycle.codec import digest, dumps, new_id
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, shown, text
 
 from . import ownership
@@ -54,8 +55,7 @@ class Accepted:
 
 
 def _book(value: Any) -> Book:
-    if not isinstance(value, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(value).__name__}")
+    checked(inputs.book, "book", value)
     return value
 
 
@@ -289,8 +289,7 @@ async def list_notifications(
         if value not in declared:
             raise refused(argument, "status", f"unknown {'response ' if argument == 'response' else ''}status "
                           f"{shown(value)}; statuses are {', '.join(declared)}")
-    if dead_letter is not None and not isinstance(dead_letter, bool):
-        raise refused("dead_letter", "type", f"expected true, false or None, got {type(dead_letter).__name__}")
+    checked(inputs.flag, "dead_letter", dead_letter, optional=True)
     checked(integer, "limit", limit, low=1, high=MAX_LIST)
     t = notifications
     query = sa.select(t).order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, EntityNotFound, Reason, apply_many
 from statebook.lifecycle.errors import StatebookError
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 
 from . import ownership
@@ -149,8 +150,7 @@ async def replay_notification(book: Book, notification_id: str, *, actor: Actor 
     higher generation and a new window, and its failed unresolved descendants (down the successor
     chain) are covered by it (``replayed_in``, out of the dead-letter view, never replayable again). Refused with :class:`RecoveryRefused` — the reason
     and the blocker as data, nothing written — when :func:`replay_block` finds a blocker."""
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     nid, actor = _id(notification_id), _actor(actor)
     if note is not None:
         checked(text, "note", note, max_chars=NOTE_CHARS)
@@ -218,8 +218,7 @@ async def resolve_notification(book: Book, notification_id: str, *, reason: str,
     """An operator resolves a dead letter (N29): ``failed`` stays ``failed``, ``dead_letter`` cleared,
     with the actor, the time and the reason recorded (an audited fact). Refused — nothing written —
     for anything but an unresolved dead letter. Returns the row."""
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     nid, actor = _id(notification_id), _actor(actor)
     checked(text, "reason", reason, max_chars=NOTE_CHARS, empty=False)
     if not reason.strip():
@@ -254,8 +253,7 @@ async def list_dead_letters(book: Book, *, limit: int = 100) -> list[dict[str, A
     """The durable dead-letter view (N26): failed notifications with ``dead_letter`` set, oldest first,
     each with ``replay_blocked_by`` and ``replay_block_reason`` (None when a replay would be accepted
     now). Reading changes nothing."""
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     checked(integer, "limit", limit, low=1, high=MAX_LIST)
     async with book.read() as conn:
         rows = [dict(r._mapping) for r in await conn.execute(_DEAD.limit(limit))]

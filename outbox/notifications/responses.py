@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, EntityNotFound, Reason, apply_many, create
 from statebook.lifecycle.errors import StatebookError
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 from statebook.lifecycle.schema import status_in
 from statebook.outbox.claims import read_rows
@@ -155,11 +156,9 @@ async def canonical(book: Book, notification_id: str) -> str:
 
 
 async def _respond(book: Book, notification_id: Any, target: str, actor: Any, note: Any) -> dict[str, Any]:
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     nid = checked(text, "notification_id", notification_id, max_chars=KEY_CHARS, empty=False)
-    if not isinstance(actor, Actor):
-        raise refused("actor", "type", f"expected an Actor (who answers), got {type(actor).__name__}")
+    checked(inputs.actor, "actor", actor)
     if note is not None:
         checked(text, "note", note, max_chars=NOTE_CHARS)
     async with book.begin() as tx:
