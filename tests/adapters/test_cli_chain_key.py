@@ -140,7 +140,7 @@ async def _seed(url: str, key: ChainKey | None) -> dict[str, str]:
         dead = await enqueue_dispatch(book, kind="k", deliver_to="seat-2", max_attempts=1)
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
         await enqueue_dispatch(book, kind="k", deliver_to="seat-3")
-        token = (await get_dispatch(book, acked))["ack_token"]
+        token = (await get_dispatch(book, acked)).ack_token.get_secret_value()
         delivered = await send_notification(book, recipient="ops", content={"text": "a"}, mode="guaranteed",
                                             channels=["email"], response_timeout=86400)
         failed = await send_notification(book, recipient="dba", content={"text": "b"}, mode="guaranteed",
