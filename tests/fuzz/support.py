@@ -104,7 +104,7 @@ async def seed(book: Book) -> dict[str, Any]:
     seeds["ack_token"] = (await get_dispatch(book, seeds["pending"])).ack_token.get_secret_value()
     row = await create_schedule(book, {"name": "nightly", "trigger_type": "interval", "interval_sec": 3600,
                                        "action_kind": "command", "action_command": "/bin/true"})
-    seeds["schedule"], seeds["schedule_name"] = row["id"], row["name"]
+    seeds["schedule"], seeds["schedule_name"] = row.id, row.name
     clock.advance(60)
     return seeds
 
