@@ -6,7 +6,8 @@ channel fallback in a fixed order, bounded delivery cycles with a visible dead l
 attempts recorded as their own entities, and rate limits shared by every worker through the database.
 
 Intake and reads: :func:`send_notification`, :func:`get_notification`, :func:`list_notifications`,
-:func:`notification_attempts`. Explicit retention (never at start-up or by a worker):
+:func:`notification_attempts`; reads return the frozen models of :mod:`.models` (:class:`Notification`,
+:class:`ChannelAttempt`, ...). Explicit retention (never at start-up or by a worker):
 :func:`apply_notification_retention`. Delivery: :func:`deliver_due_notifications` and its separate steps in
 :mod:`.delivery`; rate limits shared by every worker: :func:`ensure_bucket`, :func:`draw`. The channel
 protocol: :mod:`.channels`; test channels: :mod:`.scripted`.
@@ -19,6 +20,7 @@ from .channels import (
 from .buckets import draw, ensure_bucket, hold
 from .delivery import deliver_due_notifications
 from .errors import IdempotencyConflict, NotificationInvalid
+from .models import ChannelAttempt, DeadLetter, FollowUp, Notification, NotificationResponse, TimeoutCallback
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
 from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN
@@ -40,4 +42,5 @@ __all__ = [
     "dismiss_notification", "expire_responses", "get_response", "register_timeout_callback",
     "unregister_timeout_callback", "ResponseTimeoutWorker", "timeout_callbacks",
     "EPHEMERAL", "FOLLOWS_RESPONSES", "check_order", "follow_ups", "hold",
+    "ChannelAttempt", "DeadLetter", "FollowUp", "Notification", "NotificationResponse", "TimeoutCallback",
 ]

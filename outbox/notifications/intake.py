@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -22,6 +22,7 @@ from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, s
 from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
 from .errors import IdempotencyConflict, checked, refused
+from .models import ChannelAttempt, Notification
 from .responses import check_timeout
 from .schema import channel_attempts, notification_responses, notifications
 
@@ -263,20 +264,20 @@ def _id(argument: str, value: Any) -> str:
     return checked(text, argument, value, max_chars=KEY_CHARS, empty=False)
 
 
-async def get_notification(book: Book, notification_id: str) -> dict[str, Any] | None:
-    """The notification's row as a dict, or None."""
+async def get_notification(book: Book, notification_id: str) -> Notification | None:
+    """The notification, or None."""
     book = _book(book)
     _id("notification_id", notification_id)
     t = notifications
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t).where(t.c.id == notification_id))).first()
-    return None if row is None else (await _with_responses(book, [_decoded(row)]))[0]
+    return None if row is None else (await answered(book, [row]))[0]
 
 
 async def list_notifications(
     book: Book, *, status: str | None = None, dead_letter: bool | None = None, limit: int = 50,
     response: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Notification]:
     """Newest first (created_at, then id), optionally one status, only dead letters, and/or one response
     status (``acked``, ``dismissed``, ...: the answer its obligation got, a follower's through its owner)."""
     book = _book(book)
@@ -303,27 +304,26 @@ async def list_notifications(
         query = query.where(sa.func.coalesce(t.c.obligation_owner_id, t.c.id).in_(answered))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
-    return await _with_responses(book, [_decoded(r) for r in rows])
+    return await answered(book, rows)
 
 
-async def _with_responses(book: Book, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fill each row's response fields from its canonical obligation's response (N24, N34): its own, or
-    its owner's for a follower (``ack_inherited``)."""
-    wanted = sorted({r["obligation_owner_id"] for r in rows})
+N = TypeVar("N", bound=Notification)
+
+
+async def answered(book: Book, rows: Sequence[Any], model: type[N] = Notification) -> list[N]:  # type: ignore[assignment]
+    """Each row as a ``model`` with its canonical obligation's answer (N24, N34): its own response's
+    status, or its owner's for a follower (``ack_inherited``)."""
+    wanted = sorted({r.obligation_owner_id or r.id for r in rows})
     found: dict[str, str] = {}
     t = notification_responses
     async with book.read() as conn:
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
             found.update({r.id: r.status for r in await conn.execute(sa.select(t.c.id, t.c.status).where(t.c.id.in_(chunk)))})
-    for r in rows:
-        status = found.get(r["obligation_owner_id"])
-        r["effective_ack_status"] = status
-        r["ack_inherited"] = status is not None and r["obligation_owner_id"] != r["id"]
-    return rows
+    return [model.answered(r, found.get(r.obligation_owner_id or r.id)) for r in rows]
 
 
-async def notification_attempts(book: Book, notification_id: str) -> list[dict[str, Any]]:
+async def notification_attempts(book: Book, notification_id: str) -> list[ChannelAttempt]:
     """The notification's channel observations, cycle by cycle, in the order they were made."""
     book = _book(book)
     _id("notification_id", notification_id)
@@ -332,19 +332,4 @@ async def notification_attempts(book: Book, notification_id: str) -> list[dict[s
              .order_by(t.c.cycle, t.c.attempt, t.c.position, t.c.made_at, t.c.id))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
-    return [dict(r._mapping) | {"duplicate_risk": bool(r.duplicate_risk)} for r in rows]
-
-
-def _decoded(row: Any) -> dict[str, Any]:
-    return decoded(row._mapping)
-
-
-def decoded(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row as reads return it, with the canonical obligation's fields (N24): the owner (itself when
-    it owns its obligation or has none) and the response fields part 3 fills."""
-    out = dict(row)
-    out["dead_letter"] = bool(out["dead_letter"])
-    out["obligation_owner_id"] = out["obligation_owner_id"] or out["id"]
-    out.setdefault("effective_ack_status", None)
-    out.setdefault("ack_inherited", False)
-    return out
+    return [ChannelAttempt.from_row(r) for r in rows]

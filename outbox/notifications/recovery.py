@@ -33,7 +33,8 @@ from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 
 from . import ownership
 from .errors import checked, refused
-from .intake import MAX_LIST, decoded, get_notification
+from .intake import MAX_LIST, get_notification
+from .models import DeadLetter, Notification
 from .ownership import DEFAULT_WINDOW_SECONDS
 from .policy import OPERATOR
 from .schema import dedup_claims, notifications
@@ -214,10 +215,10 @@ async def _cover_descendants(tx: Book, row: dict[str, Any], nid: str, cycle: int
 
 
 async def resolve_notification(book: Book, notification_id: str, *, reason: str,
-                               actor: Actor = OPERATOR_ACTOR) -> dict[str, Any]:
+                               actor: Actor = OPERATOR_ACTOR) -> Notification:
     """An operator resolves a dead letter (N29): ``failed`` stays ``failed``, ``dead_letter`` cleared,
     with the actor, the time and the reason recorded (an audited fact). Refused — nothing written —
-    for anything but an unresolved dead letter. Returns the row."""
+    for anything but an unresolved dead letter. Returns the notification as it is now."""
     checked(inputs.book, "book", book)
     nid, actor = _id(notification_id), _actor(actor)
     checked(text, "reason", reason, max_chars=NOTE_CHARS, empty=False)
@@ -249,7 +250,7 @@ _DEAD = (sa.select(notifications)
          .order_by(notifications.c.updated_at, notifications.c.id))
 
 
-async def list_dead_letters(book: Book, *, limit: int = 100) -> list[dict[str, Any]]:
+async def list_dead_letters(book: Book, *, limit: int = 100) -> list[DeadLetter]:
     """The durable dead-letter view (N26): failed notifications with ``dead_letter`` set, oldest first,
     each with ``replay_blocked_by`` and ``replay_block_reason`` (None when a replay would be accepted
     now). Reading changes nothing."""
@@ -261,8 +262,7 @@ async def list_dead_letters(book: Book, *, limit: int = 100) -> list[dict[str, A
     out = []
     for row in rows:
         block = await replay_block(book, row, now=now)
-        item = decoded(row)
-        item["replay_blocked_by"] = None if block is None else block.blocked_by
-        item["replay_block_reason"] = None if block is None else block.reason
-        out.append(item)
+        out.append(DeadLetter.answered(row, None).model_copy(update={
+            "replay_blocked_by": None if block is None else block.blocked_by,
+            "replay_block_reason": None if block is None else block.reason}))
     return out
