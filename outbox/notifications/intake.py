@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -233,9 +233,9 @@ async def _acceptance(book: Book, row: Mapping[str, Any], status: str, *, create
     """The acceptance of ``row``, with its canonical obligation's response read in ``book`` (the intake's
     transaction): the same fields a read of the row gives (N24)."""
     owner = row["obligation_owner_id"] or row["id"]
-    [read] = await _with_responses(book, [{"id": row["id"], "obligation_owner_id": owner}])
+    answer = (await _answers(book, [owner])).get(owner)
     return Accepted(row["id"], status, created, row["mode"], tuple(row["channels"]), owner,
-                    read["effective_ack_status"], read["ack_inherited"])
+                    answer, answer is not None and owner != row["id"])
 
 
 _BY_KEY = sa.select(notifications).where(
@@ -271,7 +271,7 @@ async def get_notification(book: Book, notification_id: str) -> Notification | N
     t = notifications
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t).where(t.c.id == notification_id))).first()
-    return None if row is None else (await answered(book, [row]))[0]
+    return None if row is None else (await _answered(book, [row]))[0]
 
 
 async def list_notifications(
@@ -304,23 +304,26 @@ async def list_notifications(
         query = query.where(sa.func.coalesce(t.c.obligation_owner_id, t.c.id).in_(answered))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
-    return await answered(book, rows)
+    return await _answered(book, rows)
 
 
-N = TypeVar("N", bound=Notification)
-
-
-async def answered(book: Book, rows: Sequence[Any], model: type[N] = Notification) -> list[N]:  # type: ignore[assignment]
-    """Each row as a ``model`` with its canonical obligation's answer (N24, N34): its own response's
+async def _answered(book: Book, rows: Sequence[Any]) -> list[Notification]:
+    """Each row as a :class:`Notification` with its canonical obligation's answer (N24, N34): its own response's
     status, or its owner's for a follower (``ack_inherited``)."""
-    wanted = sorted({r.obligation_owner_id or r.id for r in rows})
+    found = await _answers(book, [r.obligation_owner_id or r.id for r in rows])
+    return [Notification.answered(r, found.get(r.obligation_owner_id or r.id)) for r in rows]
+
+
+async def _answers(book: Book, owners: Sequence[str]) -> dict[str, str]:
+    """The response status of each of these canonical obligations that has a response."""
+    wanted = sorted(set(owners))
     found: dict[str, str] = {}
     t = notification_responses
     async with book.read() as conn:
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
             found.update({r.id: r.status for r in await conn.execute(sa.select(t.c.id, t.c.status).where(t.c.id.in_(chunk)))})
-    return [model.answered(r, found.get(r.obligation_owner_id or r.id)) for r in rows]
+    return found
 
 
 async def notification_attempts(book: Book, notification_id: str) -> list[ChannelAttempt]:
