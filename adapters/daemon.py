@@ -93,8 +93,8 @@ async def seed_schedules(book: Book, settings: Settings) -> list[str]:
             row = await create_schedule(book, spec, default_zone=settings.scheduler.timezone)
         except InvalidArgument as exc:
             raise ConfigError(f"scheduler.schedules entry {name!r}: {exc}") from None
-        log.info("created schedule %s (%s) from the settings", row["name"], row["id"])
-        created.append(row["id"])
+        log.info("created schedule %s (%s) from the settings", row.name, row.id)
+        created.append(row.id)
     return created
 
 

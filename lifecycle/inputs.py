@@ -110,6 +110,38 @@ def duration(argument: str, value: Any, *, low: float = 0.0, high: float = 100 *
     return value
 
 
+def flag(argument: str, value: Any, *, optional: bool = False) -> bool | None:
+    """``value`` if it is a ``bool`` (with ``optional``, or None); 0 and 1 are not flags here."""
+    if type(value) is bool or (optional and value is None):
+        return value
+    expected = "true, false or None" if optional else "true or false"
+    raise _refuse(argument, "type", f"expected {expected}, got {type(value).__name__}")
+
+
+def actor(argument: str, value: Any) -> Actor:
+    """``value`` if it is an :class:`Actor` (its text is checked where its fact is written)."""
+    if not isinstance(value, Actor):
+        raise _refuse(argument, "type", f"expected an Actor (e.g. Actor('operator', 'alice')), got "
+                                        f"{type(value).__name__}")
+    return value
+
+
+def book(argument: str, value: Any) -> Any:
+    """``value`` if it is a :class:`~statebook.lifecycle.Book`."""
+    from .book import Book  # the book module imports this one
+
+    if not isinstance(value, Book):
+        raise _refuse(argument, "type", f"expected a statebook Book, got {type(value).__name__}")
+    return value
+
+
+def callback(argument: str, value: Any) -> Any:
+    """``value`` if it is callable or None."""
+    if value is not None and not callable(value):
+        raise _refuse(argument, "type", f"expected a callable or None, got {type(value).__name__}")
+    return value
+
+
 def json_value(argument: str, value: Any, limits: Limits | None = None) -> Any:
     """``value`` if it is JSON within ``limits`` (see the module docstring); walked without recursion.
 
@@ -287,7 +319,8 @@ def check_reason_actor(reason: Any, actor: Any, metadata: Mapping[str, Any] | No
     if not isinstance(reason, Reason):
         raise _refuse("reason", "type", f"expected a Reason, got {type(reason).__name__}")
     if not isinstance(actor, Actor):
-        raise _refuse("actor", "type", f"expected an Actor, got {type(actor).__name__}")
+        raise _refuse("actor", "type", f"expected an Actor (e.g. Actor('operator', 'alice')), got "
+                                       f"{type(actor).__name__}")
     evidence = reason.evidence
     if not isinstance(evidence, tuple):
         raise _refuse("reason.evidence", "type", f"expected a tuple of text, got {type(evidence).__name__}")

@@ -17,6 +17,7 @@ from .bounds import DispatchLimits, dispatch_limits
 from .dispatch.delivery import deliver_due_dispatches
 from .enqueue import enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat
 from .errors import AckRejected, DispatchInvalid
+from .models import Dispatch
 from .policy import DISPATCH
 from .schema import dispatch_outbox
 from .signal import DispatchSignal, Signal
@@ -24,7 +25,7 @@ from .transport import ArgvTransport, CallableTransport, RoutingTransport, Trans
 from .dispatch.worker import DeliveryWorker, Retention
 
 __all__ = [
-    "DISPATCH", "AckRejected", "ArgvTransport", "CallableTransport", "DeliveryWorker", "DispatchInvalid",
+    "DISPATCH", "AckRejected", "ArgvTransport", "CallableTransport", "DeliveryWorker", "Dispatch", "DispatchInvalid",
     "DispatchLimits", "DispatchSignal", "Retention", "RoutingTransport", "Signal", "Transport", "TransportResult", "ack_dispatch",
     "apply_retention", "deliver_due_dispatches", "dispatch_limits", "dispatch_outbox", "enqueue_dispatch",
     "enqueue_dispatches", "enqueue_revival_heartbeat", "expedite_dispatch", "get_dispatch", "list_dispatches", "purge_dispatch",

@@ -3,8 +3,7 @@ is audited."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +16,7 @@ from . import checks
 from .core.retention import PURGE_BATCH, RETENTION_ACTOR, Progress
 from .enqueue import notify
 from .errors import DispatchInvalid
+from .models import Dispatch
 from .schema import dispatch_outbox
 
 OPERATOR_ACTOR = Actor("operator", "api")
@@ -25,14 +25,6 @@ EXPEDITED = "dispatch.pending.operator_expedited"
 SUCCEEDED = ("delivered", "acked")
 """Terminal statuses kept for ``delivered_days`` by retention; the other terminal ones for ``failed_days``."""
 DAY = 86400.0
-
-
-def _decode(row: Any) -> dict[str, Any]:
-    out = dict(row._mapping)
-    if isinstance(out.get("payload"), str | bytes):
-        out["payload"] = json.loads(out["payload"])
-    out["ack_required"] = bool(out["ack_required"])
-    return out
 
 
 def _check_status(book: Book, status: str | None) -> None:
@@ -52,17 +44,17 @@ def _terminal(book: Book) -> tuple[str, ...]:
     return tuple(s for s in lc.statuses if s in lc.terminal)
 
 
-async def get_dispatch(book: Book, dispatch_id: str) -> dict[str, Any] | None:
-    """The row as a dict (payload decoded), or None."""
+async def get_dispatch(book: Book, dispatch_id: str) -> Dispatch | None:
+    """The dispatch (payload decoded), or None."""
     checks.book_arg(book)
     checks.dispatch_id(dispatch_id)
     t = dispatch_outbox
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t).where(t.c.id == dispatch_id))).first()
-    return None if row is None else _decode(row)
+    return None if row is None else Dispatch.from_row(row)
 
 
-async def list_dispatches(book: Book, *, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+async def list_dispatches(book: Book, *, status: str | None = None, limit: int = 50) -> list[Dispatch]:
     """Newest first (created_at, then id), optionally one status, at most ``limit`` rows."""
     checks.book_arg(book)
     _check_status(book, status)
@@ -73,7 +65,7 @@ async def list_dispatches(book: Book, *, status: str | None = None, limit: int =
         query = query.where(t.c.status == status)
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
-    return [_decode(r) for r in rows]
+    return [Dispatch.from_row(r) for r in rows]
 
 
 async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR) -> bool:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from statebook.lifecycle import Actor, Book
 from statebook.lifecycle.errors import InvalidArgument
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, Limits, duration, integer, json_value, number, text, timestamp
 
 from .bounds import dash_routes
@@ -58,8 +59,7 @@ def _refuse(argument: str, rule: str, message: str) -> DispatchInvalid:
 
 def book_arg(value: Any, *, unbound: str | None = None) -> Book:
     """A :class:`Book`; with ``unbound`` (what needs it) one that is not bound to a transaction."""
-    if not isinstance(value, Book):
-        raise _refuse("book", "type", f"expected a statebook Book, got {type(value).__name__}")
+    _as_dispatch(inputs.book, "book", value)
     if unbound is not None and value.conn is not None:
         raise _refuse("book", "bound", f"{unbound} runs transports outside any transaction; pass an unbound "
                                        "book, not one from book.begin()")
@@ -73,10 +73,7 @@ def dispatch_id(value: Any, argument: str = "dispatch_id") -> str:
 
 def actor(value: Any, argument: str = "actor") -> Actor:
     """An :class:`Actor` (the engine checks its text)."""
-    if not isinstance(value, Actor):
-        raise _refuse(argument, "type", f"expected an Actor (e.g. Actor('operator', 'alice')), got "
-                                        f"{type(value).__name__}")
-    return value
+    return _as_dispatch(inputs.actor, argument, value)
 
 
 def transport_arg(value: Any, argument: str = "transport") -> None:
@@ -89,9 +86,7 @@ def transport_arg(value: Any, argument: str = "transport") -> None:
 
 def flag(argument: str, value: Any) -> bool:
     """Return ``value`` when it is a bool; raises ``DispatchInvalid`` naming ``argument`` otherwise."""
-    if type(value) is not bool:
-        raise _refuse(argument, "type", f"must be True or False, got {type(value).__name__}")
-    return value
+    return _as_dispatch(inputs.flag, argument, value)
 
 
 def text_arg(argument: str, value: Any) -> str:
@@ -148,8 +143,7 @@ def days(argument: str, value: Any) -> float:
 
 def callback(argument: str, value: Any) -> None:
     """Raise ``DispatchInvalid`` naming ``argument`` unless ``value`` is callable or None."""
-    if value is not None and not callable(value):
-        raise _refuse(argument, "type", f"expected a callable or None, got {type(value).__name__}")
+    _as_dispatch(inputs.callback, argument, value)
 
 
 def texts(argument: str, value: Any) -> list[str]:

@@ -7,6 +7,7 @@ The engine and the schedule commands below are what an application or operator n
 from .engine import SchedulerEngine
 from .errors import CapacityExhausted, LaunchRefused, LeadershipLost, ScheduleError
 from .leadership import Leader
+from .models import Schedule, ScheduleRun
 from .policy import SCHEDULE, SCHEDULE_RUN
 from .polling import Poller, PollResult
 from .requests import CreateScheduleRequest
@@ -19,7 +20,7 @@ from .store import (
 
 __all__ = [
     "SCHEDULE", "SCHEDULE_RUN", "CapacityExhausted", "CreateScheduleRequest", "LaunchRefused", "Leader",
-    "LeadershipLost", "PollResult", "Poller", "ScheduleError", "SchedulerEngine", "cancel_run", "create_schedule",
+    "LeadershipLost", "PollResult", "Poller", "Schedule", "ScheduleError", "ScheduleRun", "SchedulerEngine", "cancel_run", "create_schedule",
     "delete_schedule", "disable_schedule", "enable_schedule", "find_schedule", "get_run", "get_schedule",
     "list_runs", "list_schedules", "schedule_runs", "schedules",
 ]

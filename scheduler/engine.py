@@ -26,6 +26,7 @@ from .execution import Executor, Spawner
 from .firing import Firing
 from .errors import LeadershipLost
 from .leadership import Leader, Unfenced
+from .models import ScheduleRun
 from .polling import GithubPolling, Poller
 from .recovery import _LIVE_DAEMONS, new_daemon_id, reap
 from .runs import finalize_run
@@ -39,24 +40,24 @@ log = logging.getLogger("statebook.scheduler")
 @dataclass(frozen=True)
 class ManualFire:
     """A manual fire once it ended (:meth:`SchedulerEngine.fire_and_wait`): the fired run and its
-    follow-ups, as rows in chain order."""
+    follow-ups, in chain order."""
 
-    runs: tuple[dict[str, Any], ...]
+    runs: tuple[ScheduleRun, ...]
 
     @property
     def run_id(self) -> str:
         """The id of the first run the fire created."""
-        return self.runs[0]["id"]
+        return self.runs[0].id
 
     @property
     def status(self) -> str:
         """the fired run's final status"""
-        return self.runs[0]["status"]
+        return self.runs[0].status
 
     @property
     def failed(self) -> bool:
         """some run of the chain did not complete (it failed, timed out or was cancelled)"""
-        return any(run["status"] != "completed" for run in self.runs)
+        return any(run.status != "completed" for run in self.runs)
 
 
 class SchedulerEngine:
@@ -343,13 +344,13 @@ class SchedulerEngine:
             await asyncio.gather(fire, return_exceptions=True)
         return ManualFire(tuple(await self._chain(run_id)))
 
-    async def _chain(self, run_id: str) -> list[dict[str, Any]]:
+    async def _chain(self, run_id: str) -> list[ScheduleRun]:
         """The run ``run_id`` and its follow-ups (each the child of the one before, S8)."""
-        chain: list[dict[str, Any]] = []
+        chain: list[ScheduleRun] = []
         async with self.book.read() as conn:
             q = sa.select(schedule_runs).where(schedule_runs.c.id == run_id)
             while (row := (await conn.execute(q)).first()) is not None and len(chain) <= self.cfg.max_chain_depth:
-                chain.append(dict(row._mapping))
+                chain.append(ScheduleRun.from_row(row))
                 q = sa.select(schedule_runs).where(schedule_runs.c.chain_parent_id == row.id)
         return chain
 

@@ -26,7 +26,7 @@ from .leadership import Leader
 from .occurrence import claim, exhaust, lock
 from .runs import open_run, open_runs
 from .errors import CapacityExhausted, ScheduleError
-from .store import SCHEDULER, get_schedule
+from .store import SCHEDULER, schedule_row
 from .triggers import following, missed_between
 
 Launch = Callable[[Mapping[str, Any], str, Mapping[str, Any], SlotHandle], None]
@@ -98,7 +98,7 @@ class Firing:
     async def manual(self, schedule_id: str) -> str:
         """An operator's fire (S5): budget, max_runs and a global slot; a refusal raises and opens no run
         (budget or max_runs spent exhausts an active schedule, as the tick would). Returns the run id."""
-        s = await get_schedule(self.book, schedule_id)
+        s = await schedule_row(self.book, schedule_id)
         if s["status"] not in ("active", "paused"):
             raise ScheduleError(f"schedule {s['name']} is {s['status']}; enable it before firing")
         now = self.book.clock.now()

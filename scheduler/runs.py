@@ -21,7 +21,8 @@ from statebook.outbox import enqueue_dispatch
 
 from .schema import schedule_runs
 from .errors import ScheduleError
-from .store import RUN_TERMINAL, SCHEDULER, actor_arg, get_run, get_schedule, ref_arg
+from .models import ScheduleRun
+from .store import RUN_TERMINAL, SCHEDULER, actor_arg, get_run, ref_arg, run_row, schedule_row
 
 NOTIFIED = ("completed", "failed", "timed_out", "cancelled")
 ERROR_DETAIL_LIMIT = 4000
@@ -127,7 +128,7 @@ async def finalize_run(book: Book, run_id: str, target: str, *, reason: Reason, 
         out = await transition(tx, "schedule_run", run_id, target, expected=expected, reason=reason, actor=actor,
                                patch=full)
         if out.applied:
-            run = await get_run(tx, run_id)
+            run = await run_row(tx, run_id)
             sched = schedule if schedule is not None else await _schedule_of(tx, run)
             if sched is not None:
                 await _notify(tx, sched, run_id, target, out.fact_id or "", reason, run)
@@ -180,18 +181,18 @@ async def _schedule_of(book: Book, run: Mapping[str, Any]) -> dict[str, Any] | N
     if not run.get("schedule_id"):
         return None
     try:
-        return await get_schedule(book, run["schedule_id"])
+        return await schedule_row(book, run["schedule_id"])
     except EntityNotFound:
         return None
 
 
-async def cancel_run(book: Book, run_id: str, *, actor: Actor = Actor("operator", "cli")) -> dict[str, Any]:
+async def cancel_run(book: Book, run_id: str, *, actor: Actor = Actor("operator", "cli")) -> ScheduleRun:
     """Mark a run ``cancelled`` (notifying like any ending); the daemon owning its process kills its group."""
     ref_arg("run_id", run_id)
     actor_arg(actor)
     run = await get_run(book, run_id)
-    if run["status"] in RUN_TERMINAL:
-        raise ScheduleError(f"run {run_id} already ended ({run['status']}); nothing to cancel")
+    if run.status in RUN_TERMINAL:
+        raise ScheduleError(f"run {run_id} already ended ({run.status}); nothing to cancel")
     out = await finalize_run(
         book, run_id, "cancelled", expected=("running", "queued", "retry_wait", "waiting_dependency"), actor=actor,
         reason=Reason("schedule_run.cancelled.operator", f"cancelled by {actor}"),

@@ -13,10 +13,12 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, create, transition
 from statebook.lifecycle.errors import InvalidArgument
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, text
 from statebook.outbox import checks
 
 from .errors import InvalidSchedule, ScheduleError
+from .models import Schedule, ScheduleRun
 from .requests import JSON_FIELDS, LIST_FIELDS, CreateScheduleRequest
 from .schema import RUN_STATUSES, schedule_runs, schedules
 from .triggers import first_fire
@@ -36,9 +38,7 @@ def ref_arg(argument: str, value: Any) -> str:
 
 def actor_arg(actor: Any) -> Actor:
     """Return ``actor`` when it is an :class:`~statebook.lifecycle.Actor`; raises ``InvalidArgument`` otherwise."""
-    if not isinstance(actor, Actor):
-        raise InvalidArgument(f"actor: expected an Actor, got {type(actor).__name__}", argument="actor", rule="type")
-    return actor
+    return inputs.actor("actor", actor)
 
 
 def zone_arg(default_zone: Any) -> str | None:
@@ -48,19 +48,36 @@ def zone_arg(default_zone: Any) -> str | None:
 
 def flag_arg(argument: str, value: Any) -> bool:
     """Return ``value`` when it is a bool; raises ``InvalidArgument`` naming ``argument`` otherwise."""
-    if type(value) is not bool:
-        raise InvalidArgument(f"{argument}: expected true or false, got {type(value).__name__}",
-                              argument=argument, rule="type")
-    return value
+    return inputs.flag(argument, value)  # type: ignore[return-value]
 
 
 def _row(row: Any) -> dict[str, Any]:
     return dict(row._mapping) if row is not None else None  # type: ignore[return-value]
 
 
+async def schedule_row(book: Book, ref: str) -> dict[str, Any]:
+    """The stored row of the schedule with id or name ``ref`` (what the engine computes with: times as
+    POSIX seconds); raises ``EntityNotFound``. Callers outside the scheduler read :func:`get_schedule`."""
+    ref_arg("ref", ref)
+    found = await _find(book, ref)
+    if found is None:
+        raise EntityNotFound(f"schedule {ref!r} does not exist (give its id or name; `statebook schedule ls`)")
+    return found
+
+
+async def run_row(book: Book, run_id: str) -> dict[str, Any]:
+    """The stored row of a run; raises ``EntityNotFound``. Callers outside the scheduler read :func:`get_run`."""
+    ref_arg("run_id", run_id)
+    async with book.read() as conn:
+        row = (await conn.execute(sa.select(schedule_runs).where(schedule_runs.c.id == run_id))).first()
+    if row is None:
+        raise EntityNotFound(f"run {run_id!r} does not exist (`statebook schedule runs NAME` lists them)")
+    return _row(row)
+
+
 async def create_schedule(book: Book, request: CreateScheduleRequest | Mapping[str, Any], *,
-                          default_zone: str | None = None, actor: Actor = OPERATOR) -> dict[str, Any]:
-    """Validate and insert a schedule (``active`` or ``paused``); returns the row.
+                          default_zone: str | None = None, actor: Actor = OPERATOR) -> Schedule:
+    """Validate and insert a schedule (``active`` or ``paused``); returns it.
 
     A request is checked again (it may have been changed since it was made); any refusal is an
     :class:`~.errors.InvalidSchedule` naming the field, raised before anything is written (S18)."""
@@ -80,7 +97,7 @@ async def create_schedule(book: Book, request: CreateScheduleRequest | Mapping[s
             checks.route("notify.deliver_to", req.notify["deliver_to"], book.limits)
         except InvalidArgument as exc:
             raise InvalidSchedule(str(exc), argument=exc.argument, rule=exc.rule) from None
-    if await find_schedule(book, req.name) is not None:
+    if await _find(book, req.name) is not None:
         raise ScheduleError(f"a schedule named {req.name!r} already exists; pick another name or remove it first")
     now = book.clock.now()
     values["next_fire_at"] = first_fire(values, now, default_zone)
@@ -93,9 +110,14 @@ async def create_schedule(book: Book, request: CreateScheduleRequest | Mapping[s
     return await get_schedule(book, out.entity_id)
 
 
-async def find_schedule(book: Book, ref: str) -> dict[str, Any] | None:
+async def find_schedule(book: Book, ref: str) -> Schedule | None:
     """A schedule by id or by name (deleted ones only by id)."""
     ref_arg("ref", ref)
+    found = await _find(book, ref)
+    return None if found is None else Schedule.from_row(found)
+
+
+async def _find(book: Book, ref: str) -> dict[str, Any] | None:
     async with book.read() as conn:
         row = (await conn.execute(sa.select(schedules).where(schedules.c.id == ref))).first()
         if row is None:
@@ -105,32 +127,28 @@ async def find_schedule(book: Book, ref: str) -> dict[str, Any] | None:
     return _row(row)
 
 
-async def get_schedule(book: Book, ref: str) -> dict[str, Any]:
+async def get_schedule(book: Book, ref: str) -> Schedule:
     """The schedule with id or name ``ref``; raises ``EntityNotFound`` when there is none."""
-    ref_arg("ref", ref)
-    found = await find_schedule(book, ref)
-    if found is None:
-        raise EntityNotFound(f"schedule {ref!r} does not exist (give its id or name; `statebook schedule ls`)")
-    return found
+    return Schedule.from_row(await schedule_row(book, ref))
 
 
-async def list_schedules(book: Book, *, include_deleted: bool = False) -> list[dict[str, Any]]:
+async def list_schedules(book: Book, *, include_deleted: bool = False) -> list[Schedule]:
     """Every schedule by name, deleted ones only with ``include_deleted``."""
     flag_arg("include_deleted", include_deleted)
     q = sa.select(schedules).order_by(schedules.c.name)
     if not include_deleted:
         q = q.where(schedules.c.status != "deleted")
     async with book.read() as conn:
-        return [_row(r) for r in await conn.execute(q)]
+        return [Schedule.from_row(r) for r in await conn.execute(q)]
 
 
-async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = None, actor: Actor = OPERATOR) -> dict[str, Any]:
+async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = None, actor: Actor = OPERATOR) -> Schedule:
     """paused → active (or exhausted → active by an operator, resetting cadence)."""
     zone_arg(default_zone)
     actor_arg(actor)
-    row = await get_schedule(book, ref)
+    row = await schedule_row(book, ref)
     if row["status"] == "active":
-        return row
+        return Schedule.from_row(row)
     if row["status"] not in ("paused", "exhausted"):
         raise ScheduleError(f"schedule {row['name']} is {row['status']}; only paused or exhausted schedules can be enabled")
     now = book.clock.now()
@@ -147,14 +165,14 @@ async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = No
     return await get_schedule(book, row["id"])
 
 
-async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> dict[str, Any]:
+async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> Schedule:
     """Pause an active schedule (a paused one is returned as it is); raises ``EntityNotFound`` or ``ScheduleError``
     for another status.
     """
     actor_arg(actor)
-    row = await get_schedule(book, ref)
+    row = await schedule_row(book, ref)
     if row["status"] == "paused":
-        return row
+        return Schedule.from_row(row)
     if row["status"] != "active":
         raise ScheduleError(f"schedule {row['name']} is {row['status']}; only active schedules can be disabled")
     out = await transition(book, "schedule", row["id"], "paused", expected="active", actor=actor,
@@ -164,12 +182,12 @@ async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> 
     return await get_schedule(book, row["id"])
 
 
-async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> dict[str, Any]:
+async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> Schedule:
     """Move to ``deleted``: the row and its runs stay, with their history."""
     actor_arg(actor)
-    row = await get_schedule(book, ref)
+    row = await schedule_row(book, ref)
     if row["status"] == "deleted":
-        return row
+        return Schedule.from_row(row)
     patch = {"enabled": 0} if row["status"] != "exhausted" else {}
     out = await transition(book, "schedule", row["id"], "deleted", expected=row["status"], actor=actor,
                            reason=Reason("schedule.deleted.operator", "removed by operator"), patch=patch)
@@ -178,18 +196,13 @@ async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> d
     return await get_schedule(book, row["id"])
 
 
-async def get_run(book: Book, run_id: str) -> dict[str, Any]:
+async def get_run(book: Book, run_id: str) -> ScheduleRun:
     """The run with id ``run_id``; raises ``EntityNotFound`` when there is none."""
-    ref_arg("run_id", run_id)
-    async with book.read() as conn:
-        row = (await conn.execute(sa.select(schedule_runs).where(schedule_runs.c.id == run_id))).first()
-    if row is None:
-        raise EntityNotFound(f"run {run_id!r} does not exist (`statebook schedule runs NAME` lists them)")
-    return _row(row)
+    return ScheduleRun.from_row(await run_row(book, run_id))
 
 
 async def list_runs(book: Book, schedule_id: str | None = None, *, limit: int = 50,
-                    status: str | None = None) -> list[dict[str, Any]]:
+                    status: str | None = None) -> list[ScheduleRun]:
     """A schedule's runs (or every run), newest first; ``limit`` from 1 to :data:`LIST_LIMIT`."""
     if schedule_id is not None:
         ref_arg("schedule_id", schedule_id)
@@ -203,4 +216,4 @@ async def list_runs(book: Book, schedule_id: str | None = None, *, limit: int = 
     if status is not None:
         q = q.where(schedule_runs.c.status == status)
     async with book.read() as conn:
-        return [_row(r) for r in await conn.execute(q)]
+        return [ScheduleRun.from_row(r) for r in await conn.execute(q)]

@@ -341,11 +341,12 @@ def parse_time(text: str, option: str) -> float:
                               f"({str(exc).split(': ', 1)[1]})", argument=option, rule=exc.rule) from None
 
 
-def format_time(ts: float | None) -> str:
-    """``2026-05-01 09:00:00Z`` (UTC), or ``-`` for no time."""
+def format_time(ts: float | datetime | None) -> str:
+    """``2026-05-01 09:00:00Z`` (UTC), or ``-`` for no time; POSIX seconds or a model's aware datetime."""
     if ts is None:
         return "-"
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    when = ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, tz=timezone.utc)
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 YES_HELP = "Do it without asking (needed when standard input is not a terminal)."

@@ -1,7 +1,8 @@
 """``statebook dispatch``: inspect, acknowledge, retry, expedite, purge and deliver outbox rows.
 
 There is no enqueue command: producers use the library API (specs/outbox.md O18). Ack tokens are
-capabilities, so ``ls`` and ``show`` mask them (in the row and in the payload) unless ``--reveal``.
+capabilities, so ``ls`` and ``show`` mask them (in the row and in the payload) unless ``--reveal``: both
+print the :class:`~statebook.outbox.Dispatch` model's dump, which masks them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from statebook.lifecycle.inputs import INT32, integer
 from statebook.outbox import (
     ArgvTransport,
     DeliveryWorker,
+    Dispatch,
     Retention,
     ack_dispatch,
     deliver_due_dispatches,
@@ -42,7 +44,6 @@ dispatch_app = typer.Typer(help="The dispatch outbox: inspect, ack, retry, exped
                             no_args_is_help=True)
 app.add_typer(dispatch_app, name="dispatch")
 
-MASK = "********"
 FAILED_COUNTERS = ("retried", "dead_letter", "expired")
 """Counters of a delivery pass that mean a delivery failed (``deliver --once`` exits 1)."""
 
@@ -58,23 +59,6 @@ def operator() -> Actor:
     return Actor("operator", name)
 
 
-def masked(row: dict[str, Any], reveal: bool) -> dict[str, Any]:
-    """``row`` with its ack token (in the row and in the payload) masked, unless ``reveal``."""
-    if reveal or not row.get("ack_token"):
-        return row
-    out = dict(row, ack_token=MASK)
-    payload = out.get("payload")
-    if isinstance(payload, dict) and payload.get("ack_token"):
-        out["payload"] = dict(payload, ack_token=MASK)
-    return out
-
-
-
-
-
-
-
-
 @dispatch_app.command("ls")
 def ls_cmd(
     status: str = typer.Option(None, "--status", help=f"Only this status ({', '.join(DISPATCH_STATUSES)})."),
@@ -85,12 +69,12 @@ def ls_cmd(
     """List dispatches, newest first."""
     integer("--limit", limit, low=1, high=INT32[1])
 
-    async def go(book: Book) -> list[dict[str, Any]]:
+    async def go(book: Book) -> list[Dispatch]:
         return await list_dispatches(book, status=status, limit=limit)
 
-    rows = [masked(r, reveal) for r in run(with_book(go)())]
+    rows = run(with_book(go)())
     if as_json:
-        emit_json(rows)
+        emit_json([r.dump(reveal=reveal) for r in rows])  # the model masks ack tokens unless revealed
         return
     from rich.table import Column, Table
 
@@ -100,9 +84,9 @@ def ls_cmd(
     )
     for r in rows:
         table.add_row(
-            r["id"], r["kind"], r["deliver_to"], r["status"], f"{r['attempt']}/{r['max_attempts']}",
-            format_time(r["next_attempt_at"]) if r["status"] in ("pending", "delivering") else "-",
-            (r["last_error"] or "")[:60],
+            r.id, r.kind, r.deliver_to, r.status, f"{r.attempt}/{r.max_attempts}",
+            format_time(r.next_attempt_at) if r.status in ("pending", "delivering") else "-",
+            (r.last_error or "")[:60],
         )
     print_table(table)
 
@@ -114,13 +98,13 @@ def show_cmd(
 ) -> None:
     """Print one dispatch as JSON."""
 
-    async def go(book: Book) -> dict[str, Any] | None:
+    async def go(book: Book) -> Dispatch | None:
         return await get_dispatch(book, dispatch_id)
 
     row = run(with_book(go)())
     if row is None:
         raise fail(f"dispatch {dispatch_id} does not exist")
-    emit_json(masked(row, reveal))
+    emit_json(row.dump(reveal=reveal))
 
 
 @dispatch_app.command("ack")
@@ -142,7 +126,7 @@ def retry_cmd(dispatch_id: str = typer.Argument(..., metavar="ID")) -> None:
     async def go(book: Book) -> tuple[bool, str | None]:
         done = await retry_dispatch(book, dispatch_id, actor=operator())
         row = await get_dispatch(book, dispatch_id)
-        return done, row["status"] if row else None
+        return done, row.status if row else None
 
     done, status = run(with_book(go, writes=True)())
     if not done:  # a wrong status raised (exit 2); False is a race lost to another writer

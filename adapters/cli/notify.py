@@ -14,7 +14,7 @@ import typer
 from statebook.lifecycle import Actor, Book
 from statebook.lifecycle.inputs import INT32, duration, integer
 from statebook.outbox.notifications import (
-    Replayed, RetentionReport, ack_notification, apply_notification_retention, dismiss_notification, get_notification,
+    ChannelAttempt, DeadLetter, Notification, NotificationResponse, Replayed, TimeoutCallback, RetentionReport, ack_notification, apply_notification_retention, dismiss_notification, get_notification,
     get_response, list_dead_letters, list_notifications, notification_attempts, replay_notification,
     resolve_notification, timeout_callbacks,
 )
@@ -49,28 +49,28 @@ def ls_cmd(
                    f"and answers {', '.join(ANSWERS)}")
     answer = status if status in ANSWERS else None
 
-    async def go(book: Book) -> list[dict[str, Any]]:
+    async def go(book: Book) -> list[Notification]:
         return await list_notifications(book, status=None if answer else status, response=answer,
                                         dead_letter=True if dead_letter else None, limit=limit)
 
     rows = run(with_book(go)())
     if as_json:
-        emit_json(rows)
+        emit_json([r.dump() for r in rows])
         return
     from rich.table import Column, Table
 
     table = Table(Column("id", no_wrap=True, min_width=32), "recipient", "mode", "channels",
                   Column("status", no_wrap=True), "cycle", "attempts", "next attempt (UTC)", "last error")
     for r in rows:
-        status_text = r["status"] + (" (dead letter)" if r["dead_letter"] else "")
-        due = format_time(r["next_attempt_at"]) if r["status"] in ("pending", "rate_limited") else "-"
-        table.add_row(r["id"], r["recipient"], r["mode"], ",".join(r["channels"]), status_text, str(r["cycle"]),
-                      f"{r['cycle_attempts']}/{r['max_cycle_attempts']} ({r['attempts']} in all)", due,
-                      (r["last_error"] or "")[:60])
+        status_text = r.status + (" (dead letter)" if r.dead_letter else "")
+        due = format_time(r.next_attempt_at) if r.status in ("pending", "rate_limited") else "-"
+        table.add_row(r.id, r.recipient, r.mode, ",".join(r.channels), status_text, str(r.cycle),
+                      f"{r.cycle_attempts}/{r.max_cycle_attempts} ({r.attempts} in all)", due,
+                      (r.last_error or "")[:60])
     print_table(table)
 
 
-async def _both(book: Book, notification_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+async def _both(book: Book, notification_id: str) -> tuple[Notification | None, list[ChannelAttempt]]:
     row = await get_notification(book, notification_id)
     return row, ([] if row is None else await notification_attempts(book, notification_id))
 
@@ -79,10 +79,10 @@ async def _both(book: Book, notification_id: str) -> tuple[dict[str, Any] | None
 def show_cmd(notification_id: str = typer.Argument(..., metavar="ID")) -> None:
     """Print one notification as JSON, with its channel attempts cycle by cycle."""
 
-    async def go(book: Book) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async def go(book: Book) -> tuple[Notification | None, list[ChannelAttempt]]:
         return await _both(book, notification_id)
 
-    async def extra(book: Book) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async def extra(book: Book) -> tuple[NotificationResponse | None, list[TimeoutCallback]]:
         return await get_response(book, notification_id), await timeout_callbacks(book, notification_id)
 
     row, attempts = run(with_book(go)())
@@ -91,8 +91,9 @@ def show_cmd(notification_id: str = typer.Argument(..., metavar="ID")) -> None:
     response, callbacks = run(with_book(extra)())
     cycles: dict[str, list[dict[str, Any]]] = {}
     for a in attempts:
-        cycles.setdefault(str(a["cycle"]), []).append(a)
-    emit_json({**row, "attempts_by_cycle": cycles, "response": response, "callbacks": callbacks})
+        cycles.setdefault(str(a.cycle), []).append(a.dump())
+    emit_json({**row.dump(), "attempts_by_cycle": cycles, "response": None if response is None else response.dump(),
+               "callbacks": [c.dump() for c in callbacks]})
 
 
 @notify_app.command("attempts")
@@ -102,24 +103,23 @@ def attempts_cmd(
 ) -> None:
     """A notification's channel attempts, in the order they were made."""
 
-    async def go(book: Book) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async def go(book: Book) -> tuple[Notification | None, list[ChannelAttempt]]:
         return await _both(book, notification_id)
 
     row, attempts = run(with_book(go)())
     if row is None:
         raise fail(f"notification {notification_id} does not exist")
     if as_json:
-        emit_json(attempts)
+        emit_json([a.dump() for a in attempts])
         return
     from rich.table import Table
 
     table = Table("cycle", "attempt", "channel", "result", "admitted (UTC)", "ended (UTC)", "retries", "duplicate risk",
                   "detail")
     for a in attempts:
-        table.add_row(str(a["cycle"]), str(a["attempt"]), a["channel"], a["status"],
-                      format_time(a["started_at"]) if a["started_at"] is not None else "-",
-                      format_time(a["ended_at"]) if a["ended_at"] is not None else "-", str(a["provider_retries"]),
-                      "yes" if a["duplicate_risk"] else "", (a["detail"] or "")[:60])
+        table.add_row(str(a.cycle), str(a.attempt), a.channel, a.status, format_time(a.started_at),
+                      format_time(a.ended_at), str(a.provider_retries), "yes" if a.duplicate_risk else "",
+                      (a.detail or "")[:60])
     print_table(table)
 
 
@@ -132,22 +132,22 @@ def dead_letters_cmd(
     """Dead letters (failed, awaiting an operator), each with what blocks its replay, if anything."""
     integer("--limit", limit, low=1, high=INT32[1])
 
-    async def go(book: Book) -> list[dict[str, Any]]:
+    async def go(book: Book) -> list[DeadLetter]:
         return await list_dead_letters(book, limit=limit)
 
     rows = run(with_book(go)())
     if as_json:
-        emit_json(rows)
+        emit_json([r.dump() for r in rows])
         return
     from rich.table import Column, Table
 
     table = Table(Column("id", no_wrap=True, min_width=32), "recipient", "cycle", "attempts", "failed (UTC)",
                   "replay", "last error")
     for r in rows:
-        replay = "ok" if r["replay_block_reason"] is None else (
-            r["replay_block_reason"] + (f" by {r['replay_blocked_by']}" if r["replay_blocked_by"] else ""))
-        table.add_row(r["id"], r["recipient"], str(r["cycle"]), str(r["attempts"]), format_time(r["updated_at"]),
-                      replay, (r["last_error"] or "")[:60])
+        replay = "ok" if r.replay_block_reason is None else (
+            r.replay_block_reason + (f" by {r.replay_blocked_by}" if r.replay_blocked_by else ""))
+        table.add_row(r.id, r.recipient, str(r.cycle), str(r.attempts), format_time(r.updated_at),
+                      replay, (r.last_error or "")[:60])
     print_table(table)
 
 
@@ -174,11 +174,11 @@ def resolve_cmd(
 ) -> None:
     """Resolve a dead letter: it stays failed, leaves the dead-letter view, and the fact records who and why."""
 
-    async def go(book: Book) -> dict[str, Any]:
+    async def go(book: Book) -> Notification:
         return await resolve_notification(book, notification_id, reason=reason, actor=operator())
 
     row = run(with_book(go, writes=True)())
-    typer.echo(f"resolved {row['id']} by {row['resolved_by']}")
+    typer.echo(f"resolved {row.id} by {row.resolved_by}")
 
 
 # -- responses: acknowledge, dismiss (specs/notifications.md N31-N39) ------------------------------------
@@ -199,12 +199,12 @@ def parse_actor(text: str, option: str = "--actor") -> Actor:
 def _answer(notification_id: str, actor: str, note: str | None, target: str) -> None:
     who = parse_actor(actor)
 
-    async def go(book: Book) -> dict[str, Any]:
+    async def go(book: Book) -> NotificationResponse:
         answer = ack_notification if target == "acked" else dismiss_notification
         return await answer(book, notification_id, actor=who, note=note)
 
     response = run(with_book(go, writes=True)())
-    typer.echo(f"{response['status']} {response['id']} by {response['responder']}")
+    typer.echo(f"{response.status} {response.id} by {response.responder}")
 
 
 @notify_app.command("ack")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -12,6 +12,9 @@ from statebook.lifecycle.inputs import INT32, duration, integer, number
 
 from .app import (app, cli_registry, console, ctx_state, emit_json, fail, format_time, parse_time, print_table, run,
                   settings_file, with_book)
+
+if TYPE_CHECKING:
+    from statebook.scheduler.models import Schedule, ScheduleRun
 
 schedule_app = typer.Typer(help="Create, inspect, pause and fire schedules.", no_args_is_help=True)
 runs_app = typer.Typer(help="Inspect or cancel one run of a schedule.", no_args_is_help=True)
@@ -145,14 +148,14 @@ def add(
     request = CreateScheduleRequest.parse(spec)  # InvalidSchedule names the field (the funnel prints it)
     zone = _settings(None).scheduler.timezone
 
-    async def go(book: Book) -> dict[str, Any]:
+    async def go(book: Book) -> Schedule:
         return await create_schedule(book, request, default_zone=zone)
 
     row = run(with_book(go, must_exist=False, create=True)())
     if as_json:
-        emit_json(row)
+        emit_json(row.dump())
     else:
-        console.print(f"created schedule {row['name']} ({row['id']}); next fire {format_time(row['next_fire_at'])}",
+        console.print(f"created schedule {row.name} ({row.id}); next fire {format_time(row.next_fire_at)}",
                       highlight=False)
 
 
@@ -181,21 +184,21 @@ def ls(
     """List schedules."""
     from statebook.scheduler.store import list_schedules
 
-    async def go(book: Book) -> list[dict[str, Any]]:
+    async def go(book: Book) -> list[Schedule]:
         return await list_schedules(book, include_deleted=show_all)
 
     rows = run(with_book(go)())
     if as_json:
-        emit_json(rows)
+        emit_json([r.dump() for r in rows])
         return
     from rich.table import Column, Table
 
     table = Table(Column("name", no_wrap=True), "status", "trigger", "action", "next fire", "last fired",
                   Column("id", no_wrap=True, min_width=32))  # whole, so it can be copied
     for r in rows:
-        trig = r["cron_expr"] or (f"every {r['interval_sec']}s" if r["interval_sec"] else r["trigger_type"])
-        table.add_row(r["name"], r["status"], trig, r["action_kind"], format_time(r["next_fire_at"]),
-                      format_time(r["last_fired_at"]), r["id"])
+        trig = r.cron_expr or (f"every {r.interval_sec}s" if r.interval_sec else r.trigger_type)
+        table.add_row(r.name, r.status, trig, r.action_kind, format_time(r.next_fire_at),
+                      format_time(r.last_fired_at), r.id)
     print_table(table)
 
 
@@ -204,23 +207,25 @@ def show(ref: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)
     """Show one schedule (by id or name) with its latest runs."""
     from statebook.scheduler.store import get_schedule, list_runs
 
-    async def go(book: Book) -> dict[str, Any]:
+    async def go(book: Book) -> tuple[Schedule, list[ScheduleRun]]:
         row = await get_schedule(book, ref)
-        return {**row, "recent_runs": await list_runs(book, row["id"], limit=5)}
+        return row, await list_runs(book, row.id, limit=5)
 
-    row = run(with_book(go)())
+    row, recent = run(with_book(go)())
     if as_json:
-        emit_json(row)
+        emit_json({**row.dump(), "recent_runs": [r.dump() for r in recent]})
         return
     for key in ("id", "name", "status", "status_reason_code", "trigger_type", "cron_expr", "interval_sec", "at_time",
                 "action_kind", "action_command", "action_command_args", "notify", "max_runs", "budget_usd",
                 "budget_tokens", "missed_fire_policy", "overlap_policy"):
-        if row.get(key) not in (None, [], ""):
-            console.print(f"{key:20} {row[key]}", highlight=False)
-    console.print(f"{'next_fire_at':20} {format_time(row['next_fire_at'])}", highlight=False)
-    console.print(f"{'last_fired_at':20} {format_time(row['last_fired_at'])}", highlight=False)
-    for r in row["recent_runs"]:
-        console.print(f"  run {r['id']} {r['status']:10} {r['status_reason_code']} at {format_time(r['fired_at'])}",
+        value = getattr(row, key)
+        if value not in (None, [], ""):
+            shown = format_time(value) if key == "at_time" else value
+            console.print(f"{key:20} {shown}", highlight=False)
+    console.print(f"{'next_fire_at':20} {format_time(row.next_fire_at)}", highlight=False)
+    console.print(f"{'last_fired_at':20} {format_time(row.last_fired_at)}", highlight=False)
+    for r in recent:
+        console.print(f"  run {r.id} {r.status:10} {r.status_reason_code} at {format_time(r.fired_at)}",
                       highlight=False)
 
 
@@ -230,14 +235,14 @@ def _simple(action: str) -> None:
     fn = {"enable": store.enable_schedule, "disable": store.disable_schedule, "rm": store.delete_schedule}[action]
 
     def command(ref: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
-        async def go(book: Book) -> dict[str, Any]:
+        async def go(book: Book) -> Schedule:
             return await fn(book, ref)
 
         row = run(with_book(go, writes=True)())
         if as_json:
-            emit_json(row)
+            emit_json(row.dump())
         else:
-            console.print(f"schedule {row['name']} is {row['status']}", highlight=False)
+            console.print(f"schedule {row.name} is {row.status}", highlight=False)
 
     command.__doc__ = {"enable": "Enable a paused (or reset an exhausted) schedule.",
                        "disable": "Pause a schedule.", "rm": "Delete a schedule (its history stays)."}[action]
@@ -260,7 +265,7 @@ def fire(
 
     settings = resolve_settings(_settings(config), _settings_path(config))
 
-    async def go(book: Book) -> list[dict[str, Any]]:
+    async def go(book: Book) -> list[ScheduleRun]:
         engine = SchedulerEngine(book, settings)
         try:
             return list((await engine.fire_and_wait(ref)).runs)
@@ -269,15 +274,14 @@ def fire(
 
     rows = run(with_book(go, limits=settings.book_limits(), writes=True)())
     if as_json:
-        emit_json(rows)
+        emit_json([r.dump() for r in rows])
     else:
         for r in rows:
-            console.print(f"run {r['id']} depth {r['chain_depth']}: {r['status']} ({r['status_reason_code']}, "
-                          f"exit {r['exit_code']})", highlight=False)
-    unfinished = [r for r in rows if r["status"] != "completed"]
+            console.print(f"run {r.id} depth {r.chain_depth}: {r.status} ({r.status_reason_code}, "
+                          f"exit {r.exit_code})", highlight=False)
+    unfinished = [r for r in rows if r.status != "completed"]
     if unfinished:
-        raise fail(f"run {unfinished[0]['id']} ended {unfinished[0]['status']} "
-                   f"({unfinished[0]['status_reason_code']})", 1)
+        raise fail(f"run {unfinished[0].id} ended {unfinished[0].status} ({unfinished[0].status_reason_code})", 1)
 
 
 @schedule_app.command("runs")
@@ -291,19 +295,19 @@ def schedule_runs_cmd(
 
     integer("--limit", limit, low=1, high=INT32[1])
 
-    async def go(book: Book) -> list[dict[str, Any]]:
-        return await list_runs(book, (await get_schedule(book, ref))["id"], limit=limit)
+    async def go(book: Book) -> list[ScheduleRun]:
+        return await list_runs(book, (await get_schedule(book, ref)).id, limit=limit)
 
     rows = run(with_book(go)())
     if as_json:
-        emit_json(rows)
+        emit_json([r.dump() for r in rows])
         return
     from rich.table import Column, Table
 
     table = Table(Column("run", no_wrap=True, min_width=32), "status", "reason", "exit", "depth", "fired", "ended")
     for r in rows:
-        table.add_row(r["id"], r["status"], r["status_reason_code"], str(r["exit_code"] if r["exit_code"] is not None else "-"),
-                      str(r["chain_depth"]), format_time(r["fired_at"]), format_time(r["ended_at"]))
+        table.add_row(r.id, r.status, r.status_reason_code, str(r.exit_code if r.exit_code is not None else "-"),
+                      str(r.chain_depth), format_time(r.fired_at), format_time(r.ended_at))
     print_table(table)
 
 
@@ -315,22 +319,23 @@ def runs_show(run_id: str, as_json: bool = typer.Option(False, "--json", help=JS
     from statebook.lifecycle import history
     from statebook.scheduler.store import get_run
 
-    async def go(book: Book) -> dict[str, Any]:
+    async def go(book: Book) -> tuple[ScheduleRun, list[dict[str, Any]]]:
         row = await get_run(book, run_id)
         facts = await history(book, "schedule_run", run_id)
-        return {**row, "history": [{"at": f.at, "from": f.previous_status, "to": f.status, "reason": f.reason_code,
-                                    "summary": f.reason_summary} for f in facts]}
+        return row, [{"at": f.at, "from": f.previous_status, "to": f.status, "reason": f.reason_code,
+                      "summary": f.reason_summary} for f in facts]
 
-    row = run(with_book(go)())
+    row, moves = run(with_book(go)())
     if as_json:
-        emit_json(row)
+        emit_json({**row.dump(), "history": moves})
         return
     for key in ("id", "schedule_id", "status", "status_reason_code", "status_reason_summary", "action_kind",
                 "action_args", "exit_code", "chain_parent_id", "chain_depth", "pid", "cost_usd", "tokens",
                 "error_detail"):
-        if row.get(key) not in (None, [], ""):
-            console.print(f"{key:22} {row[key]}", highlight=False)
-    for h in row["history"]:
+        value = getattr(row, key)
+        if value not in (None, [], ""):
+            console.print(f"{key:22} {value}", highlight=False)
+    for h in moves:
         console.print(f"  {format_time(h['at'])} {h['from'] or '-'} -> {h['to']} {h['reason']} {h['summary']}", highlight=False)
 
 
@@ -339,11 +344,11 @@ def runs_cancel(run_id: str, as_json: bool = typer.Option(False, "--json", help=
     """Cancel a run: it becomes ``cancelled`` now; its daemon kills the process group on its next tick."""
     from statebook.scheduler.runs import cancel_run
 
-    async def go(book: Book) -> dict[str, Any]:
+    async def go(book: Book) -> ScheduleRun:
         return await cancel_run(book, run_id)
 
     row = run(with_book(go, writes=True)())
     if as_json:
-        emit_json(row)
+        emit_json(row.dump())
     else:
-        console.print(f"run {row['id']} is {row['status']}", highlight=False)
+        console.print(f"run {row.id} is {row.status}", highlight=False)

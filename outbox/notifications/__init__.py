@@ -7,7 +7,8 @@ attempts recorded as their own entities, and rate limits shared by every worker 
 Delivered on the delivery core (:mod:`statebook.outbox.core`), like dispatches.
 
 Intake and reads: :func:`send_notification`, :func:`get_notification`, :func:`list_notifications`,
-:func:`notification_attempts`. Delivery: :class:`NotificationWorker` or :func:`deliver_due_notifications`
+:func:`notification_attempts`. Reads return the frozen models of :mod:`.models` (:class:`Notification`,
+:class:`ChannelAttempt`, ...). Delivery: :class:`NotificationWorker` or :func:`deliver_due_notifications`
 (its steps: :mod:`.delivery`; what a claim and a finalization write: :mod:`.attempts`; the channel side
 of an attempt: :mod:`.calls`). Responses: :func:`ack_notification`, :func:`dismiss_notification`, timeout
 callbacks (:mod:`.responses`). Recovery and explicit retention: :mod:`.recovery`,
@@ -21,6 +22,7 @@ from .buckets import ensure_bucket
 from .channels import Channel, Delivery, Guard, LeaseLost, Mode, NoToken, Observation, ProviderOutcome
 from .delivery import deliver_due_notifications
 from .errors import NotificationInvalid
+from .models import ChannelAttempt, DeadLetter, FollowUp, Notification, NotificationResponse, TimeoutCallback
 from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
 from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN
 from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
@@ -41,4 +43,5 @@ __all__ = [
     "get_notification", "get_response", "list_dead_letters", "list_notifications", "notification_attempts",
     "notifications", "register_timeout_callback", "replay_notification", "resolve_notification", "send_notification",
     "timeout_callbacks", "unregister_timeout_callback",
+    "ChannelAttempt", "DeadLetter", "FollowUp", "Notification", "NotificationResponse", "TimeoutCallback",
 ]

@@ -29,6 +29,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Reason, apply_many, create, head_columns
 from statebook.lifecycle.errors import StorageError
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, number, shown, text, timestamp
 from statebook.lifecycle.queries import lock_rows
 
@@ -100,8 +101,7 @@ async def ensure_bucket(book: Book, channel: str, scope: str, *, capacity: float
     at the old rate up to now (the book's clock), then keeps at most the new capacity. A retired bucket
     is left as it is. Runs in the book's transaction when bound, else in its own.
     """
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     entity_id = bucket_id(channel, scope)
     checked(number, "capacity", capacity, low=1, high=MAX_CAPACITY)
     checked(number, "refill_per_second", refill_per_second, low=0, high=MAX_REFILL)
@@ -140,8 +140,7 @@ async def draw(tx: Book, channel: str, scope: str, *, now: float) -> float:
     A channel and scope without a bucket (or with a retired one) have no limit configured: 0.0, and
     nothing is written. ``now`` is the caller's injected clock reading.
     """
-    if not isinstance(tx, Book):
-        raise refused("tx", "type", f"expected a statebook Book, got {type(tx).__name__}")
+    checked(inputs.book, "tx", tx)
     if tx.conn is None or not tx.conn.in_transaction():
         raise refused("tx", "bound", "draw runs in the caller's transaction: pass the book of "
                                      "`async with book.begin() as tx`, so the token and the attempt it pays for "

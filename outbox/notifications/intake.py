@@ -17,11 +17,13 @@ import sqlalchemy as sa
 from statebook.lifecycle import Actor, Book, Reason, create
 from statebook.lifecycle.codec import digest, dumps, new_id
 from statebook.lifecycle.errors import IdempotencyMismatch
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, number, shown, text
 
 from . import ownership
 from .channels import CHANNEL_NAMES, EPHEMERAL, PERSISTENT_ORDER, Mode, run_order
 from .errors import checked, refused
+from .models import ChannelAttempt, Notification
 from .responses import check_timeout
 from .schema import channel_attempts, notification_responses, notifications
 
@@ -55,8 +57,7 @@ class Accepted:
 
 
 def _book(value: Any) -> Book:
-    if not isinstance(value, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(value).__name__}")
+    checked(inputs.book, "book", value)
     return value
 
 
@@ -233,9 +234,9 @@ async def _acceptance(book: Book, row: Mapping[str, Any], status: str, *, create
     """The acceptance of ``row``, with its canonical obligation's response read in ``book`` (the intake's
     transaction): the same fields a read of the row gives (N24)."""
     owner = row["obligation_owner_id"] or row["id"]
-    [read] = await _with_responses(book, [{"id": row["id"], "obligation_owner_id": owner}])
+    answer = (await _answers(book, [owner])).get(owner)
     return Accepted(row["id"], status, created, row["mode"], tuple(row["channels"]), owner,
-                    read["effective_ack_status"], read["ack_inherited"])
+                    answer, answer is not None and owner != row["id"])
 
 
 _BY_KEY = sa.select(notifications).where(
@@ -264,20 +265,20 @@ def _id(argument: str, value: Any) -> str:
     return checked(text, argument, value, max_chars=KEY_CHARS, empty=False)
 
 
-async def get_notification(book: Book, notification_id: str) -> dict[str, Any] | None:
-    """The notification's row as a dict, or None."""
+async def get_notification(book: Book, notification_id: str) -> Notification | None:
+    """The notification, or None."""
     book = _book(book)
     _id("notification_id", notification_id)
     t = notifications
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t).where(t.c.id == notification_id))).first()
-    return None if row is None else (await _with_responses(book, [_decoded(row)]))[0]
+    return None if row is None else (await _answered(book, [row]))[0]
 
 
 async def list_notifications(
     book: Book, *, status: str | None = None, dead_letter: bool | None = None, limit: int = 50,
     response: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Notification]:
     """Newest first (created_at, then id), optionally one status, only dead letters, and/or one response
     status (``acked``, ``dismissed``, ...: the answer its obligation got, a follower's through its owner)."""
     book = _book(book)
@@ -290,8 +291,7 @@ async def list_notifications(
         if value not in declared:
             raise refused(argument, "status", f"unknown {'response ' if argument == 'response' else ''}status "
                           f"{shown(value)}; statuses are {', '.join(declared)}")
-    if dead_letter is not None and not isinstance(dead_letter, bool):
-        raise refused("dead_letter", "type", f"expected true, false or None, got {type(dead_letter).__name__}")
+    checked(inputs.flag, "dead_letter", dead_letter, optional=True)
     checked(integer, "limit", limit, low=1, high=MAX_LIST)
     t = notifications
     query = sa.select(t).order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
@@ -305,27 +305,29 @@ async def list_notifications(
         query = query.where(sa.func.coalesce(t.c.obligation_owner_id, t.c.id).in_(answered))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
-    return await _with_responses(book, [_decoded(r) for r in rows])
+    return await _answered(book, rows)
 
 
-async def _with_responses(book: Book, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fill each row's response fields from its canonical obligation's response (N24, N34): its own, or
-    its owner's for a follower (``ack_inherited``)."""
-    wanted = sorted({r["obligation_owner_id"] for r in rows})
+async def _answered(book: Book, rows: Sequence[Any]) -> list[Notification]:
+    """Each row as a :class:`Notification` with its canonical obligation's answer (N24, N34): its own response's
+    status, or its owner's for a follower (``ack_inherited``)."""
+    found = await _answers(book, [r.obligation_owner_id or r.id for r in rows])
+    return [Notification.answered(r, found.get(r.obligation_owner_id or r.id)) for r in rows]
+
+
+async def _answers(book: Book, owners: Sequence[str]) -> dict[str, str]:
+    """The response status of each of these canonical obligations that has a response."""
+    wanted = sorted(set(owners))
     found: dict[str, str] = {}
     t = notification_responses
     async with book.read() as conn:
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
             found.update({r.id: r.status for r in await conn.execute(sa.select(t.c.id, t.c.status).where(t.c.id.in_(chunk)))})
-    for r in rows:
-        status = found.get(r["obligation_owner_id"])
-        r["effective_ack_status"] = status
-        r["ack_inherited"] = status is not None and r["obligation_owner_id"] != r["id"]
-    return rows
+    return found
 
 
-async def notification_attempts(book: Book, notification_id: str) -> list[dict[str, Any]]:
+async def notification_attempts(book: Book, notification_id: str) -> list[ChannelAttempt]:
     """The notification's channel observations, cycle by cycle, in the order they were made."""
     book = _book(book)
     _id("notification_id", notification_id)
@@ -334,19 +336,4 @@ async def notification_attempts(book: Book, notification_id: str) -> list[dict[s
              .order_by(t.c.cycle, t.c.attempt, t.c.position, t.c.made_at, t.c.id))
     async with book.read() as conn:
         rows = (await conn.execute(query)).fetchall()
-    return [dict(r._mapping) | {"duplicate_risk": bool(r.duplicate_risk)} for r in rows]
-
-
-def _decoded(row: Any) -> dict[str, Any]:
-    return decoded(row._mapping)
-
-
-def decoded(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row as reads return it, with the canonical obligation's fields (N24): the owner (itself when
-    it owns its obligation or has none) and the response fields part 3 fills."""
-    out = dict(row)
-    out["dead_letter"] = bool(out["dead_letter"])
-    out["obligation_owner_id"] = out["obligation_owner_id"] or out["id"]
-    out.setdefault("effective_ack_status", None)
-    out.setdefault("ack_inherited", False)
-    return out
+    return [ChannelAttempt.from_row(r) for r in rows]

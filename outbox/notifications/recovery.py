@@ -28,11 +28,13 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, EntityNotFound, Reason, apply_many
 from statebook.lifecycle.errors import StatebookError
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 
 from . import ownership
 from .errors import checked, refused
-from .intake import MAX_LIST, decoded, get_notification
+from .intake import MAX_LIST, get_notification
+from .models import DeadLetter, Notification
 from .ownership import DEFAULT_WINDOW_SECONDS
 from .policy import OPERATOR
 from .schema import dedup_claims, notifications
@@ -149,8 +151,7 @@ async def replay_notification(book: Book, notification_id: str, *, actor: Actor 
     higher generation and a new window, and its failed unresolved descendants (down the successor
     chain) are covered by it (``replayed_in``, out of the dead-letter view, never replayable again). Refused with :class:`RecoveryRefused` — the reason
     and the blocker as data, nothing written — when :func:`replay_block` finds a blocker."""
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     nid, actor = _id(notification_id), _actor(actor)
     if note is not None:
         checked(text, "note", note, max_chars=NOTE_CHARS)
@@ -214,12 +215,11 @@ async def _cover_descendants(tx: Book, row: dict[str, Any], nid: str, cycle: int
 
 
 async def resolve_notification(book: Book, notification_id: str, *, reason: str,
-                               actor: Actor = OPERATOR_ACTOR) -> dict[str, Any]:
+                               actor: Actor = OPERATOR_ACTOR) -> Notification:
     """An operator resolves a dead letter (N29): ``failed`` stays ``failed``, ``dead_letter`` cleared,
     with the actor, the time and the reason recorded (an audited fact). Refused — nothing written —
-    for anything but an unresolved dead letter. Returns the row."""
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    for anything but an unresolved dead letter. Returns the notification as it is now."""
+    checked(inputs.book, "book", book)
     nid, actor = _id(notification_id), _actor(actor)
     checked(text, "reason", reason, max_chars=NOTE_CHARS, empty=False)
     if not reason.strip():
@@ -250,12 +250,11 @@ _DEAD = (sa.select(notifications)
          .order_by(notifications.c.updated_at, notifications.c.id))
 
 
-async def list_dead_letters(book: Book, *, limit: int = 100) -> list[dict[str, Any]]:
+async def list_dead_letters(book: Book, *, limit: int = 100) -> list[DeadLetter]:
     """The durable dead-letter view (N26): failed notifications with ``dead_letter`` set, oldest first,
     each with ``replay_blocked_by`` and ``replay_block_reason`` (None when a replay would be accepted
     now). Reading changes nothing."""
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     checked(integer, "limit", limit, low=1, high=MAX_LIST)
     async with book.read() as conn:
         rows = [dict(r._mapping) for r in await conn.execute(_DEAD.limit(limit))]
@@ -263,8 +262,7 @@ async def list_dead_letters(book: Book, *, limit: int = 100) -> list[dict[str, A
     out = []
     for row in rows:
         block = await replay_block(book, row, now=now)
-        item = decoded(row)
-        item["replay_blocked_by"] = None if block is None else block.blocked_by
-        item["replay_block_reason"] = None if block is None else block.reason
-        out.append(item)
+        out.append(DeadLetter.answered(row, None).model_copy(update={
+            "replay_blocked_by": None if block is None else block.blocked_by,
+            "replay_block_reason": None if block is None else block.reason}))
     return out

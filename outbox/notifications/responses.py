@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, EntityNotFound, Reason, apply_many, create
 from statebook.lifecycle.errors import StatebookError
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, shown, text
 from statebook.lifecycle.schema import status_in
 from statebook.outbox import TransportResult, dispatch_outbox, enqueue_dispatches
@@ -38,6 +39,7 @@ from statebook.outbox.core.claims import read_rows
 
 from .errors import checked, refused
 from .channels import FOLLOWS_RESPONSES
+from .models import FollowUp, NotificationResponse, TimeoutCallback
 from .schema import channel_attempts, notification_responses, notifications
 
 CALLBACK_KIND = "notification.timeout"
@@ -58,7 +60,7 @@ class ResponseConflict(StatebookError):
     or the notification does not (yet) wait for an answer. Nothing was written; ``recorded`` is the
     response as it stands (None when there is none)."""
 
-    def __init__(self, message: str, *, recorded: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, message: str, *, recorded: NotificationResponse | None = None) -> None:
         super().__init__(message)
         self.recorded = recorded
 
@@ -152,12 +154,10 @@ async def canonical(book: Book, notification_id: str) -> str:
     return row["obligation_owner_id"] or row["id"]
 
 
-async def _respond(book: Book, notification_id: Any, target: str, actor: Any, note: Any) -> dict[str, Any]:
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+async def _respond(book: Book, notification_id: Any, target: str, actor: Any, note: Any) -> NotificationResponse:
+    checked(inputs.book, "book", book)
     nid = checked(text, "notification_id", notification_id, max_chars=KEY_CHARS, empty=False)
-    if not isinstance(actor, Actor):
-        raise refused("actor", "type", f"expected an Actor (who answers), got {type(actor).__name__}")
+    checked(inputs.actor, "actor", actor)
     if note is not None:
         checked(text, "note", note, max_chars=NOTE_CHARS)
     async with book.begin() as tx:
@@ -214,8 +214,8 @@ async def _follow(tx: Book, rid: str, target: str, who: str) -> None:
             for channel in channels])
 
 
-async def follow_ups(book: Book, notification_id: str) -> list[dict[str, Any]]:
-    """The provider follow-ups of the notification's response (:data:`FOLLOW_ACTIONS`), as dispatch rows."""
+async def follow_ups(book: Book, notification_id: str) -> list[FollowUp]:
+    """The provider follow-ups of the notification's response (:data:`FOLLOW_ACTIONS`), oldest first."""
     nid = checked(text, "notification_id", notification_id, max_chars=KEY_CHARS, empty=False)
     rid = await canonical(book, nid)
     t = dispatch_outbox
@@ -224,26 +224,25 @@ async def follow_ups(book: Book, notification_id: str) -> list[dict[str, Any]]:
                                                                 for a in FOLLOW_ACTIONS.values()]))
              .order_by(t.c.created_at, t.c.id))
     async with book.read() as conn:
-        return [dict(r._mapping) for r in await conn.execute(query)]
+        return [FollowUp.from_row(r) for r in await conn.execute(query)]
 
 
-async def ack_notification(book: Book, notification_id: str, *, actor: Actor, note: str | None = None) -> dict[str, Any]:
+async def ack_notification(book: Book, notification_id: str, *, actor: Actor, note: str | None = None) -> NotificationResponse:
     """Acknowledge a delivered notification (or its owner, for a follower): ``pending -> acked`` (N32, N33)."""
     return await _respond(book, notification_id, "acked", actor, note)
 
 
-async def dismiss_notification(book: Book, notification_id: str, *, actor: Actor, note: str | None = None) -> dict[str, Any]:
+async def dismiss_notification(book: Book, notification_id: str, *, actor: Actor, note: str | None = None) -> NotificationResponse:
     """Dismiss a delivered notification (or its owner, for a follower): ``pending -> dismissed`` (N32, N33)."""
     return await _respond(book, notification_id, "dismissed", actor, note)
 
 
-def public(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a response row an operator or host is shown."""
-    return {k: row[k] for k in ("id", "status", "started_at", "due_at", "timeout_callback", "responder",
-                                "responded_at", "note", "version")}
+def public(row: Mapping[str, Any]) -> NotificationResponse:
+    """A response row as an operator or host is shown it."""
+    return NotificationResponse.from_row(row)
 
 
-async def get_response(book: Book, notification_id: str) -> dict[str, Any] | None:
+async def get_response(book: Book, notification_id: str) -> NotificationResponse | None:
     """The response that answers for ``notification_id`` (its owner's, for a follower), or None."""
     nid = checked(text, "notification_id", notification_id, max_chars=KEY_CHARS, empty=False)
     rid = await canonical(book, nid)
@@ -302,13 +301,13 @@ def check_timeout(value: Any) -> float | None:
     return float(value)
 
 
-async def timeout_callbacks(book: Book, notification_id: str) -> list[dict[str, Any]]:
+async def timeout_callbacks(book: Book, notification_id: str) -> list[TimeoutCallback]:
     """The timeout callback obligations of the notification's response (at most one: dedup key
-    ``timeout:<id>``), as dispatch rows: status, attempts, next attempt, last error."""
+    ``timeout:<id>``): status, attempts, next attempt, last error."""
     nid = checked(text, "notification_id", notification_id, max_chars=KEY_CHARS, empty=False)
     rid = await canonical(book, nid)
     t = dispatch_outbox
     query = sa.select(t.c.id, t.c.status, t.c.deliver_to, t.c.attempt, t.c.max_attempts, t.c.next_attempt_at,
                       t.c.last_error, t.c.created_at).where(t.c.dedup_key == f"timeout:{rid}")
     async with book.read() as conn:
-        return [dict(r._mapping) for r in await conn.execute(query)]
+        return [TimeoutCallback.from_row(r) for r in await conn.execute(query)]

@@ -41,6 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from statebook.lifecycle import Actor, Book, Reason, create, transition
 from statebook.lifecycle.codec import new_id
 from statebook.lifecycle.engine import purge_many
+from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import duration, timestamp
 from statebook.lifecycle.queries import lock_rows
 from statebook.lifecycle.schema import status_in
@@ -94,20 +95,15 @@ class _Tally:
 
 
 def _check(book: Any, before: Any, horizon: Any, dry_run: Any, actor: Any, progress: Any) -> None:
-    if not isinstance(book, Book):
-        raise refused("book", "type", f"expected a statebook Book, got {type(book).__name__}")
+    checked(inputs.book, "book", book)
     if book.conn is not None:
         raise refused("book", "bound", "retention runs its own transactions, one per batch; pass an unbound book, "
                                        "not one from book.begin()")
     checked(timestamp, "before", before)
     checked(duration, "horizon", horizon, high=MAX_HORIZON, positive=True)
-    if type(dry_run) is not bool:
-        raise refused("dry_run", "type", f"must be True or False, got {type(dry_run).__name__}")
-    if not isinstance(actor, Actor):
-        raise refused("actor", "type",
-                      f"expected an Actor (e.g. Actor('operator', 'alice')), got {type(actor).__name__}")
-    if progress is not None and not callable(progress):
-        raise refused("progress", "type", f"expected a callable(done, total) or None, got {type(progress).__name__}")
+    checked(inputs.flag, "dry_run", dry_run)
+    checked(inputs.actor, "actor", actor)
+    checked(inputs.callback, "progress", progress)
 
 
 async def apply_notification_retention(

@@ -38,7 +38,7 @@ from statebook.outbox.notifications import send_notification
 from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.scripted import ScriptedChannel
 from statebook.scheduler.runs import open_run
-from statebook.scheduler.store import create_schedule
+from statebook.scheduler.store import create_schedule, schedule_row
 
 SECRET = "a chain key of forty bytes, for the tests"
 KEY = ChainKey(SECRET.encode())
@@ -140,7 +140,7 @@ async def _seed(url: str, key: ChainKey | None) -> dict[str, str]:
         dead = await enqueue_dispatch(book, kind="k", deliver_to="seat-2", max_attempts=1)
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
         await enqueue_dispatch(book, kind="k", deliver_to="seat-3")
-        token = (await get_dispatch(book, acked))["ack_token"]
+        token = (await get_dispatch(book, acked)).ack_token.get_secret_value()
         delivered = await send_notification(book, recipient="ops", content={"text": "a"}, mode="guaranteed",
                                             channels=["email"], response_timeout=86400)
         failed = await send_notification(book, recipient="dba", content={"text": "b"}, mode="guaranteed",
@@ -154,7 +154,8 @@ async def _seed(url: str, key: ChainKey | None) -> dict[str, str]:
                    "action_cwd": tempfile.gettempdir()}
         active = await create_schedule(book, {"name": "active", **command})
         await create_schedule(book, {"name": "paused", **command, "enabled": False})
-        run = await open_run(book, active, reason=Reason("schedule_run.running.fired"), context={}, daemon_id="d1")
+        run = await open_run(book, await schedule_row(book, active.id), reason=Reason("schedule_run.running.fired"),
+                             context={}, daemon_id="d1")
         week_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 8 * 86400))
         return {"acked": acked, "token": token, "dead": dead, "delivered": delivered.id, "failed": failed.id,
                 "run": run, "week_ago": week_ago, "waiting": waiting}

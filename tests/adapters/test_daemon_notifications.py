@@ -50,8 +50,8 @@ def test_the_daemon_delivers_notifications_through_the_named_channels(tmp_path, 
             await book.engine.dispose()
 
     summary, row, attempts = asyncio.run(go())
-    assert row["status"] == "delivered" and row["delivered_channel"] == "email"
-    assert [(a["channel"], a["status"]) for a in attempts] == [("slack", "rejected"), ("email", "success")]
+    assert row.status == "delivered" and row.delivered_channel == "email"
+    assert [(a.channel, a.status) for a in attempts] == [("slack", "rejected"), ("email", "success")]
     assert summary["notifications"] == {"delivered": 1}
     assert summary["verify"]["ok"]
 
@@ -114,8 +114,8 @@ def test_the_daemon_times_out_a_silent_response_and_calls_back(tmp_path, channel
             await book.engine.dispose()
 
     summary, response, callbacks, nid = asyncio.run(go())
-    assert response["status"] == "timed_out"
-    assert [c["status"] for c in callbacks] == ["delivered"]
+    assert response.status == "timed_out"
+    assert [c.status for c in callbacks] == ["delivered"]
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [e["notification_id"] for e in events] == [nid]
     assert summary["verify"]["ok"]
@@ -151,7 +151,7 @@ def test_the_daemon_never_removes_notifications(tmp_path, channel_module):
             facts = (await conn.execute(sa.select(sa.func.count()).select_from(facts_table).where(
                 facts_table.c.entity_type.in_(kinds)))).scalar_one()
             runs = (await conn.execute(sa.select(sa.func.count()).select_from(notification_retention_runs))).scalar_one()
-        rows = [r["id"] for r in await list_notifications(book, limit=100)]
+        rows = [r.id for r in await list_notifications(book, limit=100)]
         return facts, runs, sorted(rows)
 
     async def go():

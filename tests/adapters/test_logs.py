@@ -100,7 +100,7 @@ async def test_one_line_per_dispatch_delivery_outcome(logged, book: Book):
     per_id = [f["dispatch_id"] for f in lines(buffer) if "dispatch_id" in f]
     assert sorted(per_id) == sorted(ids.values())  # one line each
     assert outcomes == {ids["ok"]: "delivered", ids["bad"]: "dead_letter", ids["flaky"]: "retried"}
-    assert (await get_dispatch(book, ids["bad"]))["status"] == "dead_letter"
+    assert (await get_dispatch(book, ids["bad"])).status == "dead_letter"
 
 
 async def test_one_line_per_notification_delivery_outcome(logged, book: Book):
@@ -113,6 +113,6 @@ async def test_one_line_per_notification_delivery_outcome(logged, book: Book):
     found = [f for f in lines(buffer) if "notification_id" in f and "outcome" in f]
     assert sorted(f["notification_id"] for f in found) == sorted([good, meh])
     by_id = {f["notification_id"]: f for f in found}
-    assert by_id[good]["outcome"] == (await get_notification(book, good))["status"] == "delivered"
+    assert by_id[good]["outcome"] == (await get_notification(book, good)).status == "delivered"
     assert by_id[good]["channel"] == "email"
-    assert by_id[meh]["outcome"] == (await get_notification(book, meh))["status"] == "failed"
+    assert by_id[meh]["outcome"] == (await get_notification(book, meh)).status == "failed"

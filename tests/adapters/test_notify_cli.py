@@ -60,6 +60,42 @@ def test_ls_filters_by_status_and_dead_letter(db):
     assert table.exit_code == 0 and "dead letter" in table.output
 
 
+def test_reads_return_frozen_models_that_json_prints(db):
+    """get_notification, list_notifications, notification_attempts and list_dead_letters return frozen
+    models (times as aware datetimes, no engine head); ``ls``, ``show``, ``attempts`` and ``dead-letters``
+    print their dumps."""
+    from pydantic import ValidationError
+
+    from statebook.outbox.notifications import (
+        ChannelAttempt, DeadLetter, Notification, get_notification, list_dead_letters, list_notifications,
+        notification_attempts,
+    )
+
+    ids = seed(db)
+
+    async def read():
+        book = await open_book(db, clock=FakeClock())
+        try:
+            return (await get_notification(book, ids["ok"]), await list_notifications(book),
+                    await notification_attempts(book, ids["ok"]), await list_dead_letters(book))
+        finally:
+            await book.engine.dispose()
+
+    ok, listed, attempts, dead = asyncio.run(read())
+    assert isinstance(ok, Notification) and ok in listed and all(isinstance(n, Notification) for n in listed)
+    assert all(isinstance(a, ChannelAttempt) for a in attempts) and [type(d) for d in dead] == [DeadLetter]
+    assert ok.created_at.tzinfo is not None and ok.channels == ["slack", "email"] and ok.dead_letter is False
+    with pytest.raises(ValidationError):
+        ok.status = "failed"
+    assert "chain_hash" not in ok.dump() and "last_fact_id" not in attempts[0].dump()
+    assert json.loads(invoke(db, "ls", "--json").output) == [n.dump() for n in listed]
+    assert json.loads(invoke(db, "attempts", ids["ok"], "--json").output) == [a.dump() for a in attempts]
+    assert json.loads(invoke(db, "dead-letters", "--json").output) == [d.dump() for d in dead]
+    shown = json.loads(invoke(db, "show", ids["ok"]).output)
+    assert {k: v for k, v in shown.items() if k in ok.dump()} == ok.dump()
+    assert shown["attempts_by_cycle"] == {"1": [a.dump() for a in attempts]}
+
+
 def test_show_and_attempts_list_each_cycle_s_observations(db):
     ids = seed(db)
     shown = invoke(db, "show", ids["ok"])
@@ -231,11 +267,11 @@ def test_ls_filters_by_response_status_and_ack_wants_type_and_id(db_url, backend
         lines = refused.stderr.strip().splitlines()
         assert len(lines) == 1 and "--actor" in lines[0] and "type:id" in lines[0] and "operator:alice" in lines[0]
 
-    async def answer() -> dict | None:
+    async def answer():
         book = await open_book(db_url)
         try:
             return await get_response(book, ids["open"])
         finally:
             await book.engine.dispose()
 
-    assert asyncio.run(answer())["status"] == "pending"  # nothing was written
+    assert asyncio.run(answer()).status == "pending"  # nothing was written

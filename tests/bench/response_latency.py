@@ -84,11 +84,11 @@ async def one_backend(url: str, n: int, spacing: float, work: Path) -> dict[str,
     out: dict[str, list[float]] = {"deadline -> timed out": [], "timed out -> callback": [], "deadline -> callback": []}
     for i in ids:
         r, c = responses[i], called.get(i)
-        if r is None or r["status"] != "timed_out" or c is None:
+        if r is None or r.status != "timed_out" or c is None:
             raise SystemExit(f"notification {i}: response {r and r['status']}, callback {'seen' if c else 'missing'}")
-        out["deadline -> timed out"].append(r["responded_at"] - r["due_at"])
-        out["timed out -> callback"].append(c["at"] - r["responded_at"])
-        out["deadline -> callback"].append(c["at"] - r["due_at"])
+        out["deadline -> timed out"].append(r.responded_at.timestamp() - r.due_at.timestamp())
+        out["timed out -> callback"].append(c["at"] - r.responded_at.timestamp())
+        out["deadline -> callback"].append(c["at"] - r.due_at.timestamp())
     return out
 
 

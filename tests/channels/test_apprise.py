@@ -198,7 +198,7 @@ async def test_a_notification_is_delivered_by_apprise_through_the_runtime(book):
         result = await run_attempt(book, lease, {"apprise": channel(server.url())}, deadline=2.0)
         assert await finalize(book, lease, result, now=book.clock.now()) == "delivered"
         [attempt] = await notification_attempts(book, accepted.id)
-        assert (attempt["channel"], attempt["status"], attempt["started_at"] is not None) == ("apprise", "success", True)
+        assert (attempt.channel, attempt.status, attempt.started_at is not None) == ("apprise", "success", True)
         assert server.received[0]["message"] == "97%" and SECRET not in repr(attempt)
 
 
@@ -211,5 +211,5 @@ async def test_a_failing_apprise_server_through_the_runtime_is_an_unknown_attemp
         recorded = await attempt_channel(book, lease, channel(server.url()), deadline=2.0)
         assert recorded.observation.outcome is ProviderOutcome.UNKNOWN
         [attempt] = await notification_attempts(book, accepted.id)
-        assert (attempt["status"], attempt["started_at"] is not None) == ("unknown", True), attempt
+        assert (attempt.status, attempt.started_at is not None) == ("unknown", True), attempt
         assert server.effects() >= 1 and SECRET not in repr(attempt)

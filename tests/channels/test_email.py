@@ -309,8 +309,8 @@ async def test_a_notification_is_delivered_by_email_through_the_runtime(book, mo
         result = await run_attempt(book, lease, {"email": chan}, deadline=2.0)
         assert await finalize(book, lease, result, now=book.clock.now()) == "delivered"
         [attempt] = await notification_attempts(book, accepted.id)
-        assert (attempt["channel"], attempt["status"], attempt["provider_retries"]) == ("email", "success", 1)
-        assert attempt["started_at"] is not None and attempt["detail"].startswith("250")
+        assert (attempt.channel, attempt.status, attempt.provider_retries) == ("email", "success", 1)
+        assert attempt.started_at is not None and attempt.detail.startswith("250")
         assert len(server.messages) == 2 and PASSWORD not in repr(attempt)
 
 
@@ -323,5 +323,5 @@ async def test_a_refused_recipient_through_the_runtime_is_a_rejected_attempt(boo
         result = await run_attempt(book, lease, {"email": channel(server.port)}, deadline=2.0)
         assert result.outcome == "retry"
         [attempt] = await notification_attempts(book, accepted.id)
-        assert (attempt["status"], attempt["started_at"] is not None) == ("rejected", True), attempt
-        assert attempt["detail"].startswith("RCPT TO: 550") and server.messages == []
+        assert (attempt.status, attempt.started_at is not None) == ("rejected", True), attempt
+        assert attempt.detail.startswith("RCPT TO: 550") and server.messages == []

@@ -94,15 +94,15 @@ def test_slack_500_then_smtp_hang_then_pagerduty_delivers_and_the_incident_follo
 
     with caplog.at_level(logging.DEBUG):
         nid, row, attempts, follows, everything, clean, slack_effects, smtp_effects, pd_received = asyncio.run(go())
-    assert (row["status"], row["delivered_channel"]) == ("delivered", "pagerduty"), row
-    seen = [(a["channel"], a["status"], a["position"], a["duplicate_risk"]) for a in attempts]
-    assert seen == [("slack", "unknown", 1, 0), ("email", "unknown", 2, 1), ("pagerduty", "success", 3, 1)], seen
-    assert all(a["started_at"] is not None for a in attempts)
+    assert (row.status, row.delivered_channel) == ("delivered", "pagerduty"), row
+    seen = [(a.channel, a.status, a.position, a.duplicate_risk) for a in attempts]
+    assert seen == [("slack", "unknown", 1, False), ("email", "unknown", 2, True), ("pagerduty", "success", 3, True)], seen
+    assert all(a.started_at is not None for a in attempts)
     assert slack_effects == 2 and smtp_effects == 1
     trigger, acknowledge = (loads(r.body) for r in pd_received)
     assert (trigger["event_action"], trigger["dedup_key"]) == ("trigger", nid)
     assert (acknowledge["event_action"], acknowledge["dedup_key"]) == ("acknowledge", nid)
-    assert [f["status"] for f in follows] == ["delivered"]
+    assert [f.status for f in follows] == ["delivered"]
     assert clean and nid in everything and "e2e.db" not in everything
     for secret in (HOOK, ROUTING, PASSWORD):
         assert secret not in everything, "a secret reached a row or a fact"
@@ -182,4 +182,4 @@ def test_the_daemon_serves_the_websocket_endpoint_and_delivers_to_its_subscriber
     nid, frame, refused, attempts = asyncio.run(go())
     assert (frame["notification_id"], frame["content"]) == (nid, {"title": "deploy done"})
     assert refused
-    assert [(a["channel"], a["status"]) for a in attempts] == [("websocket", "success")]
+    assert [(a.channel, a.status) for a in attempts] == [("websocket", "success")]

@@ -32,12 +32,12 @@ async def test_a_guaranteed_notification_falls_back_from_a_failing_slack_to_page
             await pagerduty.aclose()
     assert counts["delivered"] == 1, counts
     row = await get_notification(book, accepted.id)
-    assert (row["status"], row["delivered_channel"]) == ("delivered", "pagerduty")
+    assert (row.status, row.delivered_channel) == ("delivered", "pagerduty")
     rows = await notification_attempts(book, accepted.id)
-    assert [(a["channel"], a["status"], a["provider_retries"], a["position"]) for a in rows] == [
+    assert [(a.channel, a.status, a.provider_retries, a.position) for a in rows] == [
         ("slack", "unknown", 1, 1), ("pagerduty", "success", 0, 2)]
-    assert rows[0]["detail"].startswith("HTTP 500") and rows[0]["started_at"] is not None
-    assert [a["duplicate_risk"] for a in rows] == [0, 1], "after an UNKNOWN, the next channel is a duplicate risk"
+    assert rows[0].detail.startswith("HTTP 500") and rows[0].started_at is not None
+    assert [a.duplicate_risk for a in rows] == [False, True], "after an UNKNOWN, the next channel is a duplicate risk"
     assert slack_server.effects() == 2 and pd_server.effects() == 1
     assert loads(pd_server.received[0].body)["dedup_key"] == accepted.id
     text = repr(rows) + repr(row)

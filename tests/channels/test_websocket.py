@@ -333,15 +333,15 @@ async def test_a_best_effort_notification_reaches_a_real_subscriber_through_the_
         counts = await deliver_due_notifications(book, {"websocket": WebSocketChannel(hub)}, deadline=2.0)
         assert (counts["delivered"], counts["failed"]) == (1, 1), counts
         row = await get_notification(book, accepted.id)
-        assert (row["status"], row["delivered_channel"]) == ("delivered", "websocket")
+        assert (row.status, row.delivered_channel) == ("delivered", "websocket")
         [attempt] = await notification_attempts(book, accepted.id)
-        assert (attempt["channel"], attempt["status"], attempt["provider_retries"]) == ("websocket", "success", 0)
-        assert attempt["started_at"] is not None and attempt["detail"].startswith("1 of 1 subscriber sockets took")
+        assert (attempt.channel, attempt.status, attempt.provider_retries) == ("websocket", "success", 0)
+        assert attempt.started_at is not None and attempt.detail.startswith("1 of 1 subscriber sockets took")
         await until(lambda: len(alice.frames) == 1)
         assert alice.frames[0]["notification_id"] == accepted.id and alice.frames[0]["content"] == {"text": "disk full"}
         [none] = await notification_attempts(book, lonely.id)  # bob has no subscriber: nothing was sent
-        assert (none["status"], none["started_at"], none["detail"]) == ("not_started", None, "no subscriber connected")
-        assert (await get_notification(book, lonely.id))["status"] == "failed"
+        assert (none.status, none.started_at, none.detail) == ("not_started", None, "no subscriber connected")
+        assert (await get_notification(book, lonely.id)).status == "failed"
         for entity_type in ("notification", "channel_attempt"):
             assert (await verify(book, entity_type)).ok
         await alice.close()

@@ -101,10 +101,10 @@ async def seed(book: Book) -> dict[str, Any]:
     seeds["dead_letter"] = await enqueue_dispatch(book, kind="note", deliver_to="ops", body={}, max_attempts=1)
     await deliver_due_dispatches(book, transport=CallableTransport(_failed_send))
     seeds["pending"] = await enqueue_dispatch(book, kind="note", deliver_to="ops", body={"n": 1}, ack_required=True)
-    seeds["ack_token"] = (await get_dispatch(book, seeds["pending"]))["ack_token"]
+    seeds["ack_token"] = (await get_dispatch(book, seeds["pending"])).ack_token.get_secret_value()
     row = await create_schedule(book, {"name": "nightly", "trigger_type": "interval", "interval_sec": 3600,
                                        "action_kind": "command", "action_command": "/bin/true"})
-    seeds["schedule"], seeds["schedule_name"] = row["id"], row["name"]
+    seeds["schedule"], seeds["schedule_name"] = row.id, row.name
     clock.advance(60)
     return seeds
 

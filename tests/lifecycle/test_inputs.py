@@ -136,3 +136,27 @@ def test_a_mapping_that_is_not_a_dict_is_refused_as_not_json() -> None:
 
     with pytest.raises(InvalidArgument, match="mappingproxy, which is not JSON"):
         json_value("body", {"inner": MappingProxyType({"a": 1})})
+
+
+def test_the_shared_argument_checks_use_one_wording() -> None:
+    """flag, actor, book and callback: the outbox, the notifications and the scheduler call these, so each
+    refusal reads the same everywhere ("<argument>: expected ..., got <type>")."""
+    from statebook.lifecycle import Actor
+    from statebook.lifecycle.inputs import actor, book, callback, flag
+
+    assert flag("force", True) is True and flag("dead_letter", None, optional=True) is None
+    for value in (1, 0, "yes", None):
+        with pytest.raises(InvalidArgument, match=r"^force: expected true or false, got ") as err:
+            flag("force", value)
+        assert (err.value.argument, err.value.rule) == ("force", "type")
+    with pytest.raises(InvalidArgument, match=r"^dead_letter: expected true, false or None, got int$"):
+        flag("dead_letter", 1, optional=True)
+    who = Actor("operator", "ana")
+    assert actor("actor", who) is who
+    with pytest.raises(InvalidArgument, match=r"^actor: expected an Actor \(e\.g\. Actor\('operator', 'alice'\)\), got str$"):
+        actor("actor", "operator:ana")
+    with pytest.raises(InvalidArgument, match=r"^book: expected a statebook Book, got str$"):
+        book("book", "sqlite://")
+    assert callback("progress", None) is None and callback("progress", print) is print
+    with pytest.raises(InvalidArgument, match=r"^progress: expected a callable or None, got int$"):
+        callback("progress", 3)

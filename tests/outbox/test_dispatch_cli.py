@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from statebook.adapters.cli import app
 from statebook.adapters.db import open_book
 from statebook.lifecycle import history
-from statebook.outbox import deliver_due_dispatches, enqueue_dispatch, get_dispatch
+from statebook.outbox import Dispatch, deliver_due_dispatches, enqueue_dispatch, get_dispatch, list_dispatches
 
 from conformance.outbox.support import Recorder, failing
 
@@ -41,7 +43,7 @@ def setup_rows(url: str) -> dict[str, str]:
         dead = await enqueue_dispatch(book, kind="k", deliver_to="seat-2", max_attempts=1)
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
         pending = await enqueue_dispatch(book, kind="k", deliver_to="seat-3")
-        token = (await get_dispatch(book, acked))["ack_token"]
+        token = (await get_dispatch(book, acked)).ack_token.get_secret_value()
         return {"acked": acked, "dead": dead, "pending": pending, "token": token}
 
     return run_async(_with_book(url, go))
@@ -72,15 +74,34 @@ def test_ls_and_show_mask_ack_tokens_unless_revealed(db):
     assert token in invoke(db, "ls", "--json", "--reveal").output
 
 
+def test_reads_return_the_frozen_dispatch_model_that_json_prints(db):
+    """get_dispatch and list_dispatches return Dispatch models: typed, frozen, times as aware datetimes, the
+    engine's head left out; ``show`` and ``ls --json`` print the model's dump (ack tokens masked there)."""
+    ids = setup_rows(db)
+    one = row(db, ids["acked"])
+    assert isinstance(one, Dispatch) and one.ack_required is True and isinstance(one.payload, dict)
+    assert one.created_at.tzinfo is not None and one.created_at <= datetime.now(timezone.utc)
+    assert one.ack_token is not None and one.ack_token.get_secret_value() == ids["token"]
+    with pytest.raises(ValidationError):
+        one.status = "acked"
+    dumped = one.dump()
+    assert "last_fact_id" not in dumped and "chain_hash" not in dumped and ids["token"] not in json.dumps(dumped)
+    assert json.loads(invoke(db, "show", ids["acked"]).output) == dumped
+    assert json.loads(invoke(db, "show", ids["acked"], "--reveal").output) == one.dump(reveal=True)
+    listed = run_async(_with_book(db, lambda book: list_dispatches(book)))
+    assert all(isinstance(d, Dispatch) for d in listed)
+    assert json.loads(invoke(db, "ls", "--json").output) == [d.dump() for d in listed]
+
+
 def test_ack_retry_and_purge_act_as_the_operator(db, monkeypatch):
     """O17, O18: ack, retry and purge record operator:$USER in their facts."""
     monkeypatch.setenv("USER", "dana")
     ids = setup_rows(db)
     assert invoke(db, "ack", ids["acked"], ids["token"]).exit_code == 0
-    assert row(db, ids["acked"])["status"] == "acked"
+    assert row(db, ids["acked"]).status == "acked"
     result = invoke(db, "retry", ids["dead"])
     assert result.exit_code == 0, result.output
-    assert row(db, ids["dead"])["status"] == "pending"
+    assert row(db, ids["dead"]).status == "pending"
     assert invoke(db, "purge", ids["dead"], "--force").exit_code == 0
     for did in (ids["acked"], ids["dead"]):
         facts = run_async(_with_book(db, lambda book, d=did: history(book, "dispatch", d)))
@@ -109,7 +130,7 @@ def test_errors_are_one_line_with_a_non_zero_exit(db, args, message):
     assert result.exit_code != 0
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1
-    assert row(db, ids["pending"])["status"] == "pending"
+    assert row(db, ids["pending"]).status == "pending"
 
 
 def test_bulk_purge_dry_run_then_purge(db):
@@ -137,7 +158,7 @@ def test_deliver_once_runs_the_configured_template_and_prints_counters(db, tmp_p
     counts = json.loads(result.output.strip().splitlines()[-1])
     assert counts == {"attempted": 1, "delivered": 1, "dead_letter": 0, "expired": 0, "retried": 0}
     assert Path(out).read_text() == "seat-3\n"
-    assert row(db, ids["pending"])["status"] == "delivered"
+    assert row(db, ids["pending"]).status == "delivered"
 
 
 def test_deliver_once_expands_python_and_config_dir_as_run_does(db, tmp_path):
@@ -154,7 +175,7 @@ def test_deliver_once_expands_python_and_config_dir_as_run_does(db, tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.output.strip().splitlines()[-1])["delivered"] == 1
     assert (folder / "routes.txt").read_text() == "seat-3"
-    assert row(db, ids["pending"])["status"] == "delivered"
+    assert row(db, ids["pending"]).status == "delivered"
 
 
 @pytest.fixture
@@ -208,12 +229,12 @@ def test_deliver_without_a_transport_refuses_to_start_and_claims_nothing(any_db,
     assert served.exit_code == 2 and "notify_template" in served.stderr, served.stderr
     assert "delivering;" not in served.stderr
     assert snapshot(any_db) == before
-    assert row(any_db, ids["pending"])["attempt"] == 0
+    assert row(any_db, ids["pending"]).attempt == 0
     template = {**unset, "STATEBOOK_DISPATCH__NOTIFY_TEMPLATE": json.dumps(["/bin/true", "{deliver_to}"])}
     started = CliRunner().invoke(app, ["--db", any_db, "dispatch", "deliver", "--once", "--config", str(config)],
                                  env=template)
     assert started.exit_code == 0, started.stderr
-    assert row(any_db, ids["pending"])["status"] == "delivered"
+    assert row(any_db, ids["pending"]).status == "delivered"
 
 
 def test_expedite_from_the_command_line_acts_as_the_operator(any_db, monkeypatch):
@@ -229,12 +250,12 @@ def test_expedite_from_the_command_line_acts_as_the_operator(any_db, monkeypatch
 
     ids = setup_rows(any_db)
     waiting = run_async(_with_book(any_db, go))
-    due = row(any_db, waiting)["next_attempt_at"]
+    due = row(any_db, waiting).next_attempt_at
     done = invoke(any_db, "expedite", waiting)
     assert done.exit_code == 0, done.output
     assert done.stdout.startswith(f"expedited {waiting}")
     now = row(any_db, waiting)
-    assert now["status"] == "pending" and now["attempt"] == 1 and now["next_attempt_at"] < due
+    assert now.status == "pending" and now.attempt == 1 and now.next_attempt_at < due
     last = run_async(_with_book(any_db, lambda book: history(book, "dispatch", waiting)))[-1]
     assert (last.reason_code, last.actor_type, last.actor_id) == ("dispatch.pending.operator_expedited", "operator",
                                                                   "dana")

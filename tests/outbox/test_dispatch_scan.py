@@ -36,7 +36,7 @@ async def test_postgres_candidate_selection_skips_rows_locked_by_another_worker(
             counts = await asyncio.wait_for(deliver_due_dispatches(book, transport=rec.transport), 30)
         assert counts["attempted"] == 4
         assert sorted(rec.ids()) == sorted(set(ids) - {first})
-        assert (await row(book, first))["status"] == "pending"
+        assert (await row(book, first)).status == "pending"
     finally:
         await holder.dispose()
         await book.engine.dispose()

@@ -60,7 +60,7 @@ async def test_an_added_terminal_status_is_listed_purged_and_retained(cancellabl
     kept = await enqueue_dispatch(book, kind="k", deliver_to="a")
     dropped = await enqueue_dispatch(book, kind="k", deliver_to="b")
     await cancel(book, dropped)
-    assert [d["id"] for d in await list_dispatches(book, status="cancelled")] == [dropped]
+    assert [d.id for d in await list_dispatches(book, status="cancelled")] == [dropped]
     with pytest.raises(DispatchInvalid, match="cancelled"):  # the message lists the declared statuses
         await list_dispatches(book, status="canceled")
     clock.advance(10)
@@ -68,5 +68,5 @@ async def test_an_added_terminal_status_is_listed_purged_and_retained(cancellabl
     clock.advance(31 * 86400)
     counts = await apply_retention(book, now=clock.now())
     assert counts["cancelled"] == 1
-    assert [d["id"] for d in await list_dispatches(book)] == [kept]
+    assert [d.id for d in await list_dispatches(book)] == [kept]
     assert (await verify(book, "dispatch")).ok

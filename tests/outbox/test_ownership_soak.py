@@ -67,9 +67,9 @@ async def soak(url: str, seed: int) -> list[str]:
     def operator(book: Book):
         async def once() -> None:
             for row in await list_dead_letters(book, limit=20):
-                if row["replay_block_reason"] is None and rng.random() < 0.5:
+                if row.replay_block_reason is None and rng.random() < 0.5:
                     try:
-                        await replay_notification(book, row["id"], actor=Actor("operator", "soak"))
+                        await replay_notification(book, row.id, actor=Actor("operator", "soak"))
                     except RecoveryRefused:
                         pass  # a race with another operator or a new owner: refused, nothing written
             await asyncio.sleep(0.01)

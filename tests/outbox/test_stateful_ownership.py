@@ -404,12 +404,12 @@ class OwnershipMachine(RuleBasedStateMachine):
         """N26, N27: the view lists the model's dead letters, each with the model's block reason."""
         now = self.clock.now()
         view = self.run(list_dead_letters(self.book, limit=1000))
-        assert sorted(d["id"] for d in view) == self.model.dead_letters()
+        assert sorted(d.id for d in view) == self.model.dead_letters()
         for d in view:
-            block = self.model.replay_block(d["id"], now) or (None, None)
+            block = self.model.replay_block(d.id, now) or (None, None)
             if block[0] == "owner_pending" and self.model.notes[block[1]].status == "rate_limited":
                 event("dead-letter view: owner_pending (rate_limited)")
-            assert (d["replay_block_reason"], d["replay_blocked_by"]) == block, \
+            assert (d.replay_block_reason, d.replay_blocked_by) == block, \
                 f"N26: dead letter {d['id']} shows {(d['replay_block_reason'], d['replay_blocked_by'])}; model {block}"
 
     def rows_are_the_fold_of_their_facts(self, rows: dict[str, dict], claims: dict[str, dict]) -> None:

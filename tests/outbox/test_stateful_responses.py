@@ -40,7 +40,7 @@ from statebook.lifecycle.replay import replay
 from statebook.outbox import deliver_due_dispatches
 from statebook.outbox.dispatch.attempts import scan
 from statebook.outbox.notifications import (
-    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, register_timeout_callback,
+    CallbackTransport, NotificationResponse, ResponseConflict, ack_notification, dismiss_notification, register_timeout_callback,
     send_notification, unregister_timeout_callback,
 )
 from statebook.outbox.notifications.responses import expire_responses
@@ -239,15 +239,15 @@ class ResponseMachine(RuleBasedStateMachine):
             return
         after = self.snap()
         assert verdict != "conflict", f"N33: {name} {target} {nid[:8]} returned {got}; expected a conflict: {rid}"
-        assert rid is not None and got["id"] == rid
+        assert rid is not None and got.id == rid
         if verdict == "original":
             event("answer: the original again" + (" (follower)" if follower else ""))
             old = before.responses[rid]
-            assert {k: got[k] for k in got} == {k: old[k] for k in got}, f"N33: a repeat returned {got}, not {old}"
+            assert got == NotificationResponse.from_row(old), f"N33: a repeat returned {got}, not {old}"
             assert after.response_view() == before.response_view(), "N33: a repeated answer wrote"
             return
         event(f"answer: {target}" + (" (follower)" if follower else ""))
-        assert (got["status"], got["responder"], got["responded_at"], got["note"]) == (target, name, now, note), got
+        assert (got.status, got.responder, got.responded_at.timestamp(), got.note) == (target, name, now, note), got
         facts = after.of("notification_response", rid)
         assert len(facts) == len(before.of("notification_response", rid)) + 1
         last = facts[-1]

@@ -42,6 +42,46 @@ def test_schedule_commands_round_trip(tmp_path):
     assert "greet" not in cli(db, "schedule", "ls").output
 
 
+def test_reads_return_frozen_models_that_json_prints(tmp_path):
+    """S11: get_schedule, list_schedules, get_run and list_runs return Schedule and ScheduleRun models
+    (frozen, times as aware datetimes, no engine head); ``schedule show/ls/runs`` and ``runs show`` print
+    their dumps."""
+    import asyncio
+
+    import pytest
+    from pydantic import ValidationError
+
+    from statebook.adapters.db import open_book
+    from statebook.scheduler import Schedule, ScheduleRun, get_run, get_schedule, list_runs, list_schedules
+
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert cli(db, "schedule", "add", "greet", "--every", "60", "--command", sys.executable, "--arg", "-c",
+               "--arg", "pass", "--cwd", str(tmp_path)).exit_code == 0
+    assert cli(db, "schedule", "fire", "greet").exit_code == 0
+
+    async def read():
+        book = await open_book(db)
+        try:
+            schedule = await get_schedule(book, "greet")
+            runs = await list_runs(book, schedule.id)
+            return schedule, await list_schedules(book), runs, await get_run(book, runs[0].id)
+        finally:
+            await book.engine.dispose()
+
+    schedule, listed, runs, run = asyncio.run(read())
+    assert isinstance(schedule, Schedule) and listed == [schedule] and schedule.enabled is True
+    assert isinstance(run, ScheduleRun) and runs == [run] and run.status == "completed"
+    assert schedule.next_fire_at.tzinfo is not None and run.fired_at <= run.ended_at
+    with pytest.raises(ValidationError):
+        schedule.status = "paused"
+    assert "chain_hash" not in schedule.dump() and "last_fact_id" not in run.dump()
+    shown = json.loads(cli(db, "schedule", "show", "greet", "--json").output)
+    assert shown == {**schedule.dump(), "recent_runs": [run.dump()]}
+    assert json.loads(cli(db, "schedule", "ls", "--json").output) == [schedule.dump()]
+    assert json.loads(cli(db, "schedule", "runs", "greet", "--json").output) == [run.dump()]
+    assert json.loads(cli(db, "runs", "show", run.id, "--json").output).items() >= run.dump().items()
+
+
 def test_cli_refusals_are_one_line_errors(tmp_path):
     """S2, S11: invalid input exits 2 with a message naming the problem."""
     db = f"sqlite:///{tmp_path / 'cli.db'}"

@@ -299,7 +299,7 @@ async def test_sigstopped_leader_is_replaced_and_fires_nothing_after_waking(pg_u
             return beat is not None and beat > woke_at + LEASE
 
         await until("a to wake and stand by", a_standing_by)
-        before = len(await runs_of(book, s["id"]))
+        before = len(await runs_of(book, s.id))
         b_so_far = len(await watch.fired(b_id))
         await until("b to fire twice more with a awake", lambda: fired_by(b_id, b_so_far + 2))
         assert (await watch.lease()).holder == b_id
@@ -307,7 +307,7 @@ async def test_sigstopped_leader_is_replaced_and_fires_nothing_after_waking(pg_u
         stop(procs[0])  # the old leader first, so the lease never comes back to it
         stop(procs[1])
 
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert len(runs) > before
         fired = [r for r in runs if r["status"] != "skipped"]
         for r in fired:
@@ -315,7 +315,7 @@ async def test_sigstopped_leader_is_replaced_and_fires_nothing_after_waking(pg_u
             assert (r["daemon_id"], epoch) in ((a_id, 1), (b_id, 2)), r
             if r["daemon_id"] == a_id:
                 assert r["fired_at"] < taken.acquired_at, "the old leader fired after losing the lease"
-        claims = [f.reason_summary for f in await history(book, "schedule", s["id"])
+        claims = [f.reason_summary for f in await history(book, "schedule", s.id)
                   if f.reason_code == "schedule.active.fire_claimed"]
         assert len(claims) == len(set(claims)) == len(fired)
         await watch.each_once()

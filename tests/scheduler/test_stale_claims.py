@@ -14,7 +14,7 @@ from __future__ import annotations
 from statebook.adapters.db import connect, open_book
 from statebook.lifecycle import Book, verify
 from statebook.scheduler.occurrence import claim
-from statebook.scheduler.store import get_schedule
+from statebook.scheduler.store import get_schedule, schedule_row
 from statebook.lifecycle import Reason
 
 from conformance.scheduler.support import make, runs_of
@@ -31,15 +31,15 @@ async def test_sqlite_two_connections_stale_read_is_a_conflict(tmp_path, clock):
     try:
         s = await make(a_book, interval_sec=10)
         clock.advance(10)
-        stale = await get_schedule(a_book, s["id"])
+        stale = await schedule_row(a_book, s.id)
         a, b = engine(a_book, clock), engine(b_book, clock)
-        assert await b.consider_many([dict(await get_schedule(b_book, s["id"]))], clock.now()) == ["fired"]
+        assert await b.consider_many([await schedule_row(b_book, s.id)], clock.now()) == ["fired"]
         assert await a.consider_many([dict(stale)], clock.now()) == ["conflict"]
         lost = await claim(a_book, stale, stale["next_fire_at"], stale["next_fire_at"] + 10,
                            reason=Reason("schedule.active.fire_claimed", "stale"))
         assert lost.conflict
         await b.wait_idle()
-        runs = await runs_of(a_book, s["id"])
+        runs = await runs_of(a_book, s.id)
         assert [r["occurrence_at"] for r in runs] == [stale["next_fire_at"]]
         assert (await verify(a_book)).ok
     finally:

@@ -42,7 +42,7 @@ async def test_two_engines_on_one_postgres_fire_every_occurrence_once(pg_url):
         await a.wait_idle()
         await b.wait_idle()
         for s in schedules:
-            runs = await runs_of(a_book, s["id"])
+            runs = await runs_of(a_book, s.id)
             occurrences = [r["occurrence_at"] for r in runs]
             assert len(occurrences) == 40
             assert len(set(occurrences)) == 40, "an occurrence fired twice"

@@ -229,9 +229,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         spec = schedule_spec(name, trigger, interval=interval, cron=cron, at_time=self.clock.now() + at_offset,
                              max_runs=max_runs, overlap=overlap, missed=missed, follow=follow, notify=notify)
         row = self.do(lambda: create_schedule(self.book, spec))
-        assert row["status"] == "active" and row["next_fire_at"] is not None
-        self.names[row["id"]] = name
-        self.cadence[row["id"]] = row["next_fire_at"]
+        assert row.status == "active" and row.next_fire_at is not None
+        self.names[row.id] = name
+        self.cadence[row.id] = row.next_fire_at.timestamp()
 
     @rule(seconds=ADVANCE)
     @guarded
@@ -371,7 +371,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         run_id = candidates[pick % len(candidates)]
         row = self.do(lambda: cancel_run(self.book, run_id))
-        assert row["status"] == "cancelled"
+        assert row.status == "cancelled"
         self.operator_cancelled.add(run_id)
 
     @precondition(lambda self: bool(self.names))

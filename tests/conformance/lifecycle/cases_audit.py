@@ -35,7 +35,7 @@ from statebook.outbox import enqueue_dispatch
 from statebook.outbox.schema import dispatch_outbox
 from statebook.scheduler.runs import open_run
 from statebook.scheduler.schema import schedule_runs, schedules
-from statebook.scheduler.store import create_schedule
+from statebook.scheduler.store import create_schedule, schedule_row
 
 from statebook.lifecycle.testing.cases import walked
 
@@ -267,12 +267,13 @@ class AuditCases:
         schedule = await create_schedule(book, {
             "name": "nightly", "trigger_type": "interval", "interval_sec": 60, "action_kind": "command",
             "action_command": "true"})
-        run_id = await open_run(book, schedule, reason=Reason("schedule_run.running.fired"), context={},
+        run_id = await open_run(book, await schedule_row(book, schedule.id), reason=Reason("schedule_run.running.fired"),
+                                context={},
                                 daemon_id="d1")
         assert (await verify(book)).ok
         for table, entity_id, values in (
             (dispatch_outbox, did, {"claim_id": "f" * 32}),
-            (schedules, schedule["id"], {"github_cursor": "999", "deferrals": 3}),
+            (schedules, schedule.id, {"github_cursor": "999", "deferrals": 3}),
             (schedule_runs, run_id, {"cost_usd": 0.01, "tokens": 5}),
         ):
             await execute(book, sa.update(table).where(table.c.id == entity_id).values(values))
@@ -280,8 +281,8 @@ class AuditCases:
         found = {(f.kind, f.entity_type, f.entity_id, f.detail.split("'")[1]) for f in report.findings}
         assert found == {
             ("row_mismatch", "dispatch", did, "claim_id"),
-            ("row_mismatch", "schedule", schedule["id"], "github_cursor"),
-            ("row_mismatch", "schedule", schedule["id"], "deferrals"),
+            ("row_mismatch", "schedule", schedule.id, "github_cursor"),
+            ("row_mismatch", "schedule", schedule.id, "deferrals"),
             ("row_mismatch", "schedule_run", run_id, "cost_usd"),
             ("row_mismatch", "schedule_run", run_id, "tokens"),
         }

@@ -51,10 +51,10 @@ class NotificationChannelCases:
         nid = await accept(book, ["slack", "email", "webhook"])
         chans = adapters(slack=["success"], email=["success"], webhook=["reject"])
         assert (await run(book, chans, order=WEBHOOK_FIRST))["delivered"] == 1
-        seen = [(a["channel"], a["status"], a["position"]) for a in await notification_attempts(book, nid)]
+        seen = [(a.channel, a.status, a.position) for a in await notification_attempts(book, nid)]
         assert [c for c, _, _ in seen] == ["webhook", "slack"], seen
         assert chans["email"].calls == 0
-        assert (await get_notification(book, nid))["delivered_channel"] == "slack"
+        assert (await get_notification(book, nid)).delivered_channel == "slack"
 
     async def test_an_order_that_is_not_a_permutation_of_the_persistent_channels_is_refused(self, book: Book):
         """N40: an order that leaves a persistent channel out, repeats one or names another is refused
@@ -64,8 +64,8 @@ class NotificationChannelCases:
                       ("slack", "email", "pagerduty", "webhook", "websocket")):
             with pytest.raises(NotificationInvalid, match="fallback order"):
                 await run(book, adapters(slack=["success"]), order=order)
-        assert (await get_notification(book, nid))["status"] == "pending"
-        assert (await get_notification(book, nid))["claim_id"] is None
+        assert (await get_notification(book, nid)).status == "pending"
+        assert (await get_notification(book, nid)).claim_id is None
 
     async def test_a_provider_retry_after_holds_the_bucket_for_every_worker(self, book: Book, clock):
         """N42: a provider's 429 with Retry-After empties the channel's bucket so that its next token
@@ -77,13 +77,13 @@ class NotificationChannelCases:
         assert (await run(book, chans))["retried"] == 1
         t0 = clock.now()
         row = await get_notification(book, first)
-        assert row["next_attempt_at"] == pytest.approx(t0 + 5.0) and 5.0 > backoff_seconds(1)
+        assert row.next_attempt_at.timestamp() == pytest.approx(t0 + 5.0) and 5.0 > backoff_seconds(1)
         codes = [f.reason_code for f in await history(book, "rate_bucket", "slack:all")]
         assert codes[-1] == "rate_bucket.open.held"
         second = await accept(book, ["slack"])
         assert (await run(book, adapters(slack=["success"])))["rate_limited"] == 1
         held = await get_notification(book, second)
-        assert (held["status"], held["next_attempt_at"]) == ("rate_limited", pytest.approx(t0 + 5.0))
+        assert (held.status, held.next_attempt_at.timestamp()) == ("rate_limited", pytest.approx(t0 + 5.0))
         assert await draw_now(book, "slack", t0 + 4.9) == pytest.approx(0.1)
         assert await draw_now(book, "slack", t0 + 5.0) == 0.0
         assert (await verify(book, "rate_bucket")).ok
@@ -92,7 +92,7 @@ class NotificationChannelCases:
         """N42: no bucket is configured for the channel: nothing is held, the retry waits the Retry-After."""
         nid = await accept(book, ["email"])
         assert (await run(book, adapters(email=["limited"])))["retried"] == 1
-        assert (await get_notification(book, nid))["next_attempt_at"] == pytest.approx(clock.now() + 5.0)
+        assert (await get_notification(book, nid)).next_attempt_at.timestamp() == pytest.approx(clock.now() + 5.0)
         assert await history(book, "rate_bucket", "email:all") == []
 
     async def test_a_shorter_hold_never_shortens_a_longer_one(self, book: Book, clock):
@@ -125,9 +125,9 @@ class NotificationChannelCases:
         await dismiss_notification(book, dismissed, actor=ALICE, note="false alarm")
         await ack_notification(book, quiet, actor=ALICE)
         [ack] = await follow_ups(book, paged)
-        assert (ack["deliver_to"], ack["dedup_key"], ack["status"]) == ("follow:pagerduty", f"follow:pagerduty:{paged}:acknowledge", "pending")
+        assert (ack.deliver_to, ack.dedup_key, ack.status) == ("follow:pagerduty", f"follow:pagerduty:{paged}:acknowledge", "pending")
         [resolve] = await follow_ups(book, dismissed)
-        assert resolve["dedup_key"] == f"follow:pagerduty:{dismissed}:resolve"
+        assert resolve.dedup_key == f"follow:pagerduty:{dismissed}:resolve"
         assert await follow_ups(book, quiet) == []
 
     async def test_a_follower_s_answer_follows_its_owner_s_incident(self, book: Book):
@@ -137,5 +137,5 @@ class NotificationChannelCases:
         assert (await run(book, adapters(pagerduty=["success"])))["delivered"] == 1
         await ack_notification(book, follower, actor=ALICE)
         [ack] = await follow_ups(book, follower)
-        assert ack["dedup_key"] == f"follow:pagerduty:{owner}:acknowledge"
+        assert ack.dedup_key == f"follow:pagerduty:{owner}:acknowledge"
         assert await follow_ups(book, owner) == [ack]

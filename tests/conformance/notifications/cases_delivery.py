@@ -29,7 +29,7 @@ def adapters(**scripts: list) -> dict[str, ScriptedChannel]:
 
 
 async def attempts(book: Book, notification_id: str) -> list[tuple[str, str, int, bool]]:
-    return [(a["channel"], a["status"], a["attempt"], a["duplicate_risk"])
+    return [(a.channel, a.status, a.attempt, a.duplicate_risk)
             for a in await notification_attempts(book, notification_id)]
 
 
@@ -42,7 +42,7 @@ async def assert_consistent(book: Book, notification_id: str) -> None:
     row = await get_notification(book, notification_id)
     assert row is not None
     folded = await replay(book, "notification", notification_id)
-    assert folded is not None and folded["status"] == row["status"] and folded["version"] == row["version"]
+    assert folded is not None and folded["status"] == row.status and folded["version"] == row.version
     for entity_type in ("notification", "channel_attempt"):
         report = await verify(book, entity_type)
         assert report.ok, report
@@ -60,7 +60,7 @@ class NotificationDeliveryCases:
         assert await attempts(book, nid) == [("slack", "rejected", 1, False), ("email", "success", 1, False)]
         assert chans["pagerduty"].calls == 0
         row = await get_notification(book, nid)
-        assert (row["status"], row["delivered_channel"], row["claim_id"], row["attempts"]) == ("delivered", "email", None, 1)
+        assert (row.status, row.delivered_channel, row.claim_id, row.attempts) == ("delivered", "email", None, 1)
         await assert_consistent(book, nid)
 
     async def test_websocket_success_never_satisfies_a_guaranteed_notification(self, book: Book):
@@ -70,7 +70,7 @@ class NotificationDeliveryCases:
         counts = await one_pass(book, chans)
         assert (counts["delivered"], counts["retried"]) == (0, 1)
         assert await attempts(book, nid) == [("email", "rejected", 1, False), ("websocket", "success", 1, False)]
-        assert (await get_notification(book, nid))["status"] == "pending"
+        assert (await get_notification(book, nid)).status == "pending"
 
     async def test_best_effort_tries_every_channel_at_once_and_fails_without_a_dead_letter(self, book: Book):
         """N1: BEST_EFFORT runs the selected channels concurrently; WebSocket's success delivers it; when
@@ -81,12 +81,12 @@ class NotificationDeliveryCases:
         # 0.05 s was missed once under load); the email hang waits it out.
         await one_pass(book, chans, deadline=SURE)
         row = await get_notification(book, delivered)
-        assert (row["status"], row["delivered_channel"]) == ("delivered", "websocket")
+        assert (row.status, row.delivered_channel) == ("delivered", "websocket")
         failed = await accept(book, ["slack", "email", "websocket"], mode="best_effort")
         chans = adapters(slack=["reject"], email=["reject"], websocket=["reject"])
         counts = await one_pass(book, chans)
         row = await get_notification(book, failed)
-        assert (counts["failed"], row["status"], row["dead_letter"]) == (1, "failed", False)
+        assert (counts["failed"], row.status, row.dead_letter) == (1, "failed", False)
         assert sorted(c for c, *_ in await attempts(book, failed)) == ["email", "slack", "websocket"]
         assert all(ch.calls == 1 for ch in chans.values())
         await assert_consistent(book, failed)
@@ -98,15 +98,15 @@ class NotificationDeliveryCases:
         chans = adapters(email=["reject"])
         t0 = clock.now()
         assert (await one_pass(book, chans))["retried"] == 1
-        assert (await get_notification(book, nid))["next_attempt_at"] == t0 + 1
+        assert (await get_notification(book, nid)).next_attempt_at.timestamp() == t0 + 1
         assert (await one_pass(book, chans))["claimed"] == 0  # not due before its backoff
         clock.advance(1)
         await one_pass(book, chans)
-        assert (await get_notification(book, nid))["next_attempt_at"] == t0 + 1 + 2
+        assert (await get_notification(book, nid)).next_attempt_at.timestamp() == t0 + 1 + 2
         clock.advance(2)
         assert (await one_pass(book, chans))["dead_letter"] == 1
         row = await get_notification(book, nid)
-        assert (row["status"], row["dead_letter"], row["cycle_attempts"], row["attempts"]) == ("failed", True, 3, 3)
+        assert (row.status, row.dead_letter, row.cycle_attempts, row.attempts) == ("failed", True, 3, 3)
         assert [a[2] for a in await attempts(book, nid)] == [1, 2, 3]
         clock.advance(3600)
         assert (await one_pass(book, chans))["claimed"] == 0
@@ -118,7 +118,7 @@ class NotificationDeliveryCases:
         nid = await accept(book, ["email"])
         with pytest.raises(ValueError, match="shorter than the lease"):
             await deliver_due_notifications(book, adapters(email=["success"]), deadline=60, lease_seconds=60)
-        assert (await get_notification(book, nid))["claim_id"] is None
+        assert (await get_notification(book, nid)).claim_id is None
 
     async def test_timeouts_before_and_after_admission_are_not_started_and_unknown(self, book: Book):
         """N6: a channel cut by its deadline before admission is NOT_STARTED (nothing was sent, no started
@@ -131,13 +131,13 @@ class NotificationDeliveryCases:
         assert await attempts(book, nid) == [("slack", "not_started", 1, False), ("email", "unknown", 1, False),
                                              ("pagerduty", "success", 1, True)]
         rows = await notification_attempts(book, nid)
-        assert rows[2]["provider_retries"] == 1 and len(chans["pagerduty"].effects) == 2
-        facts = {r["channel"]: [f.status for f in await history(book, "channel_attempt", r["id"])] for r in rows}
+        assert rows[2].provider_retries == 1 and len(chans["pagerduty"].effects) == 2
+        facts = {r.channel: [f.status for f in await history(book, "channel_attempt", r.id)] for r in rows}
         assert facts == {"slack": ["not_started"], "email": ["started", "unknown"],
                          "pagerduty": ["started", "started", "success"]}
-        retried = [f.reason_code for f in await history(book, "channel_attempt", rows[2]["id"])]
+        retried = [f.reason_code for f in await history(book, "channel_attempt", rows[2].id)]
         assert retried.count("channel_attempt.started.admitted") == 1 and "channel_attempt.started.retried" in retried
-        assert rows[0]["started_at"] is None and rows[1]["started_at"] is not None
+        assert rows[0].started_at is None and rows[1].started_at is not None
 
     async def test_every_provider_effect_has_a_started_fact_before_it(self, book: Book, monkeypatch):
         """N5: the admission's fact is committed before the channel makes its effect."""
@@ -147,12 +147,12 @@ class NotificationDeliveryCases:
         class Checking(ScriptedChannel):
             async def send(self, d, guard):
                 await guard.admit()
-                seen.append([a["status"] for a in await notification_attempts(book, d.notification_id)])
+                seen.append([a.status for a in await notification_attempts(book, d.notification_id)])
                 return await super().send(d, guard)
 
         await one_pass(book, {"email": Checking("email", ["success"])})
         assert seen == [["started"]]
-        assert (await get_notification(book, nid))["status"] == "delivered"
+        assert (await get_notification(book, nid)).status == "delivered"
 
     async def test_a_lost_lease_stops_the_fallback_and_the_stale_outcome_is_fenced(self, book: Book, clock):
         """N4 / N5: when the lease lapses during a channel call, the observation is still recorded with
@@ -173,7 +173,7 @@ class NotificationDeliveryCases:
         result = await run_attempt(book, lease, chans, deadline=FAST)
         assert result.outcome is None and chans["email"].calls == 0
         [obs] = await notification_attempts(book, nid)
-        assert (obs["status"], obs["claim_id"], obs["cycle"]) == ("rejected", lease.claim_id, 1)
+        assert (obs.status, obs.claim_id, obs.cycle) == ("rejected", lease.claim_id, 1)
         [again] = await scan_due(book, now=clock.now())
         second = await claim(book, again, now=clock.now())
         assert second is not None and second.claim_id != lease.claim_id and second.cycle_attempt == 2
@@ -181,7 +181,7 @@ class NotificationDeliveryCases:
         assert fact.reason_code == "notification.pending.reclaimed"
         stale = AttemptResult("delivered", delivered_channel="slack")
         assert await finalize(book, lease, stale, now=clock.now()) == "conflict"
-        assert (await get_notification(book, nid))["claim_id"] == second.claim_id
+        assert (await get_notification(book, nid)).claim_id == second.claim_id
         await assert_consistent(book, nid)
 
     async def test_a_provider_retry_is_guarded_and_a_lease_only_check_writes_nothing(self, book: Book, clock):
@@ -206,7 +206,7 @@ class NotificationDeliveryCases:
         assert result.outcome is None
         assert len(await history(book, "notification", nid)) == before
         [obs] = await notification_attempts(book, nid)
-        assert obs["status"] == "unknown"  # admitted, then stopped: the effect may have happened
+        assert obs.status == "unknown"  # admitted, then stopped: the effect may have happened
 
     async def test_evidence_that_cannot_be_stored_stops_the_attempt_and_leaves_the_claim(self, book: Book,
                                                                                           monkeypatch, clock):
@@ -227,7 +227,7 @@ class NotificationDeliveryCases:
         assert chans["slack"].effects == [] and chans["email"].calls == 0
         assert await notification_attempts(book, nid) == []
         row = await get_notification(book, nid)
-        assert row["status"] == "pending" and row["claim_id"] is not None
+        assert row.status == "pending" and row.claim_id is not None
         monkeypatch.setattr(calls, "create", real)
         clock.advance(61)
         assert (await one_pass(book, chans))["delivered"] == 1
@@ -253,10 +253,10 @@ class NotificationDeliveryCases:
             assert result.outcome is None
             assert chans["slack"].effects == [] and chans["email"].calls == 0
             [obs] = await notification_attempts(book, nid)
-            assert (obs["status"], obs["started_at"]) == ("not_started", None)
+            assert (obs.status, obs.started_at) == ("not_started", None)
             assert await finalize(book, mine, AttemptResult("delivered", delivered_channel="slack"),
                                   now=clock.now()) == "conflict"
-            assert (await get_notification(book, nid))["claim_id"] == theirs.claim_id
+            assert (await get_notification(book, nid)).claim_id == theirs.claim_id
         finally:
             await rival.engine.dispose()
 
@@ -276,8 +276,8 @@ class NotificationDeliveryCases:
                                           [("slack", "success", 1, False)]]
         limited = next(nid for nid, seen in by_id.items() if len(seen) == 2)
         row = (await notification_attempts(book, limited))[0]
-        assert row["started_at"] is None
-        assert [f.status for f in await history(book, "channel_attempt", row["id"])] == ["rate_limited"]
+        assert row.started_at is None
+        assert [f.status for f in await history(book, "channel_attempt", row.id)] == ["rate_limited"]
 
     async def test_no_token_on_any_channel_is_rate_limited_and_uses_no_attempt(self, book: Book, clock):
         """N8: when no selected channel had a token the notification is rate_limited — never counted as
@@ -290,18 +290,18 @@ class NotificationDeliveryCases:
         chans = adapters(email=["success"])
         counts = await one_pass(book, chans, concurrency=1)
         assert (counts["delivered"], counts["rate_limited"]) == (1, 1)
-        row = await get_notification(book, nid if (await get_notification(book, spent))["status"] == "delivered"
+        row = await get_notification(book, nid if (await get_notification(book, spent)).status == "delivered"
                                      else spent)
-        assert (row["status"], row["cycle_attempts"], row["claim_id"]) == ("rate_limited", 0, None)
-        assert row["next_attempt_at"] == pytest.approx(clock.now() + 2.0)
+        assert (row.status, row.cycle_attempts, row.claim_id) == ("rate_limited", 0, None)
+        assert row.next_attempt_at.timestamp() == pytest.approx(clock.now() + 2.0)
         assert (await one_pass(book, chans))["claimed"] == 0  # not due until the token is back
         clock.advance(2.0)
         assert (await one_pass(book, chans))["delivered"] == 1
-        after = await get_notification(book, row["id"])
-        assert (after["status"], after["cycle_attempts"]) == ("delivered", 1)
-        codes = [f.reason_code for f in await history(book, "notification", row["id"])]
+        after = await get_notification(book, row.id)
+        assert (after.status, after.cycle_attempts) == ("delivered", 1)
+        codes = [f.reason_code for f in await history(book, "notification", row.id)]
         assert "notification.rate_limited.no_token" in codes and "notification.pending.rate_limit_cleared" in codes
-        await assert_consistent(book, row["id"])
+        await assert_consistent(book, row.id)
 
     async def test_a_crash_after_admission_can_repeat_the_effect_and_the_record_says_so(self, book: Book, clock):
         """N10 / N5: a worker that stops after the provider accepted a send and before recording its result
@@ -320,7 +320,7 @@ class NotificationDeliveryCases:
         assert len(chans["email"].effects) == 2  # the effect was repeated: the window N10 names
         assert await attempts(book, nid) == [("email", "unknown", 1, False), ("email", "success", 2, True)]
         first = (await notification_attempts(book, nid))[0]
-        assert [f.status for f in await history(book, "channel_attempt", first["id"])] == ["started", "unknown"]
+        assert [f.status for f in await history(book, "channel_attempt", first.id)] == ["started", "unknown"]
         await assert_consistent(book, nid)
 
     async def test_runtime_timestamps_come_from_the_injected_clock_and_scans_order_by_due_then_id(self, book: Book,
@@ -333,5 +333,5 @@ class NotificationDeliveryCases:
         clock.advance(7)
         await one_pass(book, adapters(email=["success"]), limit=1)
         [obs] = await notification_attempts(book, first)
-        assert obs["made_at"] == obs["started_at"] == obs["ended_at"] == clock.now()
-        assert (await get_notification(book, first))["updated_at"] == clock.now()
+        assert obs.made_at.timestamp() == obs.started_at.timestamp() == obs.ended_at.timestamp() == clock.now()
+        assert (await get_notification(book, first)).updated_at.timestamp() == clock.now()

@@ -79,7 +79,7 @@ class NotificationEvidenceCases:
                 assert (counts["delivered"], counts["claimed"]) == (1, 0), counts
             assert len(chans["email"].effects) == 1, "the recorded success was sent again"
             row = await get_notification(book, nid)
-            assert (row["status"], row["delivered_channel"], row["claim_id"], row["attempts"], row["cycle_attempts"]) \
+            assert (row.status, row.delivered_channel, row.claim_id, row.attempts, row.cycle_attempts) \
                 == ("delivered", "email", None, 1, 1)
             assert await attempts(book, nid) == [("email", "success", 1, False)]
             assert (await codes(book, nid))[-1] == SETTLED
@@ -102,7 +102,7 @@ class NotificationEvidenceCases:
         lease = await first_claim(book, nid, clock)
         recorded = await attempt_channel(book, lease, Scripted("email", stalled), deadline=CALM)
         [obs] = await notification_attempts(book, nid)
-        assert recorded.observation.outcome is ProviderOutcome.SUCCESS and obs["ended_at"] > lease.lease_until
+        assert recorded.observation.outcome is ProviderOutcome.SUCCESS and obs.ended_at.timestamp() > lease.lease_until
         email = ScriptedChannel("email", ["success"])
         assert (await one_pass(book, {"email": email}))["delivered"] == 1
         assert email.calls == 0
@@ -124,7 +124,7 @@ class NotificationEvidenceCases:
         counts = await one_pass(book, adapters(email=["success"]))
         assert (counts["delivered"], counts["dead_letter"]) == (1, 0), counts
         row = await get_notification(book, nid)
-        assert (row["status"], row["dead_letter"], row["cycle_attempts"]) == ("delivered", False, 3)
+        assert (row.status, row.dead_letter, row.cycle_attempts) == ("delivered", False, 3)
         await assert_consistent(book, nid)
 
     async def test_an_owner_settled_from_its_record_satisfies_its_followers_and_starts_its_response(
@@ -140,10 +140,10 @@ class NotificationEvidenceCases:
         clock.advance(61)
         counts = await one_pass(book, adapters(email=["success"]))
         assert (counts["delivered"], counts["claimed"]) == (1, 0), counts
-        assert (await get_notification(book, owner))["status"] == "delivered"
-        assert (await get_notification(book, follower))["status"] == "deduplicated"
+        assert (await get_notification(book, owner)).status == "delivered"
+        assert (await get_notification(book, follower)).status == "deduplicated"
         response = await get_response(book, owner)
-        assert (response["status"], response["due_at"]) == ("pending", clock.now() + 300)
+        assert (response.status, response.due_at.timestamp()) == ("pending", clock.now() + 300)
         await assert_consistent(book, owner)
 
     async def test_a_guaranteed_notification_is_not_settled_by_a_websocket_success_and_the_repeat_is_a_risk(
@@ -216,25 +216,25 @@ class NotificationEvidenceCases:
                 break
             await asyncio.sleep(0.01)
         [obs] = await notification_attempts(book, nid)
-        assert (obs["status"], obs["provider_retries"]) == ("started", 2)
+        assert (obs.status, obs.provider_retries) == ("started", 2)
         task.cancel()  # the worker died
         await asyncio.gather(task, return_exceptions=True)
         clock.advance(61)
         await one_pass(book, adapters(email=["success"]))
         closed = (await notification_attempts(book, nid))[0]
-        assert (closed["status"], closed["provider_retries"]) == ("unknown", 2)
-        assert len(sent) <= 1 + closed["provider_retries"]
+        assert (closed.status, closed.provider_retries) == ("unknown", 2)
+        assert len(sent) <= 1 + closed.provider_retries
         await assert_consistent(book, nid)
 
         cut = await accept(book, ["email"])
         sent.clear()
         await one_pass(book, {"email": Scripted("email", retrying)}, deadline=HANG)
         [obs] = await notification_attempts(book, cut)
-        assert (obs["status"], obs["provider_retries"], len(sent)) == ("unknown", 2, 3)
+        assert (obs.status, obs.provider_retries, len(sent)) == ("unknown", 2, 3)
         own = await accept(book, ["email"])
         await one_pass(book, adapters(email=["retry_success"]))
         [obs] = await notification_attempts(book, own)
-        assert (obs["status"], obs["provider_retries"]) == ("success", 1)
+        assert (obs.status, obs.provider_retries) == ("success", 1)
         await assert_consistent(book, own)
 
     async def test_a_late_result_after_another_claim_closed_the_observation_is_recorded_nowhere(
@@ -263,11 +263,11 @@ class NotificationEvidenceCases:
         recorded = await task
         assert recorded.observation.outcome is ProviderOutcome.SUCCESS  # what the stalled worker saw ...
         [obs] = await notification_attempts(book, nid)
-        assert (obs["status"], obs["claim_id"]) == ("unknown", lease.claim_id)  # ... is not on record
-        assert [f.status for f in await history(book, "channel_attempt", obs["id"])] == ["started", "unknown"]
+        assert (obs.status, obs.claim_id) == ("unknown", lease.claim_id)  # ... is not on record
+        assert [f.status for f in await history(book, "channel_attempt", obs.id)] == ["started", "unknown"]
         late = AttemptResult("delivered", [recorded], delivered_channel="email")
         assert await finalize(book, lease, late, now=clock.now()) == "conflict"
-        assert (await get_notification(book, nid))["claim_id"] == taken.claim_id
+        assert (await get_notification(book, nid)).claim_id == taken.claim_id
         await assert_consistent(book, nid)
 
     async def test_a_result_written_while_the_claim_closes_the_observation_is_read_again(

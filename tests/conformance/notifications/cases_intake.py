@@ -49,7 +49,7 @@ class NotificationIntakeCases:
                                            channels=["pagerduty", "websocket", "slack", "email"])
         assert accepted.channels == ("slack", "email", "pagerduty", "websocket")
         row = await get_notification(book, accepted.id)
-        assert row is not None and row["channels"] == list(accepted.channels)
+        assert row is not None and row.channels == list(accepted.channels)
 
     async def test_intake_is_one_creation_with_its_fact(self, book: Book, clock):
         """N9 / L6 / L7: an accepted notification is one row and one fact, pending and due now (the
@@ -59,12 +59,12 @@ class NotificationIntakeCases:
         assert (accepted.status, accepted.created) == ("pending", True)
         row = await get_notification(book, accepted.id)
         assert row is not None
-        assert {k: row[k] for k in ("status", "recipient", "content", "mode", "cycle", "attempts", "cycle_attempts",
+        assert {k: getattr(row, k) for k in ("status", "recipient", "content", "mode", "cycle", "attempts", "cycle_attempts",
                                     "max_cycle_attempts", "dead_letter", "claim_id", "lease_until")} == {
             "status": "pending", "recipient": "ops", "content": {"text": "disk full", "n": 3}, "mode": "guaranteed",
             "cycle": 1, "attempts": 0, "cycle_attempts": 0, "max_cycle_attempts": 3, "dead_letter": False,
             "claim_id": None, "lease_until": None}
-        assert row["next_attempt_at"] == row["created_at"] == clock.now()
+        assert row.next_attempt_at.timestamp() == row.created_at.timestamp() == clock.now()
         [fact] = await history(book, "notification", accepted.id)
         assert (fact.previous_status, fact.status, fact.reason_code, fact.at) == (
             None, "pending", "notification.pending.accepted", clock.now())
@@ -117,8 +117,8 @@ class NotificationIntakeCases:
             ids.append((await send_notification(book, recipient=f"r{n}", content={}, mode="guaranteed",
                                                 channels=["email"])).id)
             clock.advance(1)
-        assert [r["id"] for r in await list_notifications(book)] == ids[::-1]
-        assert [r["id"] for r in await list_notifications(book, limit=2)] == ids[:0:-1]
+        assert [r.id for r in await list_notifications(book)] == ids[::-1]
+        assert [r.id for r in await list_notifications(book, limit=2)] == ids[:0:-1]
         assert len(await list_notifications(book, status="pending")) == 3
         assert await list_notifications(book, status="delivered") == []
         assert await list_notifications(book, dead_letter=True) == []

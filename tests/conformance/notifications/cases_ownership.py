@@ -28,7 +28,7 @@ async def send(book: Book, text: str = "disk full", **kwargs):
 
 
 async def status(book: Book, notification_id: str) -> str:
-    return (await get_notification(book, notification_id))["status"]
+    return (await get_notification(book, notification_id)).status
 
 
 async def count(book: Book, table: sa.Table) -> int:
@@ -57,8 +57,8 @@ async def consistent(book: Book, *ids: str) -> None:
     for nid in ids:
         row = await get_notification(book, nid)
         folded = await replay(book, "notification", nid)
-        assert folded is not None and (folded["status"], folded["version"]) == (row["status"], row["version"])
-        assert folded["obligation_owner_id"] == (None if row["obligation_owner_id"] == nid else row["obligation_owner_id"])
+        assert folded is not None and (folded["status"], folded["version"]) == (row.status, row.version)
+        assert folded["obligation_owner_id"] == (None if row.obligation_owner_id == nid else row.obligation_owner_id)
     for entity_type in ("notification", "dedup_claim"):
         report = await verify(book, entity_type)
         assert report.ok, report
@@ -120,7 +120,7 @@ class NotificationOwnershipCases:
         owner = await send(book, obligation_key="disk")
         follower = await send(book, "again", obligation_key="disk")
         row = await get_notification(book, follower.id)
-        assert (row["status"], row["obligation_owner_id"], row["generation"], row["next_attempt_at"]) == (
+        assert (row.status, row.obligation_owner_id, row.generation, row.next_attempt_at) == (
             "pending", owner.id, 1, None)
         assert follower.obligation_owner_id == owner.id
         assert (await send(book, mode="best_effort", obligation_key="disk")).obligation_owner_id != owner.id
@@ -176,7 +176,7 @@ class NotificationOwnershipCases:
         assert (await claim_row(book)).status == "released"
         fresh = await send(book, "again", obligation_key="disk")
         assert (fresh.status, fresh.obligation_owner_id) == ("pending", fresh.id)
-        assert (await get_notification(book, fresh.id))["generation"] == 2
+        assert (await get_notification(book, fresh.id)).generation == 2
 
     async def test_owner_failure_elects_the_oldest_follower_and_keeps_the_window(self, book: Book, clock):
         """N20: the oldest follower is promoted (higher generation, due now), the others follow it, the
@@ -191,10 +191,10 @@ class NotificationOwnershipCases:
         old = await get_notification(book, owner.id)
         new = await get_notification(book, oldest.id)
         other = await get_notification(book, younger.id)
-        assert (old["status"], old["dead_letter"], old["dedup_successor_id"]) == ("failed", True, oldest.id)
-        assert (new["status"], new["obligation_owner_id"], new["generation"]) == ("pending", oldest.id, 2)
-        assert new["next_attempt_at"] is not None
-        assert (other["obligation_owner_id"], other["generation"], other["next_attempt_at"]) == (oldest.id, 2, None)
+        assert (old.status, old.dead_letter, old.dedup_successor_id) == ("failed", True, oldest.id)
+        assert (new.status, new.obligation_owner_id, new.generation) == ("pending", oldest.id, 2)
+        assert new.next_attempt_at is not None
+        assert (other.obligation_owner_id, other.generation, other.next_attempt_at) == (oldest.id, 2, None)
         claim = await claim_row(book)
         assert (claim.owner_id, claim.generation, claim.window_until) == (oldest.id, 2, window)
         await consistent(book, owner.id, oldest.id, younger.id)
@@ -231,9 +231,9 @@ class NotificationOwnershipCases:
             await deliver_due_notifications(book, {"email": email}, deadline=FAST)
             clock.advance(10)
         assert await status(book, old.id) == "failed"
-        assert (await get_notification(book, old.id))["dedup_successor_id"] is None
+        assert (await get_notification(book, old.id)).dedup_successor_id is None
         f = await get_notification(book, follower.id)
-        assert (f["status"], f["obligation_owner_id"], f["generation"]) == ("pending", newer.id, 2)
+        assert (f.status, f.obligation_owner_id, f.generation) == ("pending", newer.id, 2)
         claim = await claim_row(book)
         assert (claim.status, claim.owner_id, claim.generation) == ("owned", newer.id, 2)
 
@@ -259,8 +259,8 @@ class NotificationOwnershipCases:
         follower = await send(book, "again", obligation_key="disk")
         for accepted, expected in ((plain, plain.id), (owner, owner.id), (follower, owner.id)):
             row = await get_notification(book, accepted.id)
-            assert accepted.obligation_owner_id == row["obligation_owner_id"] == expected
-            assert (row["effective_ack_status"], row["ack_inherited"]) == (None, False)
+            assert accepted.obligation_owner_id == row.obligation_owner_id == expected
+            assert (row.effective_ack_status, row.ack_inherited) == (None, False)
 
     async def test_acceptances_and_reads_agree_on_the_owner_s_response(self, book: Book, clock):
         """N24: for every owner status (pending; delivered without a response; delivered with its response
@@ -301,7 +301,7 @@ class NotificationOwnershipCases:
             for accepted, inherited in ((arrival, True), (repeat, True), (owner_again, False)):
                 row = await get_notification(book, accepted.id)
                 said = (accepted.obligation_owner_id, accepted.effective_ack_status, accepted.ack_inherited)
-                read = (row["obligation_owner_id"], row["effective_ack_status"], row["ack_inherited"])
+                read = (row.obligation_owner_id, row.effective_ack_status, row.ack_inherited)
                 assert said == read == (owner.id, ack, inherited and ack is not None), (k, accepted, read)
 
     async def test_an_intake_in_a_rolled_back_transaction_leaves_no_claim(self, book: Book):
@@ -330,7 +330,7 @@ class NotificationOwnershipCases:
         leases, _ = await claim_due(book, now=clock.now(), limit=10)  # the successor is due now
         assert [lease.notification_id for lease in leases] == [follower.id]
         old = await get_notification(book, owner.id)
-        assert (old["status"], old["dead_letter"], old["dedup_successor_id"]) == ("failed", True, follower.id)
+        assert (old.status, old.dead_letter, old.dedup_successor_id) == ("failed", True, follower.id)
         claim_now = await claim_row(book)
         assert (claim_now.owner_id, claim_now.generation) == (follower.id, 2)
         await consistent(book, owner.id, follower.id)

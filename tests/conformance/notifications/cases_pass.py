@@ -63,14 +63,14 @@ class NotificationPassCases:
         try:
             await asyncio.wait_for(email.entered.wait(), 5)
             rows = [await get_notification(book, i) for i in ids]
-            assert sum(r["claim_id"] is not None for r in rows) == 1, [r["claim_id"] for r in rows]
+            assert sum(r.claim_id is not None for r in rows) == 1, [r.claim_id for r in rows]
             email.gate.set()
             counts = await asyncio.wait_for(run, 10)
         finally:
             email.gate.set()
             run.cancel()
         assert (counts["claimed"], counts["delivered"], email.most) == (3, 3, 1)
-        assert [(await get_notification(book, i))["status"] for i in ids] == ["delivered"] * 3
+        assert [(await get_notification(book, i)).status for i in ids] == ["delivered"] * 3
 
     async def test_concurrent_set_claims_take_disjoint_notifications(self, book: Book, db_url, clock):
         """N11: two workers claiming sets at once (separate connections) never claim one notification
@@ -105,14 +105,14 @@ class NotificationPassCases:
         [taken], counts = await claim_due(book, now=clock.now(), limit=10)
         assert (taken.notification_id, taken.duplicate_risk, counts["claimed"]) == (nid, True, 1)
         [obs] = await notification_attempts(book, nid)
-        assert obs["status"] == "unknown"
+        assert obs.status == "unknown"
         # The third attempt's lease lapses too: the cycle is over, so the set claim dead-letters it.
         clock.advance(61)
         [again], _ = await claim_due(book, now=clock.now(), limit=10)
         clock.advance(61)
         leases, counts = await claim_due(book, now=clock.now(), limit=10)
         row = await get_notification(book, nid)
-        assert (leases, counts["dead_letter"], row["status"], row["dead_letter"]) == ([], 1, "failed", True)
+        assert (leases, counts["dead_letter"], row.status, row.dead_letter) == ([], 1, "failed", True)
 
     async def test_a_group_finalization_is_fenced_per_notification(self, book: Book, clock):
         """N5, N11: finalizations recorded together are still one fenced transition each: a lease whose
@@ -125,7 +125,7 @@ class NotificationPassCases:
         assert await claim(book, candidate, now=clock.now()) is not None
         done = [(by_id[i], AttemptResult("delivered", delivered_channel="email")) for i in ids]
         assert await finalize_all(book, done, now=clock.now()) == ["delivered", "conflict", "delivered"]
-        statuses = [(await get_notification(book, i))["status"] for i in ids]
+        statuses = [(await get_notification(book, i)).status for i in ids]
         assert statuses == ["delivered", "pending", "delivered"]
 
     async def test_a_group_that_cannot_be_written_is_recorded_one_by_one(self, book: Book, clock, caplog):
@@ -147,5 +147,5 @@ class NotificationPassCases:
         applied = await record_set(book, planned)
         assert applied == [True, None, True]
         rows = [await get_notification(book, i) for i in ids]
-        assert [r["status"] for r in rows] == ["delivered", "pending", "delivered"]
-        assert rows[1]["claim_id"] == leases[1].claim_id
+        assert [r.status for r in rows] == ["delivered", "pending", "delivered"]
+        assert rows[1].claim_id == leases[1].claim_id

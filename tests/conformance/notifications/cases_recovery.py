@@ -55,7 +55,7 @@ async def refused(book: Book, nid: str) -> RecoveryRefused:
     before = await row(book, nid)
     with pytest.raises(RecoveryRefused) as caught:
         await replay_notification(book, nid, actor=ALICE)
-    assert (await row(book, nid))["version"] == before["version"]  # a refusal writes nothing
+    assert (await row(book, nid)).version == before.version  # a refusal writes nothing
     return caught.value
 
 
@@ -77,14 +77,14 @@ class NotificationRecoveryCases:
         done = await replay_notification(book, nid, actor=ALICE, note="pager fixed")
         assert (done.id, done.cycle, done.covered) == (nid, 2, ())
         r = await row(book, nid)
-        assert (r["status"], r["cycle"], r["attempts"], r["cycle_attempts"], r["dead_letter"]) == ("pending", 2, 3, 0, False)
+        assert (r.status, r.cycle, r.attempts, r.cycle_attempts, r.dead_letter) == ("pending", 2, 3, 0, False)
         after = await history(book, "notification", nid)
         assert [f.id for f in after][: len(facts)] == facts
         assert (after[-1].reason_code, after[-1].actor_type, after[-1].actor_id) == ("notification.pending.replayed", "operator", "alice")
         await passes(book, clock, "success", 1)
-        seen = [(a["cycle"], a["attempt"], a["status"]) for a in await notification_attempts(book, nid)]
+        seen = [(a.cycle, a.attempt, a.status) for a in await notification_attempts(book, nid)]
         assert seen == [(1, 1, "rejected"), (1, 2, "rejected"), (1, 3, "rejected"), (2, 4, "success")]
-        assert (await row(book, nid))["status"] == "delivered"
+        assert (await row(book, nid)).status == "delivered"
         await clean(book)
 
     async def test_a_dead_letter_stays_in_view_until_resolved_or_replayed(self, book: Book, clock):
@@ -93,14 +93,14 @@ class NotificationRecoveryCases:
         kept, resolved, replayed = [(await send(book, str(i))).id for i in range(3)]
         await send(book, "be", mode="best_effort", channels=["email"])
         await passes(book, clock, "reject")
-        versions = {nid: (await row(book, nid))["version"] for nid in (kept, resolved, replayed)}
+        versions = {nid: (await row(book, nid)).version for nid in (kept, resolved, replayed)}
         for _ in range(3):
             clock.advance(86_400 * 30)
-            assert {r["id"] for r in await list_dead_letters(book)} == {kept, resolved, replayed}
-        assert {nid: (await row(book, nid))["version"] for nid in versions} == versions
+            assert {r.id for r in await list_dead_letters(book)} == {kept, resolved, replayed}
+        assert {nid: (await row(book, nid)).version for nid in versions} == versions
         await resolve_notification(book, resolved, reason="sent by hand", actor=ALICE)
         await replay_notification(book, replayed, actor=ALICE)
-        assert [r["id"] for r in await list_dead_letters(book)] == [kept]
+        assert [r.id for r in await list_dead_letters(book)] == [kept]
 
     async def test_a_replay_is_refused_while_a_successor_holds_the_obligation(self, book: Book, clock):
         """N27: a successor pending, then delivered, blocks the replay of the failed owner; the view and
@@ -108,11 +108,11 @@ class NotificationRecoveryCases:
         owner = (await send(book, obligation_key="disk")).id
         successor = (await send(book, "again", obligation_key="disk")).id
         await passes(book, clock, "reject")
-        assert (await row(book, owner))["dedup_successor_id"] == successor
+        assert (await row(book, owner)).dedup_successor_id == successor
         caught = await refused(book, owner)
         assert (caught.reason, caught.blocked_by) == ("successor_pending", successor)
         [view] = await list_dead_letters(book)
-        assert (view["id"], view["replay_block_reason"], view["replay_blocked_by"]) == (owner, "successor_pending", successor)
+        assert (view.id, view.replay_block_reason, view.replay_blocked_by) == (owner, "successor_pending", successor)
         await passes(book, clock, "success", 1)
         caught = await refused(book, owner)
         assert (caught.reason, caught.blocked_by) == ("successor_delivered", successor)
@@ -144,14 +144,14 @@ class NotificationRecoveryCases:
         async with book.begin() as tx:
             assert await draw(tx, "email", "all", now=clock.now()) == 0.0  # the bucket is empty now
         counts = await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"])}, deadline=FAST)
-        assert (counts["rate_limited"], (await row(book, new))["status"]) == (1, "rate_limited")
+        assert (counts["rate_limited"], (await row(book, new)).status) == (1, "rate_limited")
         caught = await refused(book, old)
         assert (caught.reason, caught.blocked_by) == ("owner_pending", new)
         [view] = await list_dead_letters(book)
-        assert (view["id"], view["replay_block_reason"], view["replay_blocked_by"]) == (old, "owner_pending", new)
+        assert (view.id, view.replay_block_reason, view.replay_blocked_by) == (old, "owner_pending", new)
         clock.advance(100)  # the token is back
         await passes(book, clock, "success", 1)
-        assert (await row(book, new))["status"] == "delivered"
+        assert (await row(book, new)).status == "delivered"
         assert (await refused(book, old)).reason == "owner_delivered_in_window"
         await clean(book)
 
@@ -175,7 +175,7 @@ class NotificationRecoveryCases:
         monkeypatch.setattr(recovery, "_cover_descendants", broken)
         with pytest.raises(RuntimeError):
             await replay_notification(book, first, actor=ALICE)
-        assert (await row(book, first))["status"] == "failed" and (await claim(book)).version == before.version
+        assert (await row(book, first)).status == "failed" and (await claim(book)).version == before.version
         monkeypatch.setattr(recovery, "_cover_descendants", real)
         done = await replay_notification(book, first, actor=ALICE)
         assert done.covered == (second,)
@@ -183,8 +183,8 @@ class NotificationRecoveryCases:
         after = await claim(book)
         assert (after.status, after.owner_id, after.generation, after.window_until) == ("owned", first, 3, now + 60)
         s = await row(book, second)
-        assert (s["status"], s["dead_letter"], s["replayed_in"]) == ("failed", False, first)
-        assert [r["id"] for r in await list_dead_letters(book)] == []
+        assert (s.status, s.dead_letter, s.replayed_in) == ("failed", False, first)
+        assert [r.id for r in await list_dead_letters(book)] == []
         assert (await refused(book, second)).reason == "covered_by_replay"
         await passes(book, clock, "success", 1)
         clock.advance(3600)
@@ -201,8 +201,8 @@ class NotificationRecoveryCases:
         with pytest.raises(NotificationInvalid):
             await resolve_notification(book, nid, reason="  ", actor=ALICE)
         resolved = await resolve_notification(book, nid, reason="called the on-call engineer", actor=ALICE)
-        assert (resolved["status"], resolved["dead_letter"], resolved["resolved_by"], resolved["resolution"],
-                resolved["resolved_at"]) == ("failed", False, "operator:alice", "called the on-call engineer", clock.now())
+        assert (resolved.status, resolved.dead_letter, resolved.resolved_by, resolved.resolution,
+                resolved.resolved_at.timestamp()) == ("failed", False, "operator:alice", "called the on-call engineer", clock.now())
         last = (await history(book, "notification", nid))[-1]
         assert (last.reason_code, last.reason_summary, last.actor_type, last.actor_id, last.at) == (
             "notification.failed.resolved", "called the on-call engineer", "operator", "alice", clock.now())
@@ -227,7 +227,7 @@ class NotificationRecoveryCases:
         assert sum(not isinstance(g, BaseException) for g in got) == 1, got
         assert all(isinstance(g, RecoveryRefused) for g in got if isinstance(g, BaseException)), got
         r = await row(book, nid)
-        assert (r["status"], r["cycle"]) == ("pending", 2)
+        assert (r.status, r.cycle) == ("pending", 2)
         await clean(book)
 
     async def test_racing_intakes_replays_and_owner_failures_keep_one_live_owner(self, book: Book, db_url, clock):

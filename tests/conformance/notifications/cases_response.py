@@ -73,12 +73,12 @@ class NotificationResponseCases:
         delivered_at = clock.now()
         await deliver(book)
         response = await get_response(book, late)
-        assert (response["status"], response["started_at"], response["due_at"]) == ("pending", delivered_at, delivered_at + 60)
+        assert (response.status, response.started_at.timestamp(), response.due_at.timestamp()) == ("pending", delivered_at, delivered_at + 60)
         for _ in range(2):  # the other one exhausts its cycle: failed, never a response
             clock.advance(10)
             await deliver_due_notifications(book, {"slack": ScriptedChannel("slack", ["reject"])}, deadline=FAST)
-        assert (await get_notification(book, never))["status"] == "failed"
-        clock.advance(response["due_at"] - 1 - clock.now())
+        assert (await get_notification(book, never)).status == "failed"
+        clock.advance(response.due_at.timestamp() - 1 - clock.now())
         assert (await expire_responses(book))["timed_out"] == 0
         clock.advance(1)
         assert (await expire_responses(book))["timed_out"] == 1
@@ -91,15 +91,15 @@ class NotificationResponseCases:
         clock.advance(5)
         a = await ack_notification(book, acked, actor=ALICE, note="on it")
         d = await dismiss_notification(book, dismissed, actor=BOB)
-        assert (a["status"], a["responder"], a["responded_at"], a["note"]) == ("acked", "operator:alice", clock.now(), "on it")
-        assert (d["status"], d["responder"]) == ("dismissed", "operator:bob")
+        assert (a.status, a.responder, a.responded_at.timestamp(), a.note) == ("acked", "operator:alice", clock.now(), "on it")
+        assert (d.status, d.responder) == ("dismissed", "operator:bob")
         clock.advance(60)
         await expire_responses(book)
         s = await get_response(book, silent)
-        assert (s["status"], s["responder"], s["responded_at"]) == ("timed_out", None, clock.now())
+        assert (s.status, s.responder, s.responded_at.timestamp()) == ("timed_out", None, clock.now())
         last = (await history(book, "notification_response", acked))[-1]
         assert (last.reason_code, last.actor_type, last.actor_id, last.at) == (
-            "notification_response.acked.responder", "operator", "alice", a["responded_at"])
+            "notification_response.acked.responder", "operator", "alice", a.responded_at.timestamp())
         for entity_type in ("notification_response", "notification"):
             assert (await verify(book, entity_type)).ok
 
@@ -116,7 +116,7 @@ class NotificationResponseCases:
         assert await facts(book, nid) == before
         with pytest.raises(ResponseConflict) as caught:
             await ack_notification(book, nid, actor=BOB)
-        assert caught.value.recorded["responder"] == "operator:alice"
+        assert caught.value.recorded.responder == "operator:alice"
         with pytest.raises(ResponseConflict):
             await dismiss_notification(book, nid, actor=ALICE)
         assert await get_response(book, nid) == first and await facts(book, nid) == before
@@ -135,12 +135,12 @@ class NotificationResponseCases:
         follower = (await send(book, "again", obligation_key="disk", response_timeout=60)).id
         await deliver(book)
         o, f = await get_notification(book, owner), await get_notification(book, follower)
-        assert (o["effective_ack_status"], o["ack_inherited"]) == ("pending", False)
-        assert (f["status"], f["effective_ack_status"], f["ack_inherited"]) == ("deduplicated", "pending", True)
+        assert (o.effective_ack_status, o.ack_inherited) == ("pending", False)
+        assert (f.status, f.effective_ack_status, f.ack_inherited) == ("deduplicated", "pending", True)
         await ack_notification(book, follower, actor=ALICE)
-        assert (await get_response(book, owner))["status"] == "acked"
+        assert (await get_response(book, owner)).status == "acked"
         f = await get_notification(book, follower)
-        assert (f["effective_ack_status"], f["ack_inherited"]) == ("acked", True)
+        assert (f.effective_ack_status, f.ack_inherited) == ("acked", True)
 
     async def test_the_timeout_pass_is_its_own_and_orders_by_deadline_then_id(self, book: Book, clock):
         """N35: delivery passes never time responses out; the timeout pass takes due responses by
@@ -149,11 +149,11 @@ class NotificationResponseCases:
         await deliver(book)
         clock.advance(3600)
         await deliver(book)  # a delivery pass: nothing times out
-        assert [(await get_response(book, i))["status"] for i in ids] == ["pending"] * len(ids)
+        assert [(await get_response(book, i)).status for i in ids] == ["pending"] * len(ids)
         rows = [await get_response(book, i) for i in ids]
-        order = [r["id"] for r in sorted(rows, key=lambda r: (r["due_at"], r["id"]))]
+        order = [r.id for r in sorted(rows, key=lambda r: (r.due_at.timestamp(), r.id))]
         assert (await expire_responses(book, limit=4))["timed_out"] == 4
-        timed = {i for i in ids if (await get_response(book, i))["status"] == "timed_out"}
+        timed = {i for i in ids if (await get_response(book, i)).status == "timed_out"}
         assert timed == set(order[:4])
         assert (await expire_responses(book, limit=4))["timed_out"] == 2
         assert (await expire_responses(book, limit=4))["timed_out"] == 0
@@ -170,15 +170,15 @@ class NotificationResponseCases:
             await expire_responses(book)  # a second pass adds nothing
             [cb] = await timeout_callbacks(book, nid)
             timeout_fact = (await history(book, "notification_response", nid))[-1]
-            assert (cb["status"], cb["next_attempt_at"], cb["deliver_to"]) == ("pending", clock.now(), "callback:page")
+            assert (cb.status, cb.next_attempt_at.timestamp(), cb.deliver_to) == ("pending", clock.now(), "callback:page")
             for _ in range(20):
                 await deliver_due_dispatches(book, transport=CallbackTransport())
                 [cb] = await timeout_callbacks(book, nid)
-                if cb["status"] == "dead_letter":
+                if cb.status == "dead_letter":
                     break
-                assert cb["next_attempt_at"] > clock.now()  # a retry waits for its backoff
-                clock.advance(cb["next_attempt_at"] - clock.now())
-            assert cb["status"] == "dead_letter" and cb["attempt"] == cb["max_attempts"] == len(calls.events)
+                assert cb.next_attempt_at.timestamp() > clock.now()  # a retry waits for its backoff
+                clock.advance(cb.next_attempt_at.timestamp() - clock.now())
+            assert cb.status == "dead_letter" and cb.attempt == cb.max_attempts == len(calls.events)
             assert {e["event_id"] for e in calls.events} == {timeout_fact.id}
             assert calls.events[0]["notification_id"] == nid
 
@@ -196,7 +196,7 @@ class NotificationResponseCases:
                 assert await get_response(book, nid) == recorded
                 clock.advance(3600)
             [cb] = await timeout_callbacks(book, nid)
-            assert (cb["status"], len(calls.events)) == ("delivered", 3)
+            assert (cb.status, len(calls.events)) == ("delivered", 3)
 
     async def test_only_async_callbacks_are_registered(self):
         """N38: a blocking callable is refused at registration; an async def (or an object with an async
@@ -222,12 +222,12 @@ class NotificationResponseCases:
         clock.advance(1234)
         await deliver(book)
         r = await get_response(book, nid)
-        assert (r["started_at"], r["due_at"]) == (clock.now(), clock.now() + 30)
+        assert (r.started_at.timestamp(), r.due_at.timestamp()) == (clock.now(), clock.now() + 30)
         clock.advance(30)
         await expire_responses(book)
-        assert (await get_response(book, nid))["responded_at"] == clock.now()
+        assert (await get_response(book, nid)).responded_at.timestamp() == clock.now()
         [cb] = await timeout_callbacks(book, nid)
-        assert cb["created_at"] == cb["next_attempt_at"] == clock.now()
+        assert cb.created_at.timestamp() == cb.next_attempt_at.timestamp() == clock.now()
 
     async def test_bad_response_arguments_are_refused(self, book: Book):
         """N31: response_timeout must be positive seconds; a callback needs a timeout."""
@@ -252,4 +252,4 @@ class NotificationResponseCases:
                 await b.engine.dispose()
         won = [g for g in got if not isinstance(g, BaseException)]
         assert len(won) == 1 and all(isinstance(g, ResponseConflict) for g in got if isinstance(g, BaseException)), got
-        assert (await get_response(book, nid))["responder"] == won[0]["responder"]
+        assert (await get_response(book, nid)).responder == won[0].responder

@@ -77,7 +77,7 @@ async def relink(book: Book, notification_id: str, **patch) -> None:
     """A pending notification's link columns set through the engine (a state the ownership rules reach
     over several steps, written here in one)."""
     row = await get_notification(book, notification_id)
-    guards = {"obligation_owner_id": None if row["obligation_owner_id"] == row["id"] else row["obligation_owner_id"]}
+    guards = {"obligation_owner_id": None if row.obligation_owner_id == row.id else row.obligation_owner_id}
     [outcome] = await apply_many(book, [Command(
         "notification", notification_id, "pending", Reason("notification.pending.relinked", "test link"),
         Actor("system", "test"), ("pending",), guards, patch)])
@@ -153,12 +153,12 @@ class NotificationRetentionCases:
         spent, limited = await send(book, "a"), await send(book, "b")
         await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"])}, deadline=DEADLINE,
                                         concurrency=1)
-        statuses = {i: (await get_notification(book, i))["status"] for i in (spent.id, limited.id)}
+        statuses = {i: (await get_notification(book, i)).status for i in (spent.id, limited.id)}
         assert sorted(statuses.values()) == ["delivered", "rate_limited"]
         pending = await send(book, "later", channels=["slack"])  # no slack adapter in these passes: stays pending
         clock.advance(30 * DAY)
         report = await retain(book, clock)
-        assert (await get_notification(book, dead.id))["dead_letter"] is True
+        assert (await get_notification(book, dead.id)).dead_letter is True
         kept = {i for i in (dead.id, pending.id, *statuses) if statuses.get(i, "") != "delivered"}
         assert kept <= await ids(book, notifications)
         gone = {delivered.id, best_effort.id} | {i for i, s in statuses.items() if s == "delivered"}
@@ -177,8 +177,8 @@ class NotificationRetentionCases:
         follower = await send(book, "follower", mode="best_effort", obligation_key="disk")
         await one_pass(book, ["reject"])  # the owner fails (best effort): its follower is elected successor
         old = await get_notification(book, owner.id)
-        assert (old["status"], old["dead_letter"], old["dedup_successor_id"]) == ("failed", False, follower.id)
-        assert (await get_notification(book, follower.id))["status"] == "pending"
+        assert (old.status, old.dead_letter, old.dedup_successor_id) == ("failed", False, follower.id)
+        assert (await get_notification(book, follower.id)).status == "pending"
         clock.advance(30 * DAY)
         linker = (await send(book, "l", channels=["slack"])).id  # no slack adapter: pending, unsettled
         replayer = (await send(book, "r", channels=["slack"])).id
@@ -199,7 +199,7 @@ class NotificationRetentionCases:
         assert {k: by.get(k) for k in ("linked", "links_unsettled", "owns_claim")} == {
             "linked": 2, "links_unsettled": 1, "owns_claim": 1}
         await one_pass(book, ["success"])  # the successor delivers
-        assert (await get_notification(book, follower.id))["status"] == "delivered"
+        assert (await get_notification(book, follower.id)).status == "delivered"
         clock.advance(30 * DAY)
         report = await retain(book, clock)
         assert set(report.notifications) == {owner.id, follower.id}  # the old owner, and its settled successor
@@ -214,7 +214,7 @@ class NotificationRetentionCases:
         owner = await send(book, obligation_key="disk", obligation_window=60 * DAY)
         follower = await send(book, "again", obligation_key="disk", obligation_window=60 * DAY)
         await one_pass(book, ["success"])
-        assert (await get_notification(book, follower.id))["status"] == "deduplicated"
+        assert (await get_notification(book, follower.id)).status == "deduplicated"
         clock.advance(30 * DAY)
         report = await retain(book, clock)
         assert report.notifications == (follower.id,)  # a settled follower goes; its owner stays
@@ -259,7 +259,7 @@ class NotificationRetentionCases:
         tombstone (claims stay); the run is a notification_retention entity, running then completed, with its counts."""
         owner = await send(book, obligation_key="disk", obligation_window=60)
         await one_pass(book, ["success"])
-        attempts = [a["id"] for a in await notification_attempts(book, owner.id)]
+        attempts = [a.id for a in await notification_attempts(book, owner.id)]
         clock.advance(30 * DAY)
         report = await retain(book, clock, actor=Actor("operator", "alice"))
         assert report.notifications == (owner.id,) and report.channel_attempts == tuple(attempts)
@@ -377,7 +377,7 @@ class NotificationRetentionCases:
         assert report.notifications == (answered,) and report.notification_responses == (answered,)
         assert report.counts["notification"]["protected_by"].get("response_pending") == 1
         assert await ids(book, notification_responses) == {waiting}
-        assert (await get_response(book, waiting))["status"] == "pending"
+        assert (await get_response(book, waiting)).status == "pending"
         assert (await history(book, "notification_response", answered))[-1].reason_code == \
             "notification_response.purged.retention"
         await everything_verifies(book)

@@ -35,13 +35,13 @@ class NotificationWorkerCases:
                                                channels=["email"])
             await until(lambda: email.calls == 1)
             await asyncio.wait_for(worker.idle.wait(), 5)
-            assert (await get_notification(book, accepted.id))["status"] == "pending"
+            assert (await get_notification(book, accepted.id)).status == "pending"
             clock.advance(1)
             worker.wake()
             await until(lambda: email.calls == 2)
             await asyncio.wait_for(worker.idle.wait(), 5)
             row = await get_notification(book, accepted.id)
-            assert (row["status"], row["attempts"]) == ("delivered", 2)
+            assert (row.status, row.attempts) == ("delivered", 2)
             assert worker.totals["delivered"] == 1 and worker.totals["retried"] == 1
         finally:
             worker.stop()
@@ -90,7 +90,7 @@ class NotificationWorkerCases:
             accepted = await send_notification(book, recipient="ops", content={"text": "x"}, mode="guaranteed",
                                                channels=["email"], response_timeout=60, timeout_callback="wake-test")
             await until(lambda: timeouts.wakeups >= 1)
-            assert (await get_response(book, accepted.id))["status"] == "pending"
+            assert (await get_response(book, accepted.id)).status == "pending"
             assert delivering.wakeups == 1  # the intake only: its own delivery did not wake it
             clock.advance(60)
             timeouts.wake()  # the fake clock moved: the real sleep until the deadline is still running

@@ -20,7 +20,7 @@ def _one_char_changed(token: str, at: int) -> str:
 
 async def _ack_required(book) -> tuple[str, str]:
     did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1", ack_required=True)
-    token = (await row(book, did))["ack_token"]
+    token = (await row(book, did)).ack_token.get_secret_value()
     assert isinstance(token, str) and len(token) == 32
     return did, token
 
@@ -50,10 +50,10 @@ class AckTokenCases:
         with pytest.raises(AckRejected):
             await ack_dispatch(book, did, wrong)
         assert await facts(book, did) == before
-        assert (await row(book, did))["status"] == "pending"
+        assert (await row(book, did)).status == "pending"
 
         assert await ack_dispatch(book, did, token) is True
-        assert (await row(book, did))["status"] == "acked"
+        assert (await row(book, did)).status == "acked"
         assert [f.reason_code for f in await facts(book, did)][-1] == "dispatch.acked.consumer"
 
     async def test_one_dispatchs_token_does_not_ack_another(self, book):
@@ -63,5 +63,5 @@ class AckTokenCases:
         assert first_token != second_token
         with pytest.raises(AckRejected):
             await ack_dispatch(book, second, first_token)
-        assert (await row(book, second))["status"] == "pending"
+        assert (await row(book, second)).status == "pending"
         assert await ack_dispatch(book, first, first_token) is True

@@ -62,7 +62,7 @@ class ArgvTransportCases:
         assert (await deliver_due_dispatches(book, transport=transport))["delivered"] == 1
         got = captured(tmp_path)
         assert got["argv"][:2] == ["--to", NASTY_ROUTE]
-        assert json.loads(got["argv"][2]) == {**(await row(book, did))["payload"], "attempt": 1}  # O1
+        assert json.loads(got["argv"][2]) == {**(await row(book, did)).payload, "attempt": 1}  # O1
         assert json.loads(got["argv"][2])["body"] == NASTY_BODY
         assert got["stdin"] == ""
         assert not any(tmp_path.glob("PWNED*")) and not any(Path.cwd().glob("PWNED*"))
@@ -77,7 +77,7 @@ class ArgvTransportCases:
         assert (await deliver_due_dispatches(book, transport=transport))["delivered"] == 1
         got = captured(tmp_path)
         assert got["argv"] == [NASTY_ROUTE, "--to={deliver_to}"]
-        assert json.loads(got["stdin"]) == {**(await row(book, did))["payload"], "attempt": 1}  # O1
+        assert json.loads(got["stdin"]) == {**(await row(book, did)).payload, "attempt": 1}  # O1
         assert not any(tmp_path.glob("PWNED*"))
 
     @pytest.mark.parametrize("template", BAD_TEMPLATES, ids=[repr(t) for t in BAD_TEMPLATES])
@@ -88,11 +88,11 @@ class ArgvTransportCases:
         counts = await deliver_due_dispatches(book, notify_template=template)
         assert counts["attempted"] == 1 and counts["retried"] == 1
         r = await row(book, did)
-        assert r["status"] == "pending" and "template" in r["last_error"]
+        assert r.status == "pending" and "template" in r.last_error
 
     async def test_a_missing_executable_is_a_failed_row(self, book, tmp_path):
         """O13: a command that cannot be started is that row's failure."""
         did = await enqueue_dispatch(book, kind="k", deliver_to="r")
         counts = await deliver_due_dispatches(book, notify_template=[str(tmp_path / "no-such-cmd"), "{deliver_to}"])
         assert counts["retried"] == 1
-        assert "could not start" in (await row(book, did))["last_error"]
+        assert "could not start" in (await row(book, did)).last_error

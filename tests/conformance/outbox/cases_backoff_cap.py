@@ -30,10 +30,10 @@ class BackoffCapCases:
             assert counts["retried"] == 1, attempt
             r = await row(book, did)
             expected = now + min(30.0 * 2**attempt, CAP)
-            assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", attempt, expected)
+            assert (r.status, r.attempt, r.next_attempt_at.timestamp()) == ("pending", attempt, expected)
             assert (await facts(book, did))[-1].patch["next_attempt_at"] == expected
             if attempt >= 6:
-                assert r["next_attempt_at"] == now + 1800
+                assert r.next_attempt_at.timestamp() == now + 1800
             clock.set(expected - 1)
             assert (await deliver_due_dispatches(book, transport=rec.transport))["attempted"] == 0
             clock.set(expected)

@@ -49,10 +49,10 @@ class DeliveryWorkerCases:
             did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
             await asyncio.wait_for(rec.called.wait(), WAIT)
             for _ in range(400):
-                if (await row(book, did))["status"] == "delivered":
+                if (await row(book, did)).status == "delivered":
                     break
                 await asyncio.sleep(0.025)
-            assert (await row(book, did))["status"] == "delivered"
+            assert (await row(book, did)).status == "delivered"
             await asyncio.wait_for(worker.idle.wait(), WAIT)
             assert worker.wakeups == 1  # the enqueue; not the worker's own two transitions
             assert worker.totals["delivered"] == 1

@@ -26,7 +26,7 @@ class DispatchAckCases:
         """O10 (do-better 7): acking an acked row with the right token returns True and writes nothing;
         a wrong token on an acked row is still refused."""
         did = await enqueue_dispatch(book, kind="k", deliver_to="r", ack_required=True)
-        token = (await row(book, did))["ack_token"]
+        token = (await row(book, did)).ack_token.get_secret_value()
         assert await ack_dispatch(book, did, token, actor=Actor("consumer", "seat-1")) is True
         before = await facts(book, did)
         assert await ack_dispatch(book, did, token) is True
@@ -46,7 +46,7 @@ class DispatchAckCases:
 
         monkeypatch.setattr(ack_module.hmac, "compare_digest", spy)
         did = await enqueue_dispatch(book, kind="k", deliver_to="r", ack_required=True)
-        token = (await row(book, did))["ack_token"]
+        token = (await row(book, did)).ack_token.get_secret_value()
         with pytest.raises(AckRejected):
             await ack_dispatch(book, did, "f" * 32)
         assert await ack_dispatch(book, did, token)
@@ -70,9 +70,9 @@ class DispatchAckCases:
         [c] = await scan(book, now=clock.now())
         lease = await claim(book, c, now=clock.now())
         result = await execute(lease, Recorder().transport)
-        assert await ack_dispatch(book, did, (await row(book, did))["ack_token"]) is True
+        assert await ack_dispatch(book, did, (await row(book, did)).ack_token.get_secret_value()) is True
         assert await finalize(book, lease, result, now=clock.now()) == "conflict"
-        assert (await row(book, did))["status"] == "acked"
+        assert (await row(book, did)).status == "acked"
         assert moves(await facts(book, did))[-1] == ("delivering", "acked", "dispatch.acked.consumer")
 
     async def test_a_dead_lettered_row_cannot_be_acked(self, book):
@@ -80,9 +80,9 @@ class DispatchAckCases:
         writes nothing; an operator retry is the way back."""
         did = await enqueue_dispatch(book, kind="k", deliver_to="r", ack_required=True, max_attempts=1)
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing()).transport)
-        assert (await row(book, did))["status"] == "dead_letter"
+        assert (await row(book, did)).status == "dead_letter"
         with pytest.raises(TransitionRejected, match="dead_letter"):
-            await ack_dispatch(book, did, (await row(book, did))["ack_token"])
+            await ack_dispatch(book, did, (await row(book, did)).ack_token.get_secret_value())
         assert len(await facts(book, did)) == 3
 
     async def test_finalize_evidence_lands_in_the_fact_metadata(self, book, clock):

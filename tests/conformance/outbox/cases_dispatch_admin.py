@@ -37,15 +37,15 @@ class DispatchAdminCases:
             ids.append(await enqueue_dispatch(book, kind="k", deliver_to=f"r{n}"))
             clock.advance(1)
         await deliver_due_dispatches(book, transport=Recorder().transport, batch_size=1)  # oldest -> delivered
-        assert [r["id"] for r in await list_dispatches(book)] == ids[::-1]
-        assert [r["id"] for r in await list_dispatches(book, limit=2)] == ids[:1:-1]
-        assert [r["id"] for r in await list_dispatches(book, status="delivered")] == ids[:1]
+        assert [r.id for r in await list_dispatches(book)] == ids[::-1]
+        assert [r.id for r in await list_dispatches(book, limit=2)] == ids[:1:-1]
+        assert [r.id for r in await list_dispatches(book, status="delivered")] == ids[:1]
         assert await list_dispatches(book, status="acked") == []
         with pytest.raises(DispatchInvalid, match="unknown dispatch status 'done'"):
             await list_dispatches(book, status="done")
         with pytest.raises(DispatchInvalid, match="limit"):
             await list_dispatches(book, limit=0)
-        assert isinstance((await get_dispatch(book, ids[0]))["payload"], dict)
+        assert isinstance((await get_dispatch(book, ids[0])).payload, dict)
 
     async def test_retry_refuses_live_and_successful_rows_without_writing(self, book, clock):
         """O15: retry accepts only dead_letter or expired; another status is refused
@@ -61,11 +61,11 @@ class DispatchAdminCases:
         expiring = await enqueue_dispatch(book, kind="k", deliver_to="x", expires_at=clock.now() + 1)
         clock.advance(1)
         await deliver_due_dispatches(book, transport=Recorder().transport)
-        assert (await row(book, expiring))["status"] == "expired"
+        assert (await row(book, expiring)).status == "expired"
         with pytest.raises(TransitionRejected, match="'delivered'"):
             await retry_dispatch(book, pending)  # delivered now
         assert await retry_dispatch(book, expiring) is True
-        assert (await row(book, expiring))["status"] == "pending"
+        assert (await row(book, expiring)).status == "pending"
 
     async def test_an_operator_expedites_a_pending_dispatch_waiting_out_its_backoff(self, book, clock):
         """O23: a pending dispatch waiting out its backoff (attempt 1 failed, due 60 s later) is made due now by
@@ -76,14 +76,14 @@ class DispatchAdminCases:
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
         clock.advance(5)
         waiting = await row(book, did)
-        assert (waiting["status"], waiting["attempt"], waiting["next_attempt_at"]) == ("pending", 1, clock.now() + 55)
+        assert (waiting.status, waiting.attempt, waiting.next_attempt_at.timestamp()) == ("pending", 1, clock.now() + 55)
         with pytest.raises(TransitionRejected, match="'pending'; only dead_letter or expired"):
             await retry_dispatch(book, did)
         assert await deliver_due_dispatches(book, transport=Recorder().transport) == {
             "attempted": 0, "delivered": 0, "dead_letter": 0, "expired": 0, "retried": 0}
         assert await expedite_dispatch(book, did, actor=Actor("operator", "ana")) is True
         now = await row(book, did)
-        assert (now["status"], now["attempt"], now["max_attempts"], now["next_attempt_at"], now["last_error"]) == (
+        assert (now.status, now.attempt, now.max_attempts, now.next_attempt_at.timestamp(), now.last_error) == (
             "pending", 1, 8, clock.now(), "down")
         last = (await facts(book, did))[-1]
         assert (last.previous_status, last.status, last.reason_code) == ("pending", "pending",
@@ -93,7 +93,7 @@ class DispatchAdminCases:
         assert len(await facts(book, did)) == 4
         sent = Recorder()
         assert (await deliver_due_dispatches(book, transport=sent.transport))["delivered"] == 1
-        assert (await row(book, did))["attempt"] == 2 and len(sent.calls) == 1
+        assert (await row(book, did)).attempt == 2 and len(sent.calls) == 1
         assert (await verify(book, "dispatch")).ok
 
     async def test_expedite_refuses_other_statuses_and_actors_without_writing(self, book, clock):
@@ -218,7 +218,7 @@ class DispatchAdminCases:
         assert (tomb.status, tomb.reason_code, tomb.actor_type, tomb.actor_id) == (
             None, "dispatch.purged.retention", "system", "retention",
         )
-        assert (await row(book, live))["status"] == "pending"
+        assert (await row(book, live)).status == "pending"
         with pytest.raises(DispatchInvalid):
             await apply_retention(book, now=clock.now(), delivered_days=0)
         assert (await verify(book, "dispatch")).ok

@@ -71,29 +71,29 @@ class DispatchAtomicityCases:
         await _run_until(book, clock, crash, result)
 
         r = await row(book, did)
-        assert math.isfinite(r["next_attempt_at"])
+        assert math.isfinite(r.next_attempt_at.timestamp())
         if crash == "after_scan":
-            assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", 0, t0)
+            assert (r.status, r.attempt, r.next_attempt_at.timestamp()) == ("pending", 0, t0)
         elif crash in ("after_claim", "after_execute", "inside_finalize"):
-            assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("delivering", 1, t0 + CLAIM_LEASE_SECONDS)
-            assert r["last_error"] is None
+            assert (r.status, r.attempt, r.next_attempt_at.timestamp()) == ("delivering", 1, t0 + CLAIM_LEASE_SECONDS)
+            assert r.last_error is None
         else:
             expected = {"success": "delivered", "failure": "pending", "ack_success": "pending"}[outcome]
-            assert r["status"] == expected
+            assert r.status == expected
             if expected == "pending":
-                assert r["next_attempt_at"] == t0 + backoff_seconds(1)
-                assert r["last_error"] == ("refused" if outcome == "failure" else None)
+                assert r.next_attempt_at.timestamp() == t0 + backoff_seconds(1)
+                assert r.last_error == ("refused" if outcome == "failure" else None)
 
         clock.advance(CLAIM_LEASE_SECONDS if crash != "after_finalize" else backoff_seconds(1))
         rec = Recorder()
         await deliver_due_dispatches(book, transport=rec.transport)
         final = await row(book, did)
         if outcome == "success" and crash == "after_finalize":
-            assert rec.calls == [] and final["status"] == "delivered"
+            assert rec.calls == [] and final.status == "delivered"
         elif ack_required:
-            assert final["status"] == "pending" and len(rec.calls) == 1
+            assert final.status == "pending" and len(rec.calls) == 1
         else:
-            assert final["status"] == "delivered" and len(rec.calls) == 1
+            assert final.status == "delivered" and len(rec.calls) == 1
         reasons = [m[2] for m in moves(await facts(book, did))]
         if crash in ("after_claim", "after_execute", "inside_finalize"):
             assert "dispatch.delivering.reclaimed" in reasons
@@ -131,7 +131,7 @@ class DispatchAtomicityCases:
         assert await finalize(book, a, TransportResult(False, "late"), now=clock.now()) == "conflict"
         assert await facts(book, did) == before
         assert await finalize(book, b, TransportResult(True), now=clock.now()) == "delivered"
-        assert (await row(book, did))["status"] == "delivered"
+        assert (await row(book, did)).status == "delivered"
 
     async def test_a_stale_lease_cannot_settle_an_attempt_of_a_later_retry(self, book, clock):
         """O8: after an operator retry restarts the attempt count, a new claim of attempt 1 at the very
@@ -145,7 +145,7 @@ class DispatchAtomicityCases:
         new = await claim(book, c, now=clock.now())
         assert (new.attempt, new.lease_until) == (old.attempt, old.lease_until)
         assert await finalize(book, old, TransportResult(False, "stale"), now=clock.now()) == "conflict"
-        assert (await row(book, did))["status"] == "delivering"
+        assert (await row(book, did)).status == "delivering"
         assert await finalize(book, new, TransportResult(True), now=clock.now()) == "delivered"
 
     async def test_only_one_of_two_claimants_wins_an_attempt(self, book, db_url, clock):
@@ -175,7 +175,7 @@ class DispatchAtomicityCases:
         counts = await deliver_due_dispatches(book, transport=rec.transport)
         assert counts["dead_letter"] == 1 and counts["attempted"] == 0 and rec.calls == []
         r = await row(book, did)
-        assert (r["status"], r["attempt"]) == ("dead_letter", 1) and "lapsed" in r["last_error"]
+        assert (r.status, r.attempt) == ("dead_letter", 1) and "lapsed" in r.last_error
 
     async def test_an_expired_row_with_a_lapsed_lease_expires_instead_of_being_reclaimed(self, book, clock):
         """O6: expiry wins over reclaiming a lapsed lease."""
@@ -185,4 +185,4 @@ class DispatchAtomicityCases:
         clock.advance(CLAIM_LEASE_SECONDS)
         rec = Recorder()
         assert (await deliver_due_dispatches(book, transport=rec.transport))["expired"] == 1
-        assert (await row(book, did))["status"] == "expired" and rec.calls == []
+        assert (await row(book, did)).status == "expired" and rec.calls == []

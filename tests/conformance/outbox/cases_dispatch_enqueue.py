@@ -98,7 +98,7 @@ class DispatchEnqueueCases:
         ``metadata``); every attempt sends that stored text with ``attempt`` set to the attempt being made —
         1 on the first (it said 0 before), 2 on the second — and not one other byte changed."""
         did = await enqueue_dispatch(book, kind="terminal_notify", deliver_to="seat-1", body={"n": 1, "s": "x"})
-        stored = (await row(book, did))["payload"]
+        stored = (await row(book, did)).payload
         assert stored["metadata"] == {}
         assert "DispatchSignal" not in json.dumps(stored)
         assert HEX32.match(stored["id"]) and stored["id"] != did
@@ -119,7 +119,7 @@ class DispatchEnqueueCases:
         assert json.loads(first) == {**stored, "attempt": 1}
         assert json.loads(second) == {**stored, "attempt": 2}
         assert first.replace('"attempt":1', '"attempt":2', 1) == second  # stored once: only the attempt differs
-        assert (await row(book, did))["payload"] == stored  # the stored envelope is never rewritten
+        assert (await row(book, did)).payload == stored  # the stored envelope is never rewritten
 
     async def test_ids_are_32_hex_and_a_token_exists_only_when_required(self, book):
         """O2: dispatch ids are 32 hex; an ack token (32 hex) is generated only for ack_required, and
@@ -128,15 +128,16 @@ class DispatchEnqueueCases:
         acked = await enqueue_dispatch(book, kind="k", deliver_to="r", ack_required=True)
         assert HEX32.match(plain) and HEX32.match(acked)
         p, a = await row(book, plain), await row(book, acked)
-        assert p["ack_token"] is None and p["ack_required"] is False
-        assert HEX32.match(a["ack_token"]) and a["payload"]["ack_token"] == a["ack_token"] and a["ack_required"] is True
+        assert p.ack_token is None and p.ack_required is False
+        token = a.ack_token.get_secret_value()
+        assert HEX32.match(token) and a.payload["ack_token"] == token and a.ack_required is True
 
     async def test_enqueue_commits_the_row_and_its_creation_fact(self, book, clock):
         """O2, O17: the row and its creation fact (dispatch.pending.enqueued by system:enqueue_dispatch,
         summary naming the kind) commit together; the row is due now with attempt 0."""
         did = await enqueue_dispatch(book, kind="terminal_notify", deliver_to="seat-1")
         r = await row(book, did)
-        assert (r["status"], r["attempt"], r["max_attempts"], r["next_attempt_at"]) == ("pending", 0, 8, clock.now())
+        assert (r.status, r.attempt, r.max_attempts, r.next_attempt_at.timestamp()) == ("pending", 0, 8, clock.now())
         [fact] = await facts(book, did)
         assert (fact.previous_status, fact.status, fact.reason_code) == (None, "pending", "dispatch.pending.enqueued")
         assert fact.reason_summary == "enqueued kind=terminal_notify"
@@ -157,7 +158,7 @@ class DispatchEnqueueCases:
         assert await counts(book) == (0, 0)
         async with book.begin() as tx:
             did = await enqueue_dispatch(tx, kind="k", deliver_to="r", dedup_key="kept")
-        assert (await row(book, did))["dedup_key"] == "kept"
+        assert (await row(book, did)).dedup_key == "kept"
         assert await counts(book) == (1, 1)
 
     async def test_a_dedup_hit_returns_the_first_id_and_writes_nothing(self, book):
@@ -168,7 +169,7 @@ class DispatchEnqueueCases:
         again = await enqueue_dispatch(book, kind="b", deliver_to="r2", dedup_key="key-1", ack_required=True)
         assert again == first
         assert await counts(book) == before
-        assert (await row(book, first))["kind"] == "a"
+        assert (await row(book, first)).kind == "a"
         x = await enqueue_dispatch(book, kind="a", deliver_to="r1")
         y = await enqueue_dispatch(book, kind="a", deliver_to="r1")
         assert x != y
@@ -226,8 +227,8 @@ class DispatchEnqueueCases:
         ids = await enqueue_revival_heartbeat(book, ["s1", "s2", "s1"], reset_epoch=epoch, ttl_seconds=600)
         assert ids[0] == ids[2] != ids[1]
         r = await row(book, ids[1])
-        assert (r["kind"], r["deliver_to"], r["dedup_key"]) == ("revival_ping", "s2", f"revival:s2:{epoch}")
-        assert r["expires_at"] == epoch + 600 and r["ack_required"] is False
+        assert (r.kind, r.deliver_to, r.dedup_key) == ("revival_ping", "s2", f"revival:s2:{epoch}")
+        assert r.expires_at.timestamp() == epoch + 600 and r.ack_required is False
         assert await enqueue_revival_heartbeat(book, ["s1", "s2"], reset_epoch=epoch) == ids[:2]
         [zero] = await enqueue_revival_heartbeat(book, ["s3"], reset_epoch=0)
-        assert (await row(book, zero))["expires_at"] is None
+        assert (await row(book, zero)).expires_at is None

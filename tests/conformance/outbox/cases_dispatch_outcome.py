@@ -37,7 +37,7 @@ class DispatchOutcomeCases:
         did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1")
         rec = Recorder()
         assert await deliver_due_dispatches(book, transport=rec.transport) == counted(attempted=1, delivered=1)
-        assert (await row(book, did))["status"] == "delivered"
+        assert (await row(book, did)).status == "delivered"
         found = await facts(book, did)
         assert moves(found)[1:] == [CLAIM, ("delivering", "delivered", "dispatch.delivered.transport_ok")]
         assert {(f.actor_type, f.actor_id) for f in found[1:]} == {("system", "delivery")}
@@ -50,13 +50,13 @@ class DispatchOutcomeCases:
         rec = Recorder(outcome=failing("disk on fire"))
         assert await deliver_due_dispatches(book, transport=rec.transport) == counted(attempted=1, retried=1)
         r = await row(book, did)
-        assert (r["status"], r["attempt"], r["last_error"]) == ("pending", 1, "disk on fire")
-        assert r["next_attempt_at"] == clock.now() + backoff_seconds(1) == clock.now() + 60
+        assert (r.status, r.attempt, r.last_error) == ("pending", 1, "disk on fire")
+        assert r.next_attempt_at.timestamp() == clock.now() + backoff_seconds(1) == clock.now() + 60
         clock.advance(59)
         assert await deliver_due_dispatches(book, transport=rec.transport) == ZERO
         clock.advance(1)
         assert (await deliver_due_dispatches(book, transport=rec.transport))["attempted"] == 1
-        assert (await row(book, did))["next_attempt_at"] == clock.now() + 120
+        assert (await row(book, did)).next_attempt_at.timestamp() == clock.now() + 120
         assert len(rec.calls) == 2
 
     async def test_failure_at_the_bound_is_dead_lettered(self, book, clock):
@@ -68,7 +68,7 @@ class DispatchOutcomeCases:
         clock.advance(60)
         assert await deliver_due_dispatches(book, transport=rec.transport) == counted(attempted=1, dead_letter=1)
         r = await row(book, did)
-        assert (r["status"], r["attempt"], r["last_error"]) == ("dead_letter", 2, "nope")
+        assert (r.status, r.attempt, r.last_error) == ("dead_letter", 2, "nope")
         assert moves(await facts(book, did))[-1] == ("delivering", "dead_letter", "dispatch.dead_letter.max_attempts")
         clock.advance(10_000)
         assert await deliver_due_dispatches(book, transport=rec.transport) == ZERO
@@ -84,7 +84,7 @@ class DispatchOutcomeCases:
         transport = ArgvTransport([sys.executable, str(script), "{deliver_to}"], timeout=0.5)
         assert await deliver_due_dispatches(book, transport=transport) == counted(attempted=1, retried=1)
         r = await row(book, did)
-        assert r["status"] == "pending" and r["last_error"].startswith("timeout")
+        assert r.status == "pending" and r.last_error.startswith("timeout")
         assert (await facts(book, did))[-1].metadata == {"transport": {"timed_out": True}}
         assert not marker.exists()
 
@@ -96,7 +96,7 @@ class DispatchOutcomeCases:
         await deliver_due_dispatches(book, transport=rec.transport)  # attempt 1 fails; due again at +60
         clock.advance(60)
         assert await deliver_due_dispatches(book, transport=rec.transport) == counted(expired=1)
-        assert (await row(book, did))["status"] == "expired"
+        assert (await row(book, did)).status == "expired"
         assert moves(await facts(book, did))[-1] == ("pending", "expired", "dispatch.expired.deadline")
         assert len(rec.calls) == 1
 
@@ -107,7 +107,7 @@ class DispatchOutcomeCases:
         rec = Recorder()
         assert await deliver_due_dispatches(book, transport=rec.transport) == counted(attempted=1, delivered=1)
         r = await row(book, did)
-        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", 1, clock.now() + 60)
+        assert (r.status, r.attempt, r.next_attempt_at.timestamp()) == ("pending", 1, clock.now() + 60)
         last = (await facts(book, did))[-1]
         assert (last.reason_code, last.patch) == ("dispatch.pending.awaiting_ack", {"attempt": 1, "next_attempt_at": clock.now() + 60})
         clock.advance(60)
@@ -119,9 +119,9 @@ class DispatchOutcomeCases:
         did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1", ack_required=True)
         rec = Recorder()
         await deliver_due_dispatches(book, transport=rec.transport)
-        token = (await row(book, did))["ack_token"]
+        token = (await row(book, did)).ack_token.get_secret_value()
         assert await ack_dispatch(book, did, token) is True
-        assert (await row(book, did))["status"] == "acked"
+        assert (await row(book, did)).status == "acked"
         assert moves(await facts(book, did))[-1] == ("pending", "acked", "dispatch.acked.consumer")
 
     async def test_a_wrong_token_is_refused_and_writes_nothing(self, book):
@@ -132,7 +132,7 @@ class DispatchOutcomeCases:
             await ack_dispatch(book, did, "0" * 32)
         assert isinstance(caught.value, ValueError)
         assert await facts(book, did) == before
-        assert (await row(book, did))["status"] == "pending"
+        assert (await row(book, did)).status == "pending"
 
     async def test_no_ack_within_the_bound_dead_letters_with_ack_timeout(self, book, clock):
         """O10, O9: the last allowed send of an unacknowledged row ends in dead_letter (ack_timeout) in
@@ -143,7 +143,7 @@ class DispatchOutcomeCases:
         clock.advance(60)
         assert await deliver_due_dispatches(book, transport=rec.transport) == counted(attempted=1, dead_letter=1)
         r = await row(book, did)
-        assert (r["status"], r["attempt"]) == ("dead_letter", 2) and "no acknowledgement" in r["last_error"]
+        assert (r.status, r.attempt) == ("dead_letter", 2) and "no acknowledgement" in r.last_error
         assert moves(await facts(book, did))[-1] == ("delivering", "dead_letter", "dispatch.dead_letter.ack_timeout")
         clock.advance(10_000)
         await deliver_due_dispatches(book, transport=rec.transport)
@@ -154,11 +154,11 @@ class DispatchOutcomeCases:
         next_attempt_at now and last_error cleared; it is then delivered."""
         did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1", max_attempts=1)
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing("bad")).transport)
-        assert (await row(book, did))["status"] == "dead_letter"
+        assert (await row(book, did)).status == "dead_letter"
         clock.advance(5)
         assert await retry_dispatch(book, did, actor=Actor("operator", "alice")) is True
         r = await row(book, did)
-        assert (r["status"], r["attempt"], r["next_attempt_at"], r["last_error"]) == ("pending", 0, clock.now(), None)
+        assert (r.status, r.attempt, r.next_attempt_at.timestamp(), r.last_error) == ("pending", 0, clock.now(), None)
         last = (await facts(book, did))[-1]
         assert (last.previous_status, last.status, last.reason_code) == ("dead_letter", "pending", "dispatch.pending.operator_retry")
         assert last.patch == {"attempt": 0, "next_attempt_at": clock.now(), "last_error": None}

@@ -40,14 +40,14 @@ class DispatchScanCases:
         counts = await deliver_due_dispatches(book, transport=rec.transport, batch_size=3, concurrency=1)
         assert counts["attempted"] == 3
         assert rec.ids() == expected[:3]
-        assert (await row(book, old))["status"] == "pending"
+        assert (await row(book, old)).status == "pending"
 
     async def test_equal_due_times_go_by_event_time_before_id(self, book, clock):
         """O11 (N36): a retry due at the very time fresh rows arrive goes before them, whatever the ids:
         the scan orders by due time, then event time (created_at), then id."""
         olds = [await enqueue_dispatch(book, kind="k", deliver_to=f"old-{n}") for n in range(3)]
         await deliver_due_dispatches(book, transport=Recorder(outcome=failing()).transport)
-        due = (await row(book, olds[0]))["next_attempt_at"]
+        due = (await row(book, olds[0])).next_attempt_at.timestamp()
         clock.advance(due - clock.now())
         fresh: list[str] = []
         while not any(f < max(olds) for f in fresh):  # by id alone, a fresh row would go first (ids are random)
@@ -101,6 +101,6 @@ class DispatchScanCases:
         rec = Recorder()
         await deliver_due_dispatches(book, transport=rec.transport)
         [(to, payload)] = rec.calls
-        stored = (await row(book, did))["payload"]
+        stored = (await row(book, did)).payload
         assert to == "seat-9" and json.loads(payload) == {**stored, "attempt": 1}
         assert json.loads(payload)["body"] == {"x": [1, 2], "attempt": 0}  # the body's own field is the body's

@@ -257,7 +257,7 @@ class OutboxInputCases:
         await refused(book, lambda: enqueue_revival_heartbeat(book, ["s"], reset_epoch=0, max_attempts=max_attempts),
                       "max_attempts")
         did = await enqueue_dispatch(book, kind="k", deliver_to="r", max_attempts=MAX_ATTEMPTS)
-        assert (await row(book, did))["max_attempts"] == MAX_ATTEMPTS
+        assert (await row(book, did)).max_attempts == MAX_ATTEMPTS
 
     async def test_a_template_element_or_route_with_nul_is_refused_not_a_value_error(self, book):
         """O22 (issue 10: ``ArgvTransport.send`` with a NUL in the route or a template element raised
@@ -287,7 +287,7 @@ class OutboxInputCases:
         transport = ArgvTransport([sys.executable, "-c", f"open({str(marker)!r}, 'w')", "{deliver_to}"])
         assert (await deliver_due_dispatches(book, transport=transport))["retried"] == 1
         failed = await row(book, values["id"])
-        assert failed["status"] == "pending" and "starts with '-'" in failed["last_error"]
+        assert failed.status == "pending" and "starts with '-'" in failed.last_error
         assert not marker.exists()
         assert (await verify(book, "dispatch")).ok
 
@@ -306,11 +306,11 @@ class OutboxInputCases:
         assert exc.rule == "payload" and str(ARGV_PAYLOAD_BYTES) in str(exc) and str(ARG_STRLEN) in str(exc)
         route = str(tmp_path / "len")
         fits = await _largest_accepted(argv_book, route)
-        stored = len(json.dumps((await row(book, fits))["payload"], sort_keys=True, separators=(",", ":"),
+        stored = len(json.dumps((await row(book, fits)).payload, sort_keys=True, separators=(",", ":"),
                                 ensure_ascii=False).encode())
         assert ARGV_PAYLOAD_BYTES - 64 < stored <= ARGV_PAYLOAD_BYTES
         assert (await deliver_due_dispatches(book, transport=ArgvTransport(ARGV_TEMPLATE)))["delivered"] == 1
-        assert int((tmp_path / "len").read_text()) == stored and (await row(book, fits))["status"] == "delivered"
+        assert int((tmp_path / "len").read_text()) == stored and (await row(book, fits)).status == "delivered"
         stdin_book = dataclasses.replace(book, limits=dispatch_limits(["cat", "{deliver_to}"], book.limits))
         assert await enqueue_dispatch(stdin_book, kind="k", deliver_to="r", body=over)
         small = dispatch_limits(["cat", "{deliver_to}"], book.limits, payload_bytes=1_000)
@@ -332,7 +332,7 @@ class OutboxInputCases:
         await refused(book, lambda: enqueue_dispatch(plain, kind="k", deliver_to="--version"), "deliver_to")
         ended = dataclasses.replace(book, limits=dispatch_limits(["/bin/ls", "--", "{deliver_to}"], book.limits))
         did = await enqueue_dispatch(ended, kind="k", deliver_to="--version")
-        assert (await row(book, did))["deliver_to"] == "--version"
+        assert (await row(book, did)).deliver_to == "--version"
 
     async def test_retry_in_a_wrong_state_is_refused_not_false(self, book, clock):
         """O22, O15 (issue 10: ``dispatch retry`` in a wrong state exited 1, unlike every other refusal):

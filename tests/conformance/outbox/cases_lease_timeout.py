@@ -64,9 +64,9 @@ class LeaseTimeoutCases:
             did = _id(payload)
             sends.append((who, did))
             r = await row(book, did)
-            left = r["next_attempt_at"] - clock.now()
-            if r["status"] != "delivering" or left < NOTIFY_TIMEOUT_SECONDS:
-                late.append((who, did, r["status"], left))
+            left = r.next_attempt_at.timestamp() - clock.now()
+            if r.status != "delivering" or left < NOTIFY_TIMEOUT_SECONDS:
+                late.append((who, did, r.status, left))
 
         async def worker_b(_to: str, payload: str) -> None:
             await starting("B", payload)
@@ -90,7 +90,7 @@ class LeaseTimeoutCases:
 
         assert late == []
         assert Counter(did for _, did in sends) == Counter(ids)  # each exactly once
-        assert {(await row(book, did))["status"] for did in ids} == {"delivered"}
+        assert {(await row(book, did)).status for did in ids} == {"delivered"}
         assert (await verify(book, "dispatch")).ok
 
     async def test_a_pass_claims_no_more_than_it_can_start(self, book, clock):
@@ -104,7 +104,7 @@ class LeaseTimeoutCases:
 
         async def slow(_to: str, payload: str) -> None:
             started.add(_id(payload))
-            waiting.append({r["id"] for r in await list_dispatches(book, status="delivering")} - started)
+            waiting.append({r.id for r in await list_dispatches(book, status="delivering")} - started)
             await asyncio.sleep(0)
             clock.advance(SEND_SECONDS)
 
@@ -127,7 +127,7 @@ class LeaseTimeoutCases:
         counts = await run_leases(book, [lease], rec.transport)
         assert rec.calls == [] and counts["delivered"] == counts["retried"] == counts["dead_letter"] == 0
         r = await row(book, did)
-        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", 0, clock.now())
+        assert (r.status, r.attempt, r.next_attempt_at.timestamp()) == ("pending", 0, clock.now())
         released = (await facts(book, did))[2:]
         assert [(f.previous_status, f.status, f.reason_code) for f in released] == [
             ("delivering", "pending", "dispatch.pending.released")]
@@ -140,7 +140,7 @@ class LeaseTimeoutCases:
         claimed, delivered = (await facts(book, did))[3:]
         assert (claimed.reason_code, claimed.patch["attempt"]) == ("dispatch.delivering.attempt", 1)
         assert (delivered.reason_code, delivered.patch["attempt"]) == ("dispatch.delivered.transport_ok", 1)
-        assert (await row(book, did))["attempt"] == 1
+        assert (await row(book, did)).attempt == 1
 
     async def test_a_skipped_lease_of_the_only_attempt_is_sent_later_not_dead_lettered(self, book, clock):
         """O21, O9, O20: with ``max_attempts=1``, a lease skipped at its start check does not use up the
@@ -157,7 +157,7 @@ class LeaseTimeoutCases:
         counts = await deliver_due_dispatches(book, transport=rec.transport)
         assert (counts["dead_letter"], counts["delivered"], rec.ids()) == (0, 1, [did])
         r = await row(book, did)
-        assert (r["status"], r["attempt"]) == ("delivered", 1)
+        assert (r.status, r.attempt) == ("delivered", 1)
         assert [f.reason_code for f in await facts(book, did)] == [
             "dispatch.pending.enqueued", "dispatch.delivering.attempt", "dispatch.pending.released",
             "dispatch.delivering.attempt", "dispatch.delivered.transport_ok"]
@@ -179,9 +179,9 @@ class LeaseTimeoutCases:
         sent_first = leases[0].dispatch_id
         other = second if sent_first == first else first
         assert sent == [sent_first] and counts["delivered"] == 1
-        assert (await row(book, sent_first))["status"] == "delivered"
+        assert (await row(book, sent_first)).status == "delivered"
         r = await row(book, other)
-        assert (r["status"], r["attempt"], r["next_attempt_at"]) == ("pending", 0, clock.now())
+        assert (r.status, r.attempt, r.next_attempt_at.timestamp()) == ("pending", 0, clock.now())
         assert [f.reason_code for f in await facts(book, other)][-1] == "dispatch.pending.released"
         assert (await verify(book, "dispatch")).ok
 
@@ -202,9 +202,9 @@ class LeaseTimeoutCases:
         assert rec.calls == []
         assert (await row(book, did), len(await facts(book, did))) == before
         r = before[0]
-        assert (r["status"], r["attempt"], r["claim_id"]) == ("delivering", 2, fresh.claim_id)
+        assert (r.status, r.attempt, r.claim_id) == ("delivering", 2, fresh.claim_id)
         await run_leases(book, [fresh], rec.transport)
-        assert rec.ids() == [did] and (await row(book, did))["status"] == "delivered"
+        assert rec.ids() == [did] and (await row(book, did)).status == "delivered"
 
     async def test_a_released_attempt_number_is_claimed_again_and_the_claim_id_fences_it(self, book, clock):
         """O8, O21: a release gives the attempt number back, so the next claim holds the SAME attempt as
@@ -254,7 +254,7 @@ class LeaseTimeoutCases:
         left: list[float] = []
 
         async def send(_to: str, payload: str) -> None:
-            left.append((await row(book, _id(payload)))["next_attempt_at"] - clock.now())
+            left.append((await row(book, _id(payload))).next_attempt_at.timestamp() - clock.now())
 
         await deliver_due_dispatches(book, transport=CallableTransport(send, timeout=40))
         assert len(left) == 1 and left[0] > 40
@@ -303,7 +303,7 @@ class LeaseTimeoutCases:
         rec = Recorder()
         counts = await run_leases(book, [lease], rec.transport, concurrency=2, refill=refill, budget=5)
         assert rec.ids() == [did] and counts["delivered"] == 1
-        assert (await row(book, did))["status"] == "delivered"
+        assert (await row(book, did)).status == "delivered"
 
     async def test_the_next_pass_claims_as_the_transports_last_pass_allows(self, book, clock):
         """O21: a pass remembers how slow its transport's sends were. With the same transport, the next

@@ -56,7 +56,7 @@ class OfferCases:
         leases, counts = await claim_offered(book, [offer], now=clock.now())
         assert leases == [] and counts["attempted"] == 0
         assert await facts(book, did) == before
-        assert (await row(book, did))["status"] == "delivered"
+        assert (await row(book, did)).status == "delivered"
 
     async def test_an_offer_and_a_scan_claim_the_attempt_once(self, book, clock):
         """O5: the offered claim and a scanning pass race for one row; exactly one attempt is claimed."""

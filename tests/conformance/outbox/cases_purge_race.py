@@ -32,7 +32,7 @@ PURGED = Reason("dispatch.purged.operator", "purged by an operator")
 async def _dead_letter(book) -> str:
     did = await enqueue_dispatch(book, kind="k", deliver_to="seat-1", max_attempts=1)
     await deliver_due_dispatches(book, transport=Recorder(outcome=failing("down")).transport)
-    assert (await row(book, did))["status"] == "dead_letter"
+    assert (await row(book, did)).status == "dead_letter"
     return did
 
 
@@ -81,7 +81,7 @@ class PurgeRaceCases:
         assert await task == "conflict"
 
         r = await row(book, did)
-        assert (r["status"], r["attempt"]) == ("pending", 0)
+        assert (r.status, r.attempt) == ("pending", 0)
         found = await facts(book, did)
         assert found[-1].reason_code == "dispatch.pending.operator_retry"
         assert all(f.status is not None for f in found)

@@ -26,9 +26,9 @@ class ChainsAndNotifyCases:
         s = await make(book, interval_sec=10, on_fail={"command_args": ["-c", "raise SystemExit(1)"]})
         eng = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner(exit_code=1))
         await eng.start(loop=False)
-        await eng.fire_now(s["id"])
+        await eng.fire_now(s.id)
         await eng.wait_idle()
-        runs = sorted(await runs_of(book, s["id"]), key=lambda r: r["chain_depth"])
+        runs = sorted(await runs_of(book, s.id), key=lambda r: r["chain_depth"])
         assert [r["chain_depth"] for r in runs] == list(range(11))
         for parent, child in zip(runs, runs[1:]):
             assert child["chain_parent_id"] == parent["id"]
@@ -49,7 +49,7 @@ class ChainsAndNotifyCases:
         clock.advance(10)
         await eng.tick()
         await eng.wait_idle()
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert sorted(r["chain_depth"] for r in runs) == [0, 1]
         assert {r["status"] for r in runs} == {"completed", "failed"}
         await eng.stop()
@@ -61,7 +61,7 @@ class ChainsAndNotifyCases:
         spawner.hold()
         eng = SchedulerEngine(book, settings(), clock=clock, launcher=spawner)
         await eng.start(loop=False)
-        run_id = await eng.fire_now(s["id"])
+        run_id = await eng.fire_now(s.id)
         assert await dispatches(book) == []
         spawner.release()
         await eng.wait_idle()
@@ -69,7 +69,7 @@ class ChainsAndNotifyCases:
         assert len(found) == 1
         d = found[0]
         assert d["schedule_run_id"] == run_id and d["kind"] == "run_ended" and d["deliver_to"] == "ops"
-        run = (await runs_of(book, s["id"]))[0]
+        run = (await runs_of(book, s.id))[0]
         assert d["dedup_key"] == f"schedule_run:{run_id}:{run['last_fact_id']}"
         await eng.stop()
         assert (await verify(book)).ok
@@ -80,7 +80,7 @@ class ChainsAndNotifyCases:
         spawner = FakeSpawner()
         spawner.hold()
         eng = SchedulerEngine(book, settings(), clock=clock, launcher=spawner)
-        run_id = await eng.fire_now(s["id"])
+        run_id = await eng.fire_now(s.id)
         import statebook.outbox as outbox
 
         async def broken(*args, **kwargs):
@@ -91,12 +91,12 @@ class ChainsAndNotifyCases:
         with pytest.raises(RuntimeError):
             await finalize_run(book, run_id, "completed", reason=Reason("schedule_run.completed.exit_zero"),
                                patch={"exit_code": 0})
-        assert (await runs_of(book, s["id"]))[0]["status"] == "running"
+        assert (await runs_of(book, s.id))[0]["status"] == "running"
         assert await dispatches(book) == []
         monkeypatch.undo()
         spawner.release()
         await eng.wait_idle()
-        assert (await runs_of(book, s["id"]))[0]["status"] == "completed"
+        assert (await runs_of(book, s.id))[0]["status"] == "completed"
         assert len(await dispatches(book)) == 1
         await eng.stop()
 
@@ -106,12 +106,12 @@ class ChainsAndNotifyCases:
         spawner = FakeSpawner()
         spawner.hold()
         eng = SchedulerEngine(book, settings(), clock=clock, launcher=spawner)
-        run_id = await eng.fire_now(s["id"])
+        run_id = await eng.fire_now(s.id)
         row = await cancel_run(book, run_id)
-        assert (row["status"], row["status_reason_code"]) == ("cancelled", "schedule_run.cancelled.operator")
+        assert (row.status, row.status_reason_code) == ("cancelled", "schedule_run.cancelled.operator")
         await eng.watch_cancellations()
         await eng.wait_idle()
-        assert (await runs_of(book, s["id"]))[0]["status"] == "cancelled"
+        assert (await runs_of(book, s.id))[0]["status"] == "cancelled"
         assert [d["schedule_run_id"] for d in await dispatches(book)] == [run_id]
         await eng.stop()
         assert (await verify(book)).ok

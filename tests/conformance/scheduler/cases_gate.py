@@ -30,10 +30,10 @@ class GateCases:
         await eng.tick()
         await eng.tick()  # same occurrence again: nothing new
         await eng.wait_idle()
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert [r["status"] for r in runs] == ["completed"]
-        assert runs[0]["occurrence_at"] == s["next_fire_at"]
-        assert (await get_schedule(book, s["id"]))["next_fire_at"] == s["next_fire_at"] + 10
+        assert runs[0]["occurrence_at"] == s.next_fire_at.timestamp()
+        assert (await get_schedule(book, s.id)).next_fire_at.timestamp() == s.next_fire_at.timestamp() + 10
         await eng.stop()
         assert (await verify(book)).ok
 
@@ -44,10 +44,10 @@ class GateCases:
         eng = await engine_for(book, clock)
         clock.advance(10)
         await eng.tick()
-        assert await runs_of(book, s["id"]) == []
-        row = await get_schedule(book, s["id"])
-        assert row["status_reason_code"] == "schedule.active.threshold_ok"
-        assert row["next_fire_at"] > s["next_fire_at"]
+        assert await runs_of(book, s.id) == []
+        row = await get_schedule(book, s.id)
+        assert row.status_reason_code == "schedule.active.threshold_ok"
+        assert row.next_fire_at.timestamp() > s.next_fire_at.timestamp()
         await eng.stop()
 
     async def test_threshold_breach_fires_then_cools_down(self, book, clock):
@@ -58,20 +58,20 @@ class GateCases:
         spawner = FakeSpawner()
         eng = await engine_for(book, clock, spawner)
         # A failed run of another schedule inside the window.
-        await eng.fire_now(other["id"])
+        await eng.fire_now(other.id)
         spawner.exit_code = 1
         await eng.wait_idle()
         spawner.exit_code = 0
         clock.advance(10)
         await eng.tick()
         await eng.wait_idle()
-        fired = await runs_of(book, alert["id"])
+        fired = await runs_of(book, alert.id)
         assert len(fired) == 1 and fired[0]["trigger_context"]["metric"] == "failed_runs"
-        assert (await get_schedule(book, alert["id"]))["last_alert_at"] == clock.now()
+        assert (await get_schedule(book, alert.id)).last_alert_at.timestamp() == clock.now()
         clock.advance(10)
         await eng.tick()
-        assert len(await runs_of(book, alert["id"])) == 1
-        assert (await get_schedule(book, alert["id"]))["status_reason_code"] == "schedule.active.threshold_cooldown"
+        assert len(await runs_of(book, alert.id)) == 1
+        assert (await get_schedule(book, alert.id)).status_reason_code == "schedule.active.threshold_cooldown"
         await eng.stop()
 
     async def test_overlap_skip_writes_a_skipped_run_and_advances(self, book, clock):
@@ -84,10 +84,10 @@ class GateCases:
         await eng.tick()
         clock.advance(10)
         await eng.tick()
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert [r["status"] for r in runs] == ["running", "skipped"]
         assert runs[1]["status_reason_code"] == "schedule_run.skipped.overlap"
-        assert (await get_schedule(book, s["id"]))["next_fire_at"] == s["next_fire_at"] + 20
+        assert (await get_schedule(book, s.id)).next_fire_at.timestamp() == s.next_fire_at.timestamp() + 20
         spawner.release()
         await eng.wait_idle()
         await eng.stop()
@@ -101,7 +101,7 @@ class GateCases:
         for _ in range(2):
             clock.advance(10)
             await eng.tick()
-        assert [r["status"] for r in await runs_of(book, s["id"])] == ["running", "running"]
+        assert [r["status"] for r in await runs_of(book, s.id)] == ["running", "running"]
         spawner.release()
         await eng.wait_idle()
         await eng.stop()
@@ -116,10 +116,10 @@ class GateCases:
         await eng.wait_idle()
         clock.advance(10)
         await eng.tick()
-        row = await get_schedule(book, s["id"])
-        assert row["status"] == "exhausted" and row["status_reason_code"] == "schedule.exhausted.budget"
-        assert row["enabled"] == 0
-        assert len(await runs_of(book, s["id"])) == 1
+        row = await get_schedule(book, s.id)
+        assert row.status == "exhausted" and row.status_reason_code == "schedule.exhausted.budget"
+        assert row.enabled == 0
+        assert len(await runs_of(book, s.id)) == 1
         await eng.stop()
 
     async def test_max_runs_exhausts_after_n_top_level_runs(self, book, clock):
@@ -130,11 +130,11 @@ class GateCases:
             clock.advance(10)
             await eng.tick()
             await eng.wait_idle()
-        assert len(await runs_of(book, s["id"])) == 2
-        row = await get_schedule(book, s["id"])
-        assert row["status"] == "exhausted" and row["status_reason_code"] == "schedule.exhausted.max_runs"
+        assert len(await runs_of(book, s.id)) == 2
+        row = await get_schedule(book, s.id)
+        assert row.status == "exhausted" and row.status_reason_code == "schedule.exhausted.max_runs"
         with pytest.raises(Exception, match="exhausted"):
-            await eng.fire_now(s["id"])
+            await eng.fire_now(s.id)
         await eng.stop()
 
     async def test_global_slots_defer_with_records_on_first_and_every_tenth(self, book, clock):
@@ -144,22 +144,22 @@ class GateCases:
         spawner = FakeSpawner()
         spawner.hold()
         eng = await engine_for(book, clock, spawner, max_concurrent=1)
-        await eng.fire_now(busy["id"])
+        await eng.fire_now(busy.id)
         with pytest.raises(CapacityExhausted):
-            await eng.fire_now(waiting["id"])
+            await eng.fire_now(waiting.id)
         clock.advance(10)
-        due = (await get_schedule(book, waiting["id"]))["next_fire_at"]
+        due = (await get_schedule(book, waiting.id)).next_fire_at.timestamp()
         for _ in range(12):
             await eng.tick()
-        records = [r for r in await runs_of(book, waiting["id"])]
+        records = [r for r in await runs_of(book, waiting.id)]
         assert [r["trigger_context"]["deferrals"] for r in records] == [1, 11]
         assert all(r["status_reason_code"] == "schedule_run.skipped.deferred_capacity" for r in records)
-        assert (await get_schedule(book, waiting["id"]))["next_fire_at"] == due  # still due
+        assert (await get_schedule(book, waiting.id)).next_fire_at.timestamp() == due  # still due
         spawner.release()
         await eng.wait_idle()
         await eng.tick()
         await eng.wait_idle()
-        assert sorted(r["status"] for r in await runs_of(book, waiting["id"])) == ["completed", "skipped", "skipped"]
+        assert sorted(r["status"] for r in await runs_of(book, waiting.id)) == ["completed", "skipped", "skipped"]
         await eng.stop()
 
     async def test_gate_order_threshold_before_overlap_before_budget(self, book, clock):
@@ -170,16 +170,16 @@ class GateCases:
         clock.advance(10)
         await eng.tick()
         # threshold within bounds wins over budget/max_runs (which would not refuse yet anyway)
-        assert (await get_schedule(book, s["id"]))["status_reason_code"] == "schedule.active.threshold_ok"
+        assert (await get_schedule(book, s.id)).status_reason_code == "schedule.active.threshold_ok"
         t = await make(book, "t", interval_sec=10, budget_usd=0.5, max_runs=1)
         spawner = FakeSpawner(report={"cost_usd": 1.0})
         eng.executor.spawner = spawner
-        await eng.fire_now(t["id"])
+        await eng.fire_now(t.id)
         await eng.wait_idle()
         clock.advance(10)
         await eng.tick()
         # both budget and max_runs are spent: budget (gate 3) is the recorded reason, not max_runs (gate 4)
-        assert (await get_schedule(book, t["id"]))["status_reason_code"] == "schedule.exhausted.budget"
+        assert (await get_schedule(book, t.id)).status_reason_code == "schedule.exhausted.budget"
         await eng.stop()
 
     async def test_one_shot_at_fires_once_and_exhausts(self, book, clock):
@@ -190,9 +190,9 @@ class GateCases:
         await eng.tick()
         await eng.tick()
         await eng.wait_idle()
-        assert [r["status"] for r in await runs_of(book, s["id"])] == ["completed"]
-        row = await get_schedule(book, s["id"])
-        assert row["status"] == "exhausted" and row["status_reason_code"] == "schedule.exhausted.one_shot"
+        assert [r["status"] for r in await runs_of(book, s.id)] == ["completed"]
+        row = await get_schedule(book, s.id)
+        assert row.status == "exhausted" and row.status_reason_code == "schedule.exhausted.one_shot"
         await eng.stop()
 
     async def test_paused_schedule_does_not_fire_but_manual_fire_works(self, book, clock):
@@ -201,11 +201,11 @@ class GateCases:
         eng = await engine_for(book, clock)
         clock.advance(100)
         await eng.tick()
-        assert await runs_of(book, s["id"]) == []
-        run_id = await eng.fire_now(s["id"])
+        assert await runs_of(book, s.id) == []
+        run_id = await eng.fire_now(s.id)
         await eng.wait_idle()
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert runs[0]["id"] == run_id and runs[0]["trigger_context"]["trigger"] == "manual"
-        codes = [f.reason_code for f in await history(book, "schedule", s["id"])]
+        codes = [f.reason_code for f in await history(book, "schedule", s.id)]
         assert codes[-1] == "schedule.paused.manual_fire"
         await eng.stop()

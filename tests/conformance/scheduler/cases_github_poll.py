@@ -20,8 +20,9 @@ import pytest
 from statebook.adapters.github import GitHubPoller, next_link
 from statebook.lifecycle import Reason, history, verify
 from statebook.scheduler.engine import SchedulerEngine
+from statebook.scheduler.models import Schedule
 from statebook.scheduler.runs import finalize_run, open_run
-from statebook.scheduler.store import get_schedule
+from statebook.scheduler.store import get_schedule, schedule_row
 
 from .support import FakeSpawner, make, runs_of, settings
 
@@ -122,7 +123,7 @@ async def engine_for(book, clock, api: FakeGitHub | None, spawner=None, poller: 
     return eng
 
 
-async def make_poll(book, name: str = "gh", **over: Any) -> dict[str, Any]:
+async def make_poll(book, name: str = "gh", **over: Any) -> Schedule:
     spec = {"trigger_type": "github_poll", "github_repo": "octo/repo", "interval_sec": None,
             "poll_interval_sec": POLL, "overlap_policy": "allow", **over}
     return await make(book, name, **spec)
@@ -157,19 +158,19 @@ class GithubPollCases:
         s = await make_poll(book)
         ids = [github.add(clock, title=f"issue {i}") for i in range(3)]
         eng = await engine_for(book, clock, github)
-        assert await eng.consider(await get_schedule(book, s["id"]), clock.now()) == "fired"
+        assert await eng.consider(await schedule_row(book, s.id), clock.now()) == "fired"
         await eng.wait_idle()
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert fired_ids(runs) == ids and {r["status"] for r in runs} == {"completed"}
         ctx = next(r["trigger_context"] for r in runs if r["trigger_context"]["event_id"] == ids[0])
         assert ctx["trigger"] == "github_poll" and ctx["repo"] == "octo/repo" and ctx["event_type"] == "IssuesEvent"
         assert ctx["event"]["title"] == "issue 0" and ctx["event"]["actor"] == "octocat"
-        row = await get_schedule(book, s["id"])
-        assert row["github_cursor"] == ids[-1]
-        assert row["last_healthy_poll_at"] == clock.now() and row["poller_consecutive_401"] == 0
-        assert row["next_fire_at"] == s["next_fire_at"] + POLL and row["status_reason_code"] == "schedule.active.poll"
+        row = await get_schedule(book, s.id)
+        assert row.github_cursor == ids[-1]
+        assert row.last_healthy_poll_at.timestamp() == clock.now() and row.poller_consecutive_401 == 0
+        assert row.next_fire_at.timestamp() == s.next_fire_at.timestamp() + POLL and row.status_reason_code == "schedule.active.poll"
         # One cursor fact per event, in event order, then the cadence fact.
-        facts = [f for f in await history(book, "schedule", s["id"]) if f.reason_code.startswith("schedule.active.poll")]
+        facts = [f for f in await history(book, "schedule", s.id) if f.reason_code.startswith("schedule.active.poll")]
         assert [f.patch.get("github_cursor") for f in facts[:-1]] == ids
         assert facts[-1].reason_code == "schedule.active.poll"
         pages = [urllib.parse.parse_qs(urllib.parse.urlsplit(r["path"]).query).get("page") for r in github.log]
@@ -188,11 +189,11 @@ class GithubPollCases:
         clock.advance(POLL)
         await eng.tick()
         assert github.statuses()[-1] == 304 and github.log[-1]["if_none_match"] == github.etag()
-        assert len(await runs_of(book, s["id"])) == 1
-        row = await get_schedule(book, s["id"])
-        assert row["status_reason_code"] == "schedule.active.poll" and "304" in row["status_reason_summary"]
-        assert row["last_healthy_poll_at"] == clock.now()
-        assert row["next_fire_at"] == s["next_fire_at"] + 2 * POLL
+        assert len(await runs_of(book, s.id)) == 1
+        row = await get_schedule(book, s.id)
+        assert row.status_reason_code == "schedule.active.poll" and "304" in row.status_reason_summary
+        assert row.last_healthy_poll_at.timestamp() == clock.now()
+        assert row.next_fire_at.timestamp() == s.next_fire_at.timestamp() + 2 * POLL
         await eng.stop()
 
     async def test_events_at_or_below_the_cursor_never_fire_twice(self, book, clock, github):
@@ -201,24 +202,24 @@ class GithubPollCases:
         s = await make_poll(book)
         first = [github.add(clock), github.add(clock)]
         eng = await engine_for(book, clock, github)
-        stale = await get_schedule(book, s["id"])
+        stale = await schedule_row(book, s.id)
         await eng.tick()
         await eng.wait_idle()
         github.salt += 1  # same events, new ETag: a full 200 answer
         clock.advance(POLL)
         await eng.tick()
         assert github.statuses()[-1] == 200
-        assert fired_ids(await runs_of(book, s["id"])) == first
+        assert fired_ids(await runs_of(book, s.id)) == first
         new = github.add(clock)
         clock.advance(POLL)
         await eng.tick()
         await eng.wait_idle()
-        assert fired_ids(await runs_of(book, s["id"])) == sorted([*first, new])
+        assert fired_ids(await runs_of(book, s.id)) == sorted([*first, new])
         other = await engine_for(book, clock, github)
         assert await other.consider(stale, clock.now()) == "conflict"
         await other.wait_idle()
-        assert fired_ids(await runs_of(book, s["id"])) == sorted([*first, new])
-        assert (await get_schedule(book, s["id"]))["github_cursor"] == new
+        assert fired_ids(await runs_of(book, s.id)) == sorted([*first, new])
+        assert (await get_schedule(book, s.id)).github_cursor == new
         await other.stop()
         await eng.stop()
         assert (await verify(book)).ok
@@ -232,18 +233,18 @@ class GithubPollCases:
         eng = await engine_for(book, clock, github)
         for expected in (1, 2):
             await eng.tick()
-            row = await get_schedule(book, s["id"])
-            assert row["poller_consecutive_401"] == expected
-            assert row["status_reason_code"] == "schedule.active.poll_unauthorized"
-            assert row["last_healthy_poll_at"] is None and row["github_cursor"] is None
+            row = await get_schedule(book, s.id)
+            assert row.poller_consecutive_401 == expected
+            assert row.status_reason_code == "schedule.active.poll_unauthorized"
+            assert row.last_healthy_poll_at is None and row.github_cursor is None
             clock.advance(POLL)
-        assert await runs_of(book, s["id"]) == []
+        assert await runs_of(book, s.id) == []
         github.unauthorized = False
         await eng.tick()
         await eng.wait_idle()
-        row = await get_schedule(book, s["id"])
-        assert row["poller_consecutive_401"] == 0 and row["last_healthy_poll_at"] == clock.now()
-        assert row["github_cursor"] == event and fired_ids(await runs_of(book, s["id"])) == [event]
+        row = await get_schedule(book, s.id)
+        assert row.poller_consecutive_401 == 0 and row.last_healthy_poll_at.timestamp() == clock.now()
+        assert row.github_cursor == event and fired_ids(await runs_of(book, s.id)) == [event]
         await eng.stop()
 
     async def test_failed_poll_leaves_health_and_cursor_alone(self, book, clock, github):
@@ -253,11 +254,11 @@ class GithubPollCases:
         github.fail_status = 502
         eng = await engine_for(book, clock, github)
         await eng.tick()
-        row = await get_schedule(book, s["id"])
-        assert row["status_reason_code"] == "schedule.active.poll_failed" and "502" in row["status_reason_summary"]
-        assert row["last_healthy_poll_at"] is None and row["poller_consecutive_401"] == 0
-        assert row["github_cursor"] is None and row["next_fire_at"] == s["next_fire_at"] + POLL
-        assert await runs_of(book, s["id"]) == []
+        row = await get_schedule(book, s.id)
+        assert row.status_reason_code == "schedule.active.poll_failed" and "502" in row.status_reason_summary
+        assert row.last_healthy_poll_at is None and row.poller_consecutive_401 == 0
+        assert row.github_cursor is None and row.next_fire_at.timestamp() == s.next_fire_at.timestamp() + POLL
+        assert await runs_of(book, s.id) == []
         await eng.stop()
 
     async def test_capacity_exhausted_keeps_the_cursor_below_events_that_did_not_fire(self, book, clock, github):
@@ -268,11 +269,11 @@ class GithubPollCases:
         spawner = FakeSpawner()
         spawner.hold()
         eng = await engine_for(book, clock, github, spawner, max_concurrent=1)
-        assert await eng.consider(await get_schedule(book, s["id"]), clock.now()) == "fired"
-        row = await get_schedule(book, s["id"])
-        assert row["github_cursor"] == ids[0] and row["status_reason_code"] == "schedule.active.poll_deferred"
-        assert row["next_fire_at"] == clock.now() + TICK
-        runs = await runs_of(book, s["id"])
+        assert await eng.consider(await schedule_row(book, s.id), clock.now()) == "fired"
+        row = await get_schedule(book, s.id)
+        assert row.github_cursor == ids[0] and row.status_reason_code == "schedule.active.poll_deferred"
+        assert row.next_fire_at.timestamp() == clock.now() + TICK
+        runs = await runs_of(book, s.id)
         assert [r["status"] for r in runs] == ["running", "skipped"]
         assert runs[1]["status_reason_code"] == "schedule_run.skipped.deferred_capacity"
         assert runs[1]["trigger_context"]["event_id"] == ids[1]
@@ -281,11 +282,11 @@ class GithubPollCases:
         for _ in range(6):
             clock.advance(TICK)
             await eng.tick()
-            fired = fired_ids(await runs_of(book, s["id"]))
-            cursor = (await get_schedule(book, s["id"]))["github_cursor"]
+            fired = fired_ids(await runs_of(book, s.id))
+            cursor = (await get_schedule(book, s.id)).github_cursor
             assert cursor == max(fired, key=int)  # never past an event that did not fire
             await eng.wait_idle()
-        assert fired_ids(await runs_of(book, s["id"])) == ids
+        assert fired_ids(await runs_of(book, s.id)) == ids
         assert all(r["if_none_match"] is None for r in github.log[:2])  # events waited: no conditional request
         await eng.stop()
         assert (await verify(book)).ok
@@ -298,16 +299,16 @@ class GithubPollCases:
         spawner.hold()
         eng = await engine_for(book, clock, github, spawner)
         await eng.tick()
-        row = await get_schedule(book, s["id"])
-        assert row["github_cursor"] == ids[0] and "still running" in row["status_reason_summary"]
-        assert [r["status"] for r in await runs_of(book, s["id"])] == ["running"]
+        row = await get_schedule(book, s.id)
+        assert row.github_cursor == ids[0] and "still running" in row.status_reason_summary
+        assert [r["status"] for r in await runs_of(book, s.id)] == ["running"]
         spawner.release()
         await eng.wait_idle()
         clock.advance(TICK)
         await eng.tick()
         await eng.wait_idle()
-        assert fired_ids(await runs_of(book, s["id"])) == ids
-        assert (await get_schedule(book, s["id"]))["github_cursor"] == ids[1]
+        assert fired_ids(await runs_of(book, s.id)) == ids
+        assert (await get_schedule(book, s.id)).github_cursor == ids[1]
         await eng.stop()
 
     async def test_max_runs_exhausts_without_moving_the_cursor_past_the_refused_event(self, book, clock, github):
@@ -317,9 +318,9 @@ class GithubPollCases:
         eng = await engine_for(book, clock, github)
         await eng.tick()
         await eng.wait_idle()
-        row = await get_schedule(book, s["id"])
-        assert row["status"] == "exhausted" and row["status_reason_code"] == "schedule.exhausted.max_runs"
-        assert row["github_cursor"] == ids[0] and fired_ids(await runs_of(book, s["id"])) == ids[:1]
+        row = await get_schedule(book, s.id)
+        assert row.status == "exhausted" and row.status_reason_code == "schedule.exhausted.max_runs"
+        assert row.github_cursor == ids[0] and fired_ids(await runs_of(book, s.id)) == ids[:1]
         await eng.stop()
 
     async def test_an_event_passes_the_gates_in_s5_order(self, book, clock, github):
@@ -327,24 +328,24 @@ class GithubPollCases:
         (overlap, gate 2) and the schedule stays active; once the run ended, budget (gate 3) exhausts it.
         The cursor never moves past the event that did not fire."""
         s = await make_poll(book, overlap_policy="skip", budget_usd=0.5)
-        earlier = await open_run(book, s, context={"trigger": "manual"}, daemon_id="elsewhere:1:x",
+        earlier = await open_run(book, await schedule_row(book, s.id), context={"trigger": "manual"}, daemon_id="elsewhere:1:x",
                                  reason=Reason("schedule_run.running.manual", "an earlier fire"))
         await finalize_run(book, earlier, "completed", reason=Reason("schedule_run.completed.exit_zero"),
                            patch={"exit_code": 0, "cost_usd": 1.0})
-        held = await open_run(book, s, context={"trigger": "manual"}, daemon_id="elsewhere:1:x",
+        held = await open_run(book, await schedule_row(book, s.id), context={"trigger": "manual"}, daemon_id="elsewhere:1:x",
                               reason=Reason("schedule_run.running.manual", "held by another daemon"))
         github.add(clock)
         eng = await engine_for(book, clock, github)
         await eng.tick()
-        row = await get_schedule(book, s["id"])
-        assert (row["status"], row["status_reason_code"]) == ("active", "schedule.active.poll_deferred")
-        assert "still running" in row["status_reason_summary"] and row["github_cursor"] is None
+        row = await get_schedule(book, s.id)
+        assert (row.status, row.status_reason_code) == ("active", "schedule.active.poll_deferred")
+        assert "still running" in row.status_reason_summary and row.github_cursor is None
         await finalize_run(book, held, "completed", reason=Reason("schedule_run.completed.exit_zero"), patch={"exit_code": 0})
         clock.advance(TICK)
         await eng.tick()
-        row = await get_schedule(book, s["id"])
-        assert (row["status"], row["status_reason_code"]) == ("exhausted", "schedule.exhausted.budget")
-        assert row["github_cursor"] is None and len(await runs_of(book, s["id"])) == 2
+        row = await get_schedule(book, s.id)
+        assert (row.status, row.status_reason_code) == ("exhausted", "schedule.exhausted.budget")
+        assert row.github_cursor is None and len(await runs_of(book, s.id)) == 2
         await eng.stop()
         assert (await verify(book)).ok
 
@@ -359,10 +360,10 @@ class GithubPollCases:
         eng = await engine_for(book, clock, github, spawner)
         await eng.tick()
         await eng.wait_idle()
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert fired_ids(runs) == [bug] and runs[0]["trigger_context"]["event"]["labels"] == ["bug", "p1"]
         assert spawner.launches[0][1].argv[-1] == bug
-        assert (await get_schedule(book, s["id"]))["github_cursor"] == bug
+        assert (await get_schedule(book, s.id)).github_cursor == bug
         await eng.stop()
 
     async def test_without_a_poller_cadence_advances_and_one_warning(self, book, clock, caplog):
@@ -373,9 +374,9 @@ class GithubPollCases:
         with caplog.at_level(logging.WARNING, logger="statebook.scheduler"):
             await eng.tick()
         assert sum("no GitHub poller" in r.getMessage() for r in caplog.records) == 1
-        row = await get_schedule(book, a["id"])
-        assert row["status_reason_code"] == "schedule.active.poll_unconfigured"
-        assert row["next_fire_at"] == a["next_fire_at"] + POLL and await runs_of(book) == []
+        row = await get_schedule(book, a.id)
+        assert row.status_reason_code == "schedule.active.poll_unconfigured"
+        assert row.next_fire_at.timestamp() == a.next_fire_at.timestamp() + POLL and await runs_of(book) == []
         await eng.stop()
 
     async def test_missed_polls_at_start_write_no_skipped_run(self, book, clock, github):
@@ -384,10 +385,10 @@ class GithubPollCases:
         clock.advance(10 * POLL)
         event = github.add(clock)
         eng = await engine_for(book, clock, github)
-        assert await runs_of(book, s["id"]) == []
+        assert await runs_of(book, s.id) == []
         await eng.tick()
         await eng.wait_idle()
-        assert fired_ids(await runs_of(book, s["id"])) == [event]
+        assert fired_ids(await runs_of(book, s.id)) == [event]
         await eng.stop()
 
     async def test_adapter_stops_paging_at_the_cursor_and_refuses_foreign_links(self, github, clock):

@@ -163,7 +163,7 @@ class SchedulerInputCases:
                                                  budget_tokens=2**31 - 1, budget_usd=1e12))
         at = await create_schedule(book, command_spec("b", trigger_type="at", interval_sec=None,
                                                       at_time=253402300799.0))
-        assert at["next_fire_at"] == 253402300799.0
+        assert at.next_fire_at.timestamp() == 253402300799.0
         assert (await verify(book)).ok
 
     # -- case 4: time zones -------------------------------------------------------------------------
@@ -179,11 +179,11 @@ class SchedulerInputCases:
         """S18/S4: 'Europe/Paris' is stored; an unknown *default* zone (the daemon's setting) warns and means UTC."""
         row = await create_schedule(book, command_spec("paris", trigger_type="cron", cron_expr="0 3 * * *",
                                                        interval_sec=None, timezone="Europe/Paris"))
-        assert row["timezone"] == "Europe/Paris"
+        assert row.timezone == "Europe/Paris"
         with caplog.at_level(logging.WARNING, logger="statebook.scheduler"):
             utc = await create_schedule(book, command_spec("utc", trigger_type="cron", cron_expr="0 3 * * *",
                                                            interval_sec=None), default_zone="Mars/Olympus")
-        assert "Mars/Olympus" in caplog.text and utc["next_fire_at"] % 3600 == 0
+        assert "Mars/Olympus" in caplog.text and utc.next_fire_at.timestamp() % 3600 == 0
         async with Refused(book, "default_zone", InvalidArgument):
             await create_schedule(book, command_spec("nul", trigger_type="cron", cron_expr="0 3 * * *",
                                                      interval_sec=None), default_zone="UTC\x00")
@@ -298,7 +298,7 @@ class SchedulerInputCases:
         await eng.start(loop=False)
         await eng.tick()
         await eng.wait_idle()
-        (run,) = await runs_of(book, s["id"])
+        (run,) = await runs_of(book, s.id)
         event = run["trigger_context"]["event"]
         assert (event["id"], event["type"], event["action"], event["title"]) == ("7", "Issues?Event", "opened", "t?")
         assert event["number"] is None and event["actor"] is None
@@ -311,17 +311,17 @@ class SchedulerInputCases:
         (missing_cwd) makes ``failed`` true, so ``schedule fire`` can exit 1."""
         s = await make(book)
         eng = SchedulerEngine(book, settings(tmp_cwd="/nonexistent/dir"), clock=clock)
-        fire = await eng.fire_and_wait(s["id"])
+        fire = await eng.fire_and_wait(s.id)
         assert (fire.status, fire.failed) == ("failed", True)
-        assert fire.runs[0]["status_reason_code"] == "schedule_run.failed.missing_cwd"
-        assert fire.run_id == (await runs_of(book, s["id"]))[0]["id"]
+        assert fire.runs[0].status_reason_code == "schedule_run.failed.missing_cwd"
+        assert fire.run_id == (await runs_of(book, s.id))[0]["id"]
         await eng.stop()
 
     async def test_a_manual_fire_that_completes_is_not_failed(self, book, clock):
         """S18: a run that exits 0 with a follow-up that exits 0: two runs, none failed."""
         s = await make(book, on_success={"command_args": ["-c", "pass"]})
         eng = SchedulerEngine(book, settings(max_chain_depth=1), clock=clock, launcher=FakeSpawner(exit_code=0))
-        fire = await eng.fire_and_wait(s["id"])
-        assert [r["status"] for r in fire.runs] == ["completed", "completed"] and not fire.failed
-        assert fire.runs[1]["chain_parent_id"] == fire.run_id
+        fire = await eng.fire_and_wait(s.id)
+        assert [r.status for r in fire.runs] == ["completed", "completed"] and not fire.failed
+        assert fire.runs[1].chain_parent_id == fire.run_id
         await eng.stop()

@@ -49,7 +49,7 @@ class LauncherCases:
         s = await make(book, action_command_args=["-c", code], action_cwd=str(tmp_path))
         eng = SchedulerEngine(book, settings(str(tmp_path)), clock=clock)
         await eng.start(loop=False)
-        await eng.fire_now(s["id"])
+        await eng.fire_now(s.id)
         for _ in range(100):
             if pidfile.exists() and len(pidfile.read_text().split()) == 2:
                 break
@@ -58,7 +58,7 @@ class LauncherCases:
         await eng.stop()
         for pid in pids:
             await _assert_gone(pid)
-        run = (await runs_of(book, s["id"]))[0]
+        run = (await runs_of(book, s.id))[0]
         assert (run["status"], run["status_reason_code"]) == ("cancelled", "schedule_run.cancelled.shutdown")
         assert run["pid"] == pids[0]
 
@@ -69,7 +69,7 @@ class LauncherCases:
         s = await make(book, action_command_args=["-c", "import time; time.sleep(60)"], action_cwd=str(tmp_path))
         eng = SchedulerEngine(book, settings(str(tmp_path)), clock=clock)
         await eng.start(loop=False)
-        run_id = await eng.fire_now(s["id"])
+        run_id = await eng.fire_now(s.id)
         for _ in range(100):
             pid = eng.executor.pids.get(run_id)
             if pid:
@@ -80,7 +80,7 @@ class LauncherCases:
         await eng.tick()
         await eng.wait_idle()
         await _assert_gone(pid)
-        run = (await runs_of(book, s["id"]))[0]
+        run = (await runs_of(book, s.id))[0]
         assert (run["status"], run["status_reason_code"]) == ("cancelled", "schedule_run.cancelled.operator")
         await eng.stop()
 
@@ -88,9 +88,9 @@ class LauncherCases:
         """S7: with no usable cwd the run is written failed (missing_cwd) and nothing is spawned."""
         s = await make(book)
         eng = SchedulerEngine(book, settings(tmp_cwd="/nonexistent/dir"), clock=clock)
-        await eng.fire_now(s["id"])
+        await eng.fire_now(s.id)
         await eng.wait_idle()
-        run = (await runs_of(book, s["id"]))[0]
+        run = (await runs_of(book, s.id))[0]
         assert (run["status"], run["status_reason_code"]) == ("failed", "schedule_run.failed.missing_cwd")
         assert run["pid"] is None
         await eng.stop()

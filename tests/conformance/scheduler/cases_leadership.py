@@ -19,7 +19,7 @@ from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.errors import LeadershipLost
 from statebook.scheduler.recovery import _LIVE_DAEMONS
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
-from statebook.scheduler.store import get_schedule
+from statebook.scheduler.store import get_schedule, schedule_row
 
 from .support import FakeSpawner, make, runs_of, settings
 
@@ -64,7 +64,7 @@ class LeadershipCases:
         row = await lease_row(book)
         assert (row.holder, row.epoch, row.heartbeat_at) == ("host-a:1:a", 1, clock.now())
         assert a.stats["fired"] == 6 and b.stats["fired"] == 0
-        assert {r["trigger_context"]["leader_epoch"] for r in await runs_of(book, s["id"])} == {1}
+        assert {r["trigger_context"]["leader_epoch"] for r in await runs_of(book, s.id)} == {1}
         await a.stop()
         await b.stop()
 
@@ -80,7 +80,7 @@ class LeadershipCases:
         clock.advance(TICK)
         await a.tick()
         await a.wait_idle()
-        stale = await get_schedule(book, s["id"])  # what A read just before it froze
+        stale = await schedule_row(book, s.id)  # what A read just before it froze
         clock.advance(LEASE - 1)
         await b.tick()
         assert lead_b.epoch is None, "took over before the lease ran out"
@@ -91,15 +91,15 @@ class LeadershipCases:
         assert took(caplog) == [("stale", "host-a:1:a", "daemon host-b:2:b took the scheduler lease at epoch 2 from "
                                  "host-a:1:a: its heartbeat 16.0s old, older than the 15s lease")]
         await b.wait_idle()
-        fired_by_b = await runs_of(book, s["id"])
+        fired_by_b = await runs_of(book, s.id)
         # A wakes up: it still believes it leads (epoch 1) and goes on with the row it read.
         assert lead_a.epoch == 1
         with pytest.raises(LeadershipLost, match="epoch 2"):
             await a.consider_many([stale], clock.now())
-        assert await runs_of(book, s["id"]) == fired_by_b
+        assert await runs_of(book, s.id) == fired_by_b
         assert lead_a.epoch is None
         await a.tick()  # standing by now: renews its heartbeat, evaluates nothing
-        assert a.stats["fired"] == 1 and await runs_of(book, s["id"]) == fired_by_b
+        assert a.stats["fired"] == 1 and await runs_of(book, s.id) == fired_by_b
         epochs = [(r["daemon_id"], r["trigger_context"]["leader_epoch"]) for r in fired_by_b]
         assert epochs[0] == ("host-a:1:a", 1) and set(epochs[1:]) == {("host-b:2:b", 2)}
         occurrences = [r["occurrence_at"] for r in fired_by_b]
@@ -119,15 +119,15 @@ class LeadershipCases:
         clock.advance(LEASE + 1)
         await b.start(loop=False)  # takes the stale lease; b's own start handles the missed fires
         assert lead_b.epoch == 2
-        row, grow = await get_schedule(book, s["id"]), await get_schedule(book, g["id"])
-        before = (len(await history(book, "schedule", s["id"])), len(await history(book, "schedule", g["id"])))
+        row, grow = await schedule_row(book, s.id), await schedule_row(book, g.id)
+        before = (len(await history(book, "schedule", s.id)), len(await history(book, "schedule", g.id)))
         clock.advance(60)  # both due again; a still believes it leads at epoch 1
         with pytest.raises(LeadershipLost):
             await a.firing.missed(dict(row), clock.now())
         lead_a.epoch = 1  # (a lost fence forgets the epoch; put a back in its frozen belief for the second path)
         with pytest.raises(LeadershipLost):
             await a.consider(dict(grow), clock.now())
-        after = (len(await history(book, "schedule", s["id"])), len(await history(book, "schedule", g["id"])))
+        after = (len(await history(book, "schedule", s.id)), len(await history(book, "schedule", g.id)))
         assert after == before
         await a.stop()
         await b.stop()
@@ -142,7 +142,7 @@ class LeadershipCases:
         b, lead_b = daemon(rival, clock, "host-b:2:b")
         await a.start(loop=False)
         await b.start(loop=False)
-        run_id = await a.fire_now(s["id"])
+        run_id = await a.fire_now(s.id)
         _LIVE_DAEMONS.discard(a.daemon_id)  # a stands for a daemon in another process
         clock.advance(LEASE - 1)
         await b.tick()
@@ -157,13 +157,13 @@ class LeadershipCases:
         assert lead_b.epoch == 2
         b._last_reap = None
         await b.tick()
-        run = next(r for r in await runs_of(book, s["id"]) if r["id"] == run_id)
+        run = next(r for r in await runs_of(book, s.id) if r["id"] == run_id)
         assert (run["status"], run["status_reason_code"]) == ("failed", "schedule_run.failed.daemon_died")
         assert "heartbeat" in run["status_reason_summary"]
         # a wakes: its process is killed on its next tick (the run is no longer running), its finalize conflicts
         await a.tick()
         await a.wait_idle()
-        run = next(r for r in await runs_of(book, s["id"]) if r["id"] == run_id)
+        run = next(r for r in await runs_of(book, s.id) if r["id"] == run_id)
         assert run["status"] == "failed"
         await a.stop()
         await b.stop()
@@ -208,7 +208,7 @@ class LeadershipCases:
         await a.tick()
         await a.wait_idle()
         assert spawner.launches == []
-        [run] = await runs_of(book, s["id"])
+        [run] = await runs_of(book, s.id)
         assert run["status"] == "failed" and run["trigger_context"]["leader_epoch"] == 1
         [*_, last] = await history(book, "schedule_run", run["id"])
         assert last.reason_code == "schedule_run.failed.launch_error" and "lapsed" in last.reason_summary

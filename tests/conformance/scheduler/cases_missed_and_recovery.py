@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from statebook.lifecycle import verify
 from statebook.scheduler.engine import SchedulerEngine
-from statebook.scheduler.store import get_schedule
+from statebook.scheduler.store import get_schedule, schedule_row
 
 from .support import FakeSpawner, make, runs_of, settings
 
@@ -20,11 +20,11 @@ class MissedAndRecoveryCases:
         spawner = FakeSpawner()
         eng = SchedulerEngine(book, settings(), clock=clock, launcher=spawner)
         await eng.start(loop=False)
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert [(r["status"], r["status_reason_code"]) for r in runs] == [("skipped", "schedule_run.skipped.missed_fire")]
         assert runs[0]["trigger_context"]["missed"] == 9
-        row = await get_schedule(book, s["id"])
-        assert row["next_fire_at"] == s["next_fire_at"] + 90 and row["next_fire_at"] > clock.now()
+        row = await get_schedule(book, s.id)
+        assert row.next_fire_at.timestamp() == s.next_fire_at.timestamp() + 90 and row.next_fire_at.timestamp() > clock.now()
         assert spawner.launches == []
         await eng.stop()
 
@@ -37,10 +37,10 @@ class MissedAndRecoveryCases:
         await eng.start(loop=False)
         await eng.tick()  # the reserved time is in the future: the tick fires nothing more
         await eng.wait_idle()
-        runs = await runs_of(book, s["id"])
+        runs = await runs_of(book, s.id)
         assert [(r["status"], r["status_reason_code"]) for r in runs] == [("completed", "schedule_run.completed.exit_zero")]
         assert runs[0]["trigger_context"]["trigger"] == "missed_fire"
-        assert (await get_schedule(book, s["id"]))["next_fire_at"] > clock.now()
+        assert (await get_schedule(book, s.id)).next_fire_at.timestamp() > clock.now()
         await eng.stop()
         assert (await verify(book)).ok
 
@@ -49,16 +49,16 @@ class MissedAndRecoveryCases:
         (after the reservation moved next_fire_at) and no recovery run is opened."""
         s = await make(book, interval_sec=10, missed_fire_policy="run_once", max_runs=1)
         first = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
-        await first.fire_now(s["id"])
+        await first.fire_now(s.id)
         await first.wait_idle()
         clock.advance(95)
         eng = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
         await eng.start(loop=False)
         await eng.wait_idle()
-        assert [r["trigger_context"]["trigger"] for r in await runs_of(book, s["id"])] == ["manual"]
-        row = await get_schedule(book, s["id"])
-        assert (row["status"], row["status_reason_code"]) == ("exhausted", "schedule.exhausted.max_runs")
-        assert row["next_fire_at"] > clock.now()
+        assert [r["trigger_context"]["trigger"] for r in await runs_of(book, s.id)] == ["manual"]
+        row = await get_schedule(book, s.id)
+        assert (row.status, row.status_reason_code) == ("exhausted", "schedule.exhausted.max_runs")
+        assert row.next_fire_at.timestamp() > clock.now()
         assert eng.slots.used == 0
         await eng.stop()
         assert (await verify(book)).ok
@@ -69,13 +69,13 @@ class MissedAndRecoveryCases:
         crashed = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
         clock.advance(10)
         # Simulate the crash: claim and open the run (committed), but never launch it.
-        (decision,) = await crashed.firing.decide([s], clock.now())
+        (decision,) = await crashed.firing.decide([await schedule_row(book, s.id)], clock.now())
         assert decision.outcome == "fired"
         run_id = decision.run_id
-        assert (await runs_of(book, s["id"]))[0]["status"] == "running"
+        assert (await runs_of(book, s.id))[0]["status"] == "running"
         survivor = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
         await survivor.start(loop=False)
-        run = (await runs_of(book, s["id"]))[0]
+        run = (await runs_of(book, s.id))[0]
         assert run["id"] == run_id
         assert (run["status"], run["status_reason_code"]) == ("failed", "schedule_run.failed.daemon_died")
         await survivor.stop()
@@ -87,11 +87,11 @@ class MissedAndRecoveryCases:
         spawner.hold()
         alive = SchedulerEngine(book, settings(), clock=clock, launcher=spawner)
         await alive.start(loop=False)
-        await alive.fire_now(s["id"])
+        await alive.fire_now(s.id)
         other = SchedulerEngine(book, settings(), clock=clock, launcher=FakeSpawner())
         await other.start(loop=False)
         assert await other.recover() == 0
-        assert (await runs_of(book, s["id"]))[0]["status"] == "running"
+        assert (await runs_of(book, s.id))[0]["status"] == "running"
         spawner.release()
         await alive.wait_idle()
         await alive.stop()

@@ -9,7 +9,7 @@ from statebook.outbox.schema import dispatch_outbox
 from statebook.scheduler import admission, evaluation, execution
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.runs import SCHEDULER, finalize_run, open_run
-from statebook.scheduler.store import disable_schedule, get_schedule
+from statebook.scheduler.store import disable_schedule, get_schedule, schedule_row
 
 from .support import FakeSpawner, make, runs_of, settings
 
@@ -22,7 +22,8 @@ async def engine_for(book, clock, spawner=None, **cfg):
 
 async def ended_run(book, s, **patch):
     """A finished top-level run of ``s`` (what an earlier fire would have left)."""
-    run_id = await open_run(book, s, context={"trigger": "manual"}, daemon_id="elsewhere",
+    row = await schedule_row(book, s.id)
+    run_id = await open_run(book, row, context={"trigger": "manual"}, daemon_id="elsewhere",
                             reason=Reason("schedule_run.running.manual", "earlier"))
     await finalize_run(book, run_id, "completed", reason=Reason("schedule_run.completed.exit_zero"),
                        patch={"exit_code": 0, **patch})
@@ -54,7 +55,7 @@ class SetEvaluationCases:
         once = await make(book, "once", trigger_type="at", at_time=clock.now() + 11, interval_sec=None)
         late = await make(book, "late", interval_sec=12)
         eng = await engine_for(book, clock, max_concurrent=2)
-        await open_run(book, busy, context={"trigger": "manual"}, daemon_id=eng.daemon_id,
+        await open_run(book, await schedule_row(book, busy.id), context={"trigger": "manual"}, daemon_id=eng.daemon_id,
                        reason=Reason("schedule_run.running.manual", "still running"))
         await ended_run(book, broke, cost_usd=1.5)
         await ended_run(book, used)
@@ -65,22 +66,22 @@ class SetEvaluationCases:
         assert outcomes == ["fired", "fired", "deferred", "threshold_ok", "skipped_overlap", "exhausted_budget",
                             "exhausted_max_runs"]
         await eng.wait_idle()
-        state = {s["name"]: await get_schedule(book, s["id"]) for s in (ok, busy, broke, used, fire, once, late)}
-        assert state["ok"]["status_reason_code"] == "schedule.active.threshold_ok"
-        assert state["busy"]["status_reason_code"] == "schedule.active.skipped_overlap"
-        assert (state["broke"]["status"], state["broke"]["status_reason_code"]) == ("exhausted", "schedule.exhausted.budget")
-        assert (state["used"]["status"], state["used"]["status_reason_code"]) == ("exhausted", "schedule.exhausted.max_runs")
-        assert (state["once"]["status"], state["once"]["status_reason_code"]) == ("exhausted", "schedule.exhausted.one_shot")
-        assert state["fire"]["next_fire_at"] == fire["next_fire_at"] + 10
-        assert state["late"]["next_fire_at"] == late["next_fire_at"]  # deferred: still due
+        state = {s.name: await get_schedule(book, s.id) for s in (ok, busy, broke, used, fire, once, late)}
+        assert state["ok"].status_reason_code == "schedule.active.threshold_ok"
+        assert state["busy"].status_reason_code == "schedule.active.skipped_overlap"
+        assert (state["broke"].status, state["broke"].status_reason_code) == ("exhausted", "schedule.exhausted.budget")
+        assert (state["used"].status, state["used"].status_reason_code) == ("exhausted", "schedule.exhausted.max_runs")
+        assert (state["once"].status, state["once"].status_reason_code) == ("exhausted", "schedule.exhausted.one_shot")
+        assert state["fire"].next_fire_at.timestamp() == fire.next_fire_at.timestamp() + 10
+        assert state["late"].next_fire_at.timestamp() == late.next_fire_at.timestamp()  # deferred: still due
         for name, s in (("ok", ok), ("busy", busy)):
-            assert state[name]["next_fire_at"] > s["next_fire_at"]
-        runs = {name: await runs_of(book, s["id"]) for name, s in (("busy", busy), ("fire", fire), ("once", once), ("late", late))}
+            assert state[name].next_fire_at > s.next_fire_at
+        runs = {name: await runs_of(book, s.id) for name, s in (("busy", busy), ("fire", fire), ("once", once), ("late", late))}
         assert [r["status_reason_code"] for r in runs["busy"]] == ["schedule_run.running.manual", "schedule_run.skipped.overlap"]
         assert [r["status"] for r in runs["fire"]] == ["completed"] and [r["status"] for r in runs["once"]] == ["completed"]
         assert [(r["status_reason_code"], r["trigger_context"]["deferrals"]) for r in runs["late"]] == [
             ("schedule_run.skipped.deferred_capacity", 1)]
-        assert await runs_of(book, ok["id"]) == []
+        assert await runs_of(book, ok.id) == []
         assert (eng.stats["fired"], eng.stats["skipped"], eng.stats["deferred"], eng.stats["fallbacks"]) == (2, 1, 1, 0)
         assert eng.slots.used == 0
         await eng.stop()
@@ -99,18 +100,18 @@ class SetEvaluationCases:
         clock.advance(10)
         rows = await due_rows(eng, clock.now())
         assert await rival.consider_many([r for r in rows if r["name"] == "taken"], clock.now()) == ["fired"]
-        await disable_schedule(book, paused["id"])
-        out = await transition(book, "schedule", lowered["id"], "active", expected="active", patch={"max_runs": 1},
+        await disable_schedule(book, paused.id)
+        out = await transition(book, "schedule", lowered.id, "active", expected="active", patch={"max_runs": 1},
                                actor=Actor("operator", "cli"), reason=Reason("schedule.active.updated", "max_runs 1"))
         assert out.applied
         outcomes = dict(zip([r["name"] for r in rows], await eng.consider_many(rows, clock.now()), strict=True))
         assert outcomes == {"taken": "conflict", "paused": "conflict", "lowered": "exhausted_max_runs", "plain": "fired"}
         await eng.wait_idle()
         await rival.wait_idle()
-        assert len(await runs_of(book, taken["id"])) == 1
-        assert await runs_of(book, paused["id"]) == []
-        assert (await get_schedule(book, lowered["id"]))["status_reason_code"] == "schedule.exhausted.max_runs"
-        assert len(await runs_of(book, plain["id"])) == 1
+        assert len(await runs_of(book, taken.id)) == 1
+        assert await runs_of(book, paused.id) == []
+        assert (await get_schedule(book, lowered.id)).status_reason_code == "schedule.exhausted.max_runs"
+        assert len(await runs_of(book, plain.id)) == 1
         assert eng.slots.used == 0
         await eng.stop()
         await rival.stop()
@@ -135,7 +136,7 @@ class SetEvaluationCases:
         await eng.wait_idle()
         assert (eng.stats["fallbacks"], eng.stats["errors"], eng.stats["fired"]) == (1, 0, 3)
         for s in made:
-            assert [r["status"] for r in await runs_of(book, s["id"])] == ["completed"]
+            assert [r["status"] for r in await runs_of(book, s.id)] == ["completed"]
         assert eng.slots.used == 0
         await eng.stop()
         assert (await verify(book)).ok
@@ -160,7 +161,7 @@ class SetEvaluationCases:
         assert sum(groups) == 4 and max(groups) > 1
         found = {d["schedule_run_id"]: d for d in await dispatches(book)}
         for s in made:
-            (run,) = await runs_of(book, s["id"])
+            (run,) = await runs_of(book, s.id)
             assert run["status"] == "completed"
             assert found[run["id"]]["dedup_key"] == f"schedule_run:{run['id']}:{run['last_fact_id']}"
         assert len(found) == 4
@@ -174,7 +175,7 @@ class SetEvaluationCases:
 
         made = [await make(book, f"n{i}", interval_sec=10, notify={"kind": "run_ended", "deliver_to": "ops"})
                 for i in range(3)]
-        bad = made[1]["id"]
+        bad = made[1].id
         real = runs_module.enqueue_dispatch
 
         async def refuse_one(tx, **kwargs):
@@ -187,13 +188,13 @@ class SetEvaluationCases:
         clock.advance(10)
         await eng.tick()
         await eng.wait_idle()
-        by_schedule = {s["id"]: await runs_of(book, s["id"]) for s in made}
+        by_schedule = {s.id: await runs_of(book, s.id) for s in made}
         assert [r["status"] for r in by_schedule[bad]] == ["running"]
         notified = {d["schedule_run_id"] for d in await dispatches(book)}
         for s in made:
-            (run,) = by_schedule[s["id"]]
-            assert (run["id"] in notified) == (s["id"] != bad)
-            if s["id"] != bad:
+            (run,) = by_schedule[s.id]
+            assert (run["id"] in notified) == (s.id != bad)
+            if s.id != bad:
                 assert run["status"] == "completed"
         monkeypatch.undo()
         (stuck,) = by_schedule[bad]

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from statebook.adapters.settings import LauncherSettings, SchedulerSettings, Settings
 from statebook.scheduler.launcher import Launch, ProcessResult
 from statebook.scheduler.schema import schedule_runs
+from statebook.scheduler.models import Schedule
 from statebook.scheduler.store import create_schedule
 
 
@@ -55,7 +56,7 @@ def command_spec(name: str = "job", **over: Any) -> dict[str, Any]:
     return spec
 
 
-async def make(book: Any, name: str = "job", **over: Any) -> dict[str, Any]:
+async def make(book: Any, name: str = "job", **over: Any) -> Schedule:
     return await create_schedule(book, command_spec(name, **over))
 
 
