@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from sqlalchemy.engine import make_url
 
 from statebook.lifecycle import Book
-from statebook.outbox.policy import NOTIFY_CHANNEL
+from statebook.outbox.dispatch.policy import NOTIFY_CHANNEL
 
 log = logging.getLogger("statebook.adapters.pgnotify")
 

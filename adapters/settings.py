@@ -26,7 +26,7 @@ from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.codec import loads_checked
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import Limits, text
-from statebook.outbox.bounds import dispatch_limits
+from statebook.outbox.dispatch.bounds import dispatch_limits
 
 from .channels.secrets import SecretError, SecretRef
 from .errors import ConfigError

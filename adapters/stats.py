@@ -27,7 +27,7 @@ from statebook.lifecycle import Book, Clock
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.schema import status_in
 from statebook.outbox import dispatch_outbox
-from statebook.outbox.policy import DUE_STATUSES
+from statebook.outbox.dispatch.policy import DUE_STATUSES
 
 __all__ = ["DELIVERY_OUTCOMES", "LATENCY_BUCKETS", "REFRESH_SECONDS", "VERIFY_SECONDS", "Due", "Latency", "Stats",
            "collect_stats"]

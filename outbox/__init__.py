@@ -5,23 +5,24 @@ on a tick) claims due rows, runs a :class:`Transport` outside any transaction an
 outcome as one transition; consumers :func:`ack_dispatch`; operators inspect, retry, expedite and purge.
 Bad arguments are refused before any query (:class:`DispatchInvalid`, an ``InvalidArgument``);
 :func:`dispatch_limits` gives a book the bounds its delivery template can carry (O22).
-The pipeline's separate steps (scan, claim, execute, finalize, release) live in :mod:`.delivery`
-and :mod:`.attempts`; constants beside the code they govern.
+Three subpackages: :mod:`.core` (the delivery machinery every leased lifecycle shares), :mod:`.dispatch`
+(the dispatch lifecycle on it; the pipeline's separate steps live in :mod:`.dispatch.steps` and
+:mod:`.dispatch.attempts`) and :mod:`.notifications`.
 """
 
-from .ack import ack_dispatch
-from .admin import (
+from .dispatch.ack import ack_dispatch
+from .dispatch.admin import (
     apply_retention, expedite_dispatch, get_dispatch, list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
 )
-from .bounds import DispatchLimits, dispatch_limits
+from .dispatch.bounds import DispatchLimits, dispatch_limits
 from .dispatch.delivery import deliver_due_dispatches
-from .enqueue import enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat
-from .errors import AckRejected, DispatchInvalid
-from .models import Dispatch
-from .policy import DISPATCH
-from .schema import dispatch_outbox
-from .signal import DispatchSignal, Signal
-from .transport import ArgvTransport, CallableTransport, RoutingTransport, Transport, TransportResult
+from .dispatch.enqueue import enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat
+from .dispatch.errors import AckRejected, DispatchInvalid
+from .dispatch.models import Dispatch
+from .dispatch.policy import DISPATCH
+from .dispatch.schema import dispatch_outbox
+from .dispatch.signal import DispatchSignal, Signal
+from .dispatch.transport import ArgvTransport, CallableTransport, RoutingTransport, Transport, TransportResult
 from .dispatch.worker import DeliveryWorker, Retention
 
 __all__ = [

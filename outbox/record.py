@@ -1,6 +1,6 @@
 """What every typed read result shares: a frozen pydantic model built from one row, times as aware datetimes.
 
-The dispatch, notification and scheduler models (``outbox/models.py``, ``outbox/notifications/models.py``,
+The dispatch, notification and scheduler models (``outbox/dispatch/models.py``, ``outbox/notifications/models.py``,
 ``scheduler/models.py``) derive from :class:`Record`; each builds itself from a row in one classmethod,
 so callers never pick columns out of a mapping. ``model_dump(mode="json")`` is what ``--json`` prints.
 """

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Book
 from statebook.outbox import dispatch_outbox
-from statebook.outbox.admin import settled_only
+from statebook.outbox.dispatch.admin import settled_only
 
 from .schema import schedule_runs
 

@@ -15,7 +15,7 @@ from statebook.lifecycle import Actor, Book, EntityNotFound, Reason, create, tra
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle import inputs
 from statebook.lifecycle.inputs import KEY_CHARS, integer, json_value, text
-from statebook.outbox import checks
+from statebook.outbox.dispatch import checks
 
 from .errors import InvalidSchedule, ScheduleError
 from .models import Schedule, ScheduleRun

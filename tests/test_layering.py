@@ -51,6 +51,9 @@ BREAKS = {
     "the migrations cycle": ("adapters/migrations/leak.py", "from . import HEAD\n", "never imports the package"),
     "logging imports the CLI": ("adapters/logs.py", "from .cli.funnel import classify\n",
                                 "do not depend on the command line"),
+    "notifications import dispatch internals": ("outbox/notifications/leak.py",
+                                                "from statebook.outbox.dispatch import attempts\n",
+                                                "not on dispatch's internals"),
 }
 
 

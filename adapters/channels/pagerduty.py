@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from statebook.lifecycle.clock import Clock
 from statebook.lifecycle.codec import dumps, loads
 from statebook.outbox.notifications import Delivery, Guard, Observation
-from statebook.outbox.transport import TransportResult
+from statebook.outbox.dispatch.transport import TransportResult
 
 from .http import httpx  # the channels extra, checked there
 from .http import MAX_TRIES, Answer, HttpSender, Outgoing, checked_url, clock_or_system, provider_text, status_verdict, text_of

@@ -35,7 +35,7 @@ from statebook.outbox import (
     purge_dispatches,
     retry_dispatch,
 )
-from statebook.outbox.schema import DISPATCH_STATUSES
+from statebook.outbox.dispatch.schema import DISPATCH_STATUSES
 
 from .app import (YES_HELP, app, confirm, emit_json, fail, format_time, parse_time, print_table,
                   require_consent, run, with_book)

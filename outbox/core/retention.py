@@ -1,5 +1,5 @@
 """What every part's retention shares: who purges, how many rows a purge transaction takes, and the
-progress callback a bulk purge reports to (dispatch retention in :mod:`statebook.outbox.admin`,
+progress callback a bulk purge reports to (dispatch retention in :mod:`statebook.outbox.dispatch.admin`,
 notification retention in :mod:`statebook.outbox.notifications.retention`)."""
 
 from __future__ import annotations

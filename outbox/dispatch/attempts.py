@@ -21,10 +21,10 @@ from ..core import lease as core
 from ..core.claims import read_rows
 from ..core.due import DueScan
 
-from ..errors import DispatchInvalid
-from ..policy import DUE_STATUSES
-from ..schema import dispatch_outbox
-from ..transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
+from .errors import DispatchInvalid
+from .policy import DUE_STATUSES
+from .schema import dispatch_outbox
+from .transport import NOTIFY_TIMEOUT_SECONDS, TransportResult, cap_error
 
 LEASE_MARGIN_SECONDS = 5.0
 """What a lease grants beyond the transport timeout: time to start the send and record its outcome."""

@@ -23,11 +23,11 @@ from typing import Any
 
 from statebook.lifecycle import Actor, Book, Command, Head, apply_many
 
-from .. import checks
+from . import checks
 from ..core.claims import Planned, claim_set, record_set, won
 from ..core.slots import Claimed, run_in_slots
-from ..errors import DispatchInvalid
-from ..transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
+from .errors import DispatchInvalid
+from .transport import NOTIFY_TIMEOUT_SECONDS, ArgvTransport, Transport, TransportResult, check_elements, send_timeout
 from .attempts import (
     DELIVERY_ACTOR,
     DUE,

@@ -26,8 +26,8 @@ from .attempts import (
     release_command,
     settle_command,
 )
-from ..signal import with_attempt
-from ..transport import NOTIFY_TIMEOUT_SECONDS, Transport, TransportResult
+from .signal import with_attempt
+from .transport import NOTIFY_TIMEOUT_SECONDS, Transport, TransportResult
 
 __all__ = ["claim", "execute", "expire", "finalize", "release", "settle"]
 

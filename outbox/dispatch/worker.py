@@ -18,11 +18,11 @@ from typing import Any
 
 from statebook.lifecycle import Actor, Book, Head
 
-from .. import checks
-from ..admin import apply_retention
+from . import checks
+from .admin import apply_retention
 from ..core.passes import ERROR_PAUSE_SECONDS, MIN_PAUSE_SECONDS, PassWorker
-from ..errors import DispatchInvalid
-from ..transport import Transport
+from .errors import DispatchInvalid
+from .transport import Transport
 from .attempts import DELIVERY_ACTOR, Candidate, next_due, read_candidates
 from .delivery import COUNTERS, deliver_due_dispatches, deliver_offered
 from .offers import offered_id, subscribe, unsubscribe

@@ -20,7 +20,7 @@ ownership state machine found this); a claim is one small row per obligation. Ev
 through the engine (a tombstone fact);
 the run itself is a ``notification_retention`` entity with its counts.
 
-Like the dispatch outbox's bulk purge (:mod:`statebook.outbox.admin`), candidates are listed once and
+Like the dispatch outbox's bulk purge (:mod:`statebook.outbox.dispatch.admin`), candidates are listed once and
 removed :data:`~statebook.outbox.core.retention.PURGE_BATCH` at a time, each batch in ONE transaction that locks
 its rows, then the claims they are counted under (the lock every intake of the obligation queues on),
 and only then reads what links to them: an arrival cannot link to a notification between the check

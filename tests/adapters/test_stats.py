@@ -23,7 +23,7 @@ from statebook.outbox.notifications.attempts import DEFAULT_SCOPE
 from statebook.outbox.notifications.delivery import deliver_due_notifications
 from statebook.outbox.notifications.schema import channel_attempts
 from statebook.outbox.notifications.scripted import ScriptedChannel
-from statebook.outbox.policy import DUE_STATUSES
+from statebook.outbox.dispatch.policy import DUE_STATUSES
 
 from conformance.outbox.support import Recorder
 

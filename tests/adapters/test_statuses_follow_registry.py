@@ -21,7 +21,7 @@ from statebook.lifecycle.errors import SchemaMismatch
 from statebook.lifecycle.schema import schema_for, status_index, status_in
 from statebook.outbox import DISPATCH, dispatch_outbox
 from statebook.outbox.dispatch.attempts import ACTIVE
-from statebook.outbox.policy import DUE_STATUSES
+from statebook.outbox.dispatch.policy import DUE_STATUSES
 
 OPERATOR = Actor("operator", "alice")
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from statebook.lifecycle.codec import dumps
 from statebook.lifecycle.facts import GENESIS, insert_values
-from statebook.outbox.policy import DISPATCH
-from statebook.outbox.schema import dispatch_outbox
+from statebook.outbox.dispatch.policy import DISPATCH
+from statebook.outbox.dispatch.schema import dispatch_outbox
 
 FINGERPRINT = DISPATCH.fingerprint
 LEASE_SECONDS = 15.0

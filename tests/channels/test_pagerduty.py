@@ -12,7 +12,7 @@ from statebook.adapters.channels.pagerduty import FOLLOW_ROUTE, PagerDutyChannel
 from statebook.adapters.channels.secrets import SecretRef
 from statebook.lifecycle.codec import dumps, loads
 from statebook.outbox.notifications import Delivery, ProviderOutcome
-from statebook.outbox.signal import dispatch_envelope
+from statebook.outbox.dispatch.signal import dispatch_envelope
 
 ROUTING_KEY = "R0UTINGkeySECRET0123456789abcdef"
 

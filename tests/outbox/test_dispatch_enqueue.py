@@ -20,7 +20,7 @@ from statebook.outbox import (
 )
 
 from statebook.lifecycle.codec import dumps
-from statebook.outbox.signal import dispatch_envelope, with_attempt
+from statebook.outbox.dispatch.signal import dispatch_envelope, with_attempt
 
 from conformance.outbox.support import facts, moves
 

@@ -68,7 +68,7 @@ async def test_retention_and_bulk_purge_read_the_settled_index(tmp_path):
     import sqlalchemy as sa
 
     from statebook.adapters.db import open_book
-    from statebook.outbox import admin
+    from statebook.outbox.dispatch import admin
 
     book = await open_book(f"sqlite:///{tmp_path / 'plan.db'}")
     try:

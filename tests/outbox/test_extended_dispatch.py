@@ -13,7 +13,7 @@ from statebook.adapters.db import connect, open_book
 from statebook.adapters.registry import builtin_registry
 from statebook.lifecycle import Actor, Reason, edges, transition, verify
 from statebook.outbox import apply_retention, enqueue_dispatch, list_dispatches, purge_dispatches
-from statebook.outbox.errors import DispatchInvalid
+from statebook.outbox.dispatch.errors import DispatchInvalid
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 from statebook.adapters.db import open_book
 from statebook.lifecycle import Registry, edges, verify
 from statebook.outbox import DISPATCH, enqueue_dispatch
-from statebook.outbox.policy import DISPATCH_V1
+from statebook.outbox.dispatch.policy import DISPATCH_V1
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 CANCELLABLE = dict(statuses=["cancelled"], terminal=["cancelled"], edges=edges("pending", "cancelled", actors="operator"),

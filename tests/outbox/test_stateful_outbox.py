@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 from profiles import examples
-import statebook.outbox.enqueue as enqueue_module
+import statebook.outbox.dispatch.enqueue as enqueue_module
 from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import Actor, EntityNotFound, FakeClock, TransitionRejected, verify
 from statebook.lifecycle.replay import read_row

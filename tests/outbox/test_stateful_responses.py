@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-import statebook.outbox.enqueue as enqueue_module
+import statebook.outbox.dispatch.enqueue as enqueue_module
 import statebook.outbox.notifications.intake as intake_module
 import statebook.outbox.notifications.responses as responses_module
 from statebook.adapters.db import open_book, reset_schema

@@ -21,7 +21,7 @@ from statebook.adapters.db import open_book, reset_schema
 from statebook.adapters.settings import load_settings
 from statebook.lifecycle import StatebookError
 from statebook.outbox import enqueue_dispatch
-from statebook.outbox.schema import dispatch_outbox
+from statebook.outbox.dispatch.schema import dispatch_outbox
 
 
 async def _lock_and_freeze(pg_url: str, idle: float | None) -> tuple[bool, bool]:

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 import statebook.lifecycle.engine as lifecycle_engine
 from statebook.lifecycle import Book
-from statebook.outbox.schema import dispatch_outbox
+from statebook.outbox.dispatch.schema import dispatch_outbox
 from statebook.scheduler.launcher import Launch, ProcessResult
 from statebook.scheduler.schema import schedule_runs, schedules
 

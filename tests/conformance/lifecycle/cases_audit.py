@@ -32,7 +32,7 @@ from statebook.adapters.registry import builtin_registry
 from statebook.lifecycle.facts import GENESIS, fact_hash, facts_table, insert_values
 from statebook.lifecycle.sweep import sweep
 from statebook.outbox import enqueue_dispatch
-from statebook.outbox.schema import dispatch_outbox
+from statebook.outbox.dispatch.schema import dispatch_outbox
 from statebook.scheduler.runs import open_run
 from statebook.scheduler.schema import schedule_runs, schedules
 from statebook.scheduler.store import create_schedule, schedule_row

@@ -4,7 +4,8 @@ one transaction per row, with no output)."""
 from __future__ import annotations
 
 from statebook.lifecycle import verify
-from statebook.outbox import admin, apply_retention, deliver_due_dispatches, enqueue_dispatches, purge_dispatches
+from statebook.outbox import apply_retention, deliver_due_dispatches, enqueue_dispatches, purge_dispatches
+from statebook.outbox.dispatch import admin
 
 from .support import Recorder, facts
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import statebook.outbox.ack as ack_module
+import statebook.outbox.dispatch.ack as ack_module
 from statebook.lifecycle import Actor, StatebookError, TransitionRejected
 from statebook.outbox import (
     AckRejected,

@@ -133,7 +133,7 @@ class DispatchAdminCases:
 
         from statebook.lifecycle import Book, Registry
         from statebook.outbox import DISPATCH
-        from statebook.outbox.policy import DISPATCH_V1, DISPATCH_V2
+        from statebook.outbox.dispatch.policy import DISPATCH_V1, DISPATCH_V2
         from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
         assert DISPATCH.policy_for(DISPATCH_V2.fingerprint) is DISPATCH_V2

@@ -21,7 +21,7 @@ from statebook.outbox import (
     enqueue_dispatches,
     enqueue_revival_heartbeat,
 )
-from statebook.outbox.signal import SIGNAL_SCHEMA_VERSION
+from statebook.outbox.dispatch.signal import SIGNAL_SCHEMA_VERSION
 
 
 from .support import Recorder, facts, row
@@ -78,7 +78,7 @@ class DispatchEnqueueCases:
     async def test_a_wake_up_on_an_unbound_book_opens_no_write_transaction(self, book, monkeypatch):
         """O14: ``notify`` on an unbound book is one statement outside any transaction on PostgreSQL and nothing
         at all on SQLite (whose workers are woken in process) — never a write transaction held for nothing."""
-        from statebook.outbox.enqueue import notify
+        from statebook.outbox.dispatch.enqueue import notify
 
         store_type = type(book.store)
         own_unit = store_type.own_unit

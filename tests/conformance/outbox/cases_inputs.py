@@ -41,9 +41,9 @@ from statebook.outbox import (
     purge_dispatches,
     retry_dispatch,
 )
-from statebook.outbox.bounds import ARG_STRLEN, ARGV_PAYLOAD_BYTES, dispatch_limits
-from statebook.outbox.checks import MAX_ATTEMPTS
-from statebook.outbox.enqueue import ENQUEUE_ACTOR, _new_row
+from statebook.outbox.dispatch.bounds import ARG_STRLEN, ARGV_PAYLOAD_BYTES, dispatch_limits
+from statebook.outbox.dispatch.checks import MAX_ATTEMPTS
+from statebook.outbox.dispatch.enqueue import ENQUEUE_ACTOR, _new_row
 
 from .support import Recorder, row
 

@@ -29,8 +29,8 @@ from statebook.outbox import (
 from statebook.outbox.dispatch.attempts import scan
 from statebook.outbox.dispatch.delivery import run_leases
 from statebook.outbox.dispatch.steps import claim, execute, finalize, release
-from statebook.outbox.transport import NOTIFY_TIMEOUT_SECONDS
-from statebook.outbox.policy import DISPATCH_V1, DISPATCH_V2
+from statebook.outbox.dispatch.transport import NOTIFY_TIMEOUT_SECONDS
+from statebook.outbox.dispatch.policy import DISPATCH_V1, DISPATCH_V2
 from statebook.scheduler import SCHEDULE, SCHEDULE_RUN
 
 from .support import Recorder, facts, row

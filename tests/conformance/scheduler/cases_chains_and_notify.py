@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from statebook.lifecycle import Reason, verify
-from statebook.outbox.schema import dispatch_outbox
+from statebook.outbox.dispatch.schema import dispatch_outbox
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.runs import cancel_run, finalize_run
 

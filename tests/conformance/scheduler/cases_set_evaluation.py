@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Reason, transition, verify
-from statebook.outbox.schema import dispatch_outbox
+from statebook.outbox.dispatch.schema import dispatch_outbox
 from statebook.scheduler import admission, evaluation, execution
 from statebook.scheduler.engine import SchedulerEngine
 from statebook.scheduler.runs import SCHEDULER, finalize_run, open_run

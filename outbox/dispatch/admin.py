@@ -13,7 +13,7 @@ from statebook.lifecycle.engine import purge_many
 from statebook.lifecycle.schema import status_in
 
 from . import checks
-from .core.retention import PURGE_BATCH, RETENTION_ACTOR, Progress
+from ..core.retention import PURGE_BATCH, RETENTION_ACTOR, Progress
 from .enqueue import notify
 from .errors import DispatchInvalid
 from .models import Dispatch

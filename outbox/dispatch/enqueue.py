@@ -20,7 +20,7 @@ from statebook.lifecycle.inputs import KEY_CHARS, Limits
 from . import checks
 from .bounds import payload_bound
 from .errors import DispatchInvalid
-from .dispatch.offers import offer_created
+from .offers import offer_created
 from .policy import NOTIFY_CHANNEL
 from .schema import dispatch_outbox
 from .signal import dispatch_envelope

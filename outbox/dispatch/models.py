@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import SecretStr, SerializationInfo, field_serializer
 
-from .record import MASK, Record, Time
+from ..record import MASK, Record, Time
 
 
 def _revealed(info: SerializationInfo) -> bool:
