@@ -7,3 +7,12 @@ does the same way is here, written once: the due scan (:mod:`.due`), the candida
 (:mod:`.slots`) and the worker loop (:mod:`.passes`). Each lifecycle says only what is special
 about it: what a claim and a finalization write, and what the work between them is.
 """
+
+from .claims import Planned, claim_set, read_rows, record_set, won
+from .due import DueScan
+from .lease import Candidate, Lease
+from .passes import PassWorker
+from .slots import Claimed, run_in_slots
+
+__all__ = ["Candidate", "Claimed", "DueScan", "Lease", "PassWorker", "Planned", "claim_set", "read_rows", "record_set",
+           "run_in_slots", "won"]

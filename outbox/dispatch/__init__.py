@@ -9,3 +9,5 @@ acknowledgement (:mod:`.ack`), operator actions and retention (:mod:`.admin`), i
 (:mod:`.models`) and argument checks (:mod:`.checks`, :mod:`.bounds`). Its public names are exported from
 :mod:`statebook.outbox`.
 """
+
+__all__: list[str] = []  # every public name of a dispatch is statebook.outbox's
