@@ -20,7 +20,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-HEAD = ("status", "version", "last_fact_id", "chain_hash")
+CHAIN_COLUMNS = ("last_fact_id", "chain_hash")
+"""Where a row stands in its entity's hash chain: how the row was written, not what it says (a read model
+leaves them out)."""
+HEAD = ("status", "version", *CHAIN_COLUMNS)
 """The lifecycle columns a compare-and-set reads: the row's status and its chain head."""
 
 

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-ENGINE_COLUMNS = ("last_fact_id", "chain_hash")
-"""The engine's compare-and-set head: how a row is written, not what it says, so no model carries it."""
+from statebook.lifecycle.head import CHAIN_COLUMNS
+
 MASK = "********"
 """What a dump shows in place of a secret (an ack token)."""
 
@@ -45,7 +45,7 @@ class Record(BaseModel):
         """The model of one row (a SQLAlchemy ``Row`` or a mapping): JSON columns decoded, the engine's
         head dropped; the one place each entity is built from its columns."""
         values = dict(row._mapping) if hasattr(row, "_mapping") else dict(row)
-        for column in ENGINE_COLUMNS:
+        for column in CHAIN_COLUMNS:
             values.pop(column, None)
         for column in cls.json_columns():
             if column in values:

@@ -55,3 +55,17 @@ async def test_the_head_an_outcome_gives_is_what_the_next_command_compares(db_ur
         assert again.conflict
     finally:
         await book.engine.dispose()
+
+
+def test_no_caller_outside_lifecycle_and_the_storage_backends_names_the_chain_columns():
+    """The head is the engine's (issue 27): domain code and the command line hold a ``Head`` or select
+    ``head_columns``; only the backends that write the rows, and the schema's migration, spell the columns."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    writers = {"adapters/sqlite.py", "adapters/postgres.py", "adapters/postgres_batches.py",
+               "adapters/migrations/versions/0001_initial.py"}
+    named = sorted(str(p.relative_to(root)) for part in ("outbox", "scheduler", "adapters") for p in (root / part).rglob("*.py")
+                   if str(p.relative_to(root)) not in writers
+                   and any(word in p.read_text() for word in ("last_fact_id", "chain_hash")))
+    assert named == [], f"these modules spell the engine's chain columns: {named}"
