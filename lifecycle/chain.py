@@ -151,7 +151,7 @@ def merkle_root(heads: Iterable[Sequence[Any]]) -> str:
 
 
 @dataclass(frozen=True)
-class Heads:
+class ChainHeads:
     """Every entity's chain head among the facts read, in (type, id) order; their count and highest seq."""
 
     heads: list[Head]
@@ -164,8 +164,8 @@ class Heads:
         return merkle_root(self.heads)
 
 
-def heads_of(rows: Iterable[Sequence[Any]]) -> Heads:
-    """:class:`Heads` of (entity_type, entity_id, version, hash, seq) rows in any order."""
+def heads_of(rows: Iterable[Sequence[Any]]) -> ChainHeads:
+    """:class:`ChainHeads` of (entity_type, entity_id, version, hash, seq) rows in any order."""
     last: dict[tuple[str, str], tuple[int, str]] = {}
     facts = max_seq = 0
     for entity_type, entity_id, version, hash_, seq in rows:
@@ -177,14 +177,14 @@ def heads_of(rows: Iterable[Sequence[Any]]) -> Heads:
         if found is None or _order(version) > _order(found[0]):
             last[key] = (version, hash_)
     heads = [(t, i, v, h) for (t, i), (v, h) in sorted(last.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1])))]
-    return Heads(heads, facts, max_seq)
+    return ChainHeads(heads, facts, max_seq)
 
 
 def _order(version: Any) -> float:
     return version if type(version) is int else float("inf")  # damage sorts last (and then fails a check)
 
 
-async def heads(book: Book, *, up_to_seq: int | None = None, entity_type: str | None = None) -> Heads:
+async def heads(book: Book, *, up_to_seq: int | None = None, entity_type: str | None = None) -> ChainHeads:
     """The chain heads of the facts with ``seq <= up_to_seq`` (None: all), of one type or all, from one
     snapshot. Reads five narrow columns in seq order (the primary key), about a second per million facts."""
     async with book.read() as conn:
@@ -207,7 +207,7 @@ async def settled_seq(book: Book) -> int | None:
     return top
 
 
-async def settled_heads(book: Book, *, entity_type: str | None = None) -> Heads:
+async def settled_heads(book: Book, *, entity_type: str | None = None) -> ChainHeads:
     """:func:`heads` of the facts up to :func:`settled_seq` (a bound book: all it sees)."""
     return await heads(book, up_to_seq=await settled_seq(book), entity_type=entity_type)
 
@@ -217,7 +217,7 @@ async def _top_seq(conn: Any) -> int:
     return int((await conn.execute(sa.select(sa.func.coalesce(sa.func.max(facts_table.c.seq), 0)))).scalar())
 
 
-async def _heads(conn: Any, up_to_seq: int | None, entity_type: str | None) -> Heads:
+async def _heads(conn: Any, up_to_seq: int | None, entity_type: str | None) -> ChainHeads:
     t = facts_table
     query = sa.select(t.c.entity_type, t.c.entity_id, t.c.version, t.c.hash, t.c.seq)
     if up_to_seq is not None:
@@ -330,7 +330,7 @@ async def checkpoint(book: Book, entity_type: str | None = None) -> dict[str, An
                            chain_key_id=None if book.chain_key is None else book.chain_key.id)
 
 
-def checkpoint_body(found: Heads, *, at: float, entity_type: str | None = None, chain_key_id: str | None = None,
+def checkpoint_body(found: ChainHeads, *, at: float, entity_type: str | None = None, chain_key_id: str | None = None,
                     extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON of a checkpoint over ``found``."""
     return {
@@ -365,7 +365,7 @@ def checkpoint_problems(body: Any) -> list[str]:
     return problems
 
 
-def compare_heads(body: Mapping[str, Any], now: Heads) -> list[Problem]:
+def compare_heads(body: Mapping[str, Any], now: ChainHeads) -> list[Problem]:
     """Findings of ``now`` (the heads of facts with ``seq <= body['max_seq']``) against a checkpoint."""
     found: list[Problem] = []
     expected = {(h[0], h[1]): (h[2], h[3]) for h in body["heads"]}
