@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from typer.core import TyperGroup
 
-from .funnel import classify, mask
+from ..masking import mask
+from .funnel import classify
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from statebook.adapters.masking import MASK, mask
 
-__all__ = ["DONE", "FAILED", "INTERRUPTED", "MASK", "REFUSED", "classify", "first_line", "mask"]
+__all__ = ["DONE", "FAILED", "INTERRUPTED", "REFUSED", "classify", "first_line"]
 
 DONE, FAILED, REFUSED, INTERRUPTED = 0, 1, 2, 130
 

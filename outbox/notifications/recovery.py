@@ -126,14 +126,6 @@ def _actor(value: Any) -> Actor:
     return value
 
 
-def _lineage(rows_by_id: dict[str, dict[str, Any]], start: dict[str, Any]) -> list[dict[str, Any]]:
-    out, link = [], start["dedup_successor_id"]
-    while link is not None and link in rows_by_id:
-        out.append(rows_by_id[link])
-        link = rows_by_id[link]["dedup_successor_id"]
-    return out
-
-
 @dataclass(frozen=True)
 class Replayed:
     """A replay that applied: the notification (same id), its new cycle, and the failed descendants

@@ -219,7 +219,7 @@ def test_a_refused_postgres_connection_names_the_host_and_port():
 
 def test_urls_and_tokens_are_masked():
     """C6: a password in any echoed URL, and token=/password= values, never reach the line."""
-    from statebook.adapters.cli.funnel import mask
+    from statebook.adapters.masking import mask
 
     assert mask("malformed database URL 'postgresql://ann:s3cret@db:5432/x'") == \
         "malformed database URL 'postgresql://ann:***@db:5432/x'"
