@@ -22,7 +22,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 import baseline  # noqa: E402
 import child  # noqa: E402
 import run  # noqa: E402
-from common import Line, interleave, render_table, round_order  # noqa: E402
+from common import Line, interleave, median_ci, render_table, round_order  # noqa: E402
 
 sys.path[:] = _PATH  # the bench's flat module names stay out of the rest of the session's imports
 
@@ -58,6 +58,29 @@ def test_a_revision_resolves_to_a_commit() -> None:
     with pytest.raises(baseline.BaselineError, match="does not name a commit"):
         baseline.resolve("no-such-revision-anywhere")
 
+
+
+def test_the_working_side_is_the_tree_as_it_is_now(tmp_path: Path) -> None:
+    """The working tree's install holds uncommitted edits and new files, and leaves out ignored files
+    and deleted ones, so it measures what ``git status`` shows rather than the last commit."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.email=t@example.org", "-c", "user.name=t", "-C", str(repo)]
+    (repo / ".gitignore").write_text("*.log\n")
+    (repo / "kept.py").write_text("old\n")
+    (repo / "gone.py").write_text("x\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    (repo / "kept.py").write_text("edited\n")
+    (repo / "gone.py").unlink()
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "new.py").write_text("new\n")
+    (repo / "noise.log").write_text("ignored\n")
+    baseline.copy_worktree(repo, tmp_path / "copy")
+    copied = sorted(str(f.relative_to(tmp_path / "copy")) for f in (tmp_path / "copy").rglob("*") if f.is_file())
+    assert copied == [".gitignore", "kept.py", "pkg/new.py"]
+    assert (tmp_path / "copy" / "kept.py").read_text() == "edited\n"
 
 # -- rounds ------------------------------------------------------------------------------------
 
@@ -125,6 +148,47 @@ def test_sides_pair_each_statebook_contender_and_keep_the_others(tmp_path: Path)
     line = s.compare(Line("W1", "sqlite", "enq/s", 100.0, "floor", 100.0, 1.0), "statebook-sqlite", r)
     assert line.baseline == 50.0 and line.baseline_ratio == 0.5 and line.vs_baseline == 2.0
 
+
+
+def test_repeated_pairs_run_back_to_back_and_give_paired_ratios(tmp_path: Path) -> None:
+    """With ``repeat`` a pair runs K times per round in alternating order, the peer once per round, and
+    ``vs baseline`` is the median of the ratios of runs made back to back, not the ratio of medians."""
+    order: list[str] = []
+    speeds = iter([4.0, 2.0, 1.0, 1.0, 8.0, 4.0, 1.0, 1.0])  # seconds, in call order; peer: 100 enq/s
+
+    class Timed(FakeChild):
+        async def call(self, op: str, backend: str, **args: object) -> tuple[object, float]:
+            order.append(self.label)
+            return next(speeds), 0.5
+
+    async def peer() -> float:
+        order.append("peer")
+        return 100.0
+
+    s = sides(tmp_path)
+    s.repeat = 2
+    remote = baseline.Remote("enqueue_single", "sqlite", {"n": 8}, lambda _name, sec: 8 / sec)
+
+    async def go() -> dict[str, list[float]]:
+        async with s.contenders([("sb", None), ("peer", peer)], {"sb": remote},
+                                children=(Timed("working", 0), Timed("baseline", 0))) as (contenders, alternate):
+            return await interleave(2, contenders, lambda _: None, None, alternate, repeat=s.repeat)
+
+    r = asyncio.run(go())
+    assert order == ["working", "baseline", "baseline", "working", "peer",
+                     "baseline", "working", "working", "baseline", "peer"]
+    assert r["sb"] == [2.0, 8.0, 2.0, 8.0] and r["sb@baseline"] == [4.0, 8.0, 1.0, 8.0]
+    line = s.compare(Line("W1", "sqlite", "enq/s", 5.0, "floor", 100.0, 0.05), "sb", r)
+    assert line.paired == [0.5, 1.0, 2.0, 1.0]
+    assert line.vs_baseline == 1.0  # the ratio of the two medians would be 5.0 / 6.0
+
+
+def test_the_interval_of_a_median_comes_from_order_statistics() -> None:
+    assert median_ci([1.0] * 5) is None  # too few for a 95% interval
+    got = median_ci([float(i) for i in range(40, 0, -1)])  # 40 pairs: the 14th and 27th of 1..40
+    assert got == (14.0, 27.0)
+    line = Line("W", "sqlite", "enq/s", 1.0, compared=True, baseline=1.0, paired=[1.0 + i / 100 for i in range(40)])
+    assert "1.19x [1.13-1.26]" in render_table([line])
 
 def test_a_baseline_that_cannot_serve_a_request_is_na_and_not_asked_again(tmp_path: Path) -> None:
     s = sides(tmp_path)

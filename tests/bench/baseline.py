@@ -1,11 +1,15 @@
 """``run.py --baseline REV``: the same statebook contenders, measured for REV too, in the same rounds.
 
 The revision is exported from the repository (``git archive``) into a temporary directory and
-installed, with the extras the bench needs, into a virtualenv of its own (:class:`Install`). Both
-revisions install the package ``statebook``, so neither is imported by the bench process: each
-workload that compares starts one child process per side (``child.py``, :class:`Child`) — the
-working tree's on this interpreter, the baseline's on the temporary one — and every statebook
-contender of that workload becomes a pair of requests to them (:class:`Sides`). The children run
+installed, with the extras the bench needs, into a virtualenv of its own (:class:`Install`). The
+working tree is installed the same way (:meth:`Install.working`: its tracked and untracked files as
+they are now, not committed first), so the two sides differ only in statebook's code: same base
+interpreter, same dependency versions, a regular install on both sides. An editable install reads
+slower in some rounds than a regular install of the same commit, by more than the 5% a comparison
+has to resolve. Both sides install the package ``statebook``, so neither is imported by the bench
+process: each workload that compares starts one child process per side (``child.py``,
+:class:`Child`), and every statebook contender of that workload becomes a pair of requests to them
+(:class:`Sides`). The children run
 the WORKING tree's drivers (``tests/bench/statebook_side.py``) against their own install; the
 peers and the floor run in this process, once per round, as without ``--baseline``.
 
@@ -113,6 +117,21 @@ class Install:
             raise
         return install
 
+    @classmethod
+    def working(cls, log: Callable[[str], None], repo: Path = REPO_DIR) -> Install:
+        """The working tree as it is now (uncommitted edits and new files included), installed like a
+        baseline into a temporary virtualenv; never kept, since the tree changes between runs."""
+        root = Path(tempfile.mkdtemp(prefix="statebook-working-"))
+        install = cls("working tree", "", f"working tree of {repo}", root, keep=False)
+        try:
+            log(f"working tree: copying it and installing it into {install.venv}")
+            copy_worktree(repo, install.tree)
+            install.make_venv("working tree")
+        except BaseException:
+            install.cleanup()
+            raise
+        return install
+
     def build(self, log: Callable[[str], None]) -> None:
         with contextlib.suppress(OSError, ValueError):
             if json.loads(self.stamp.read_text())["sha"] == self.sha and self.python.exists():
@@ -129,14 +148,34 @@ class Install:
             raise BaselineError(f"git archive {self.sha} failed: {archive.stderr.decode(errors='replace')}")
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(self.tree, filter="data")
-        _check_run([sys.executable, "-m", "venv", str(self.venv)], "creating the baseline virtualenv")
-        _check_run([str(self.python), "-m", "pip", "install", "-q", f"{self.tree}[{EXTRAS}]"],
-                   f"installing {self.rev} into the baseline virtualenv")
+        self.make_venv(self.rev)
         self.stamp.write_text(json.dumps({"sha": self.sha, "rev": self.rev}) + "\n")
+
+    def make_venv(self, what: str) -> None:
+        """A virtualenv from the bench's own base interpreter with :attr:`tree` installed (not editable)."""
+        _check_run([sys.executable, "-m", "venv", str(self.venv)], f"creating the virtualenv for {what}")
+        _check_run([str(self.python), "-m", "pip", "install", "-q", f"{self.tree}[{EXTRAS}]"],
+                   f"installing {what} into its virtualenv")
 
     def cleanup(self) -> None:
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def copy_worktree(repo: Path, dest: Path) -> None:
+    """Copy what ``git`` would see of ``repo`` now: tracked files as edited, and untracked files that
+    are not ignored (a deleted tracked file is left out)."""
+    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                             capture_output=True)
+    if listing.returncode != 0:
+        raise BaselineError(f"git ls-files in {repo} failed: {listing.stderr.decode(errors='replace')}")
+    for name in filter(None, listing.stdout.decode().split("\0")):
+        src = repo / name
+        if not src.is_file():
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
 
 
 def _check_run(cmd: list[str], what: str) -> None:
@@ -241,6 +280,8 @@ class Sides:
     pg_base: str
     sqlite_dir: Path
     log: Callable[[str], None]
+    repeat: int = 1
+    """Runs of each (working, baseline) pair per round, back to back (``interleave(repeat=...)``)."""
     errors: dict[str, str] = field(default_factory=dict)
     """Baseline contender name -> why it is n/a (it is not run again after its first failure)."""
     seen: dict[str, str] = field(default_factory=dict)
@@ -315,6 +356,9 @@ class Sides:
             return line
         line.baseline = median(got)
         line.samples["baseline"] = got
+        work = values.get(key, [])
+        if len(work) == len(values[name]):  # interleave(repeat=...) made them pairwise, back to back
+            line.paired = [w / v for w, v in zip(work, values[name]) if w == w and v == v and v]
         if cpu is not None and count and cpu.get(name):
             line.baseline_cpu_us = median(cpu[name]) / count * 1e6
         return line

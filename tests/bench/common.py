@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import statistics
 import tempfile
@@ -94,6 +95,8 @@ class Line:
     """Why a compared line has no baseline figure (the child's error)."""
     baseline_cpu_us: float | None = None
     """The baseline's client CPU per operation, microseconds (in its own process)."""
+    paired: list[float] = field(default_factory=list)
+    """Working / baseline for each pair of runs made back to back (``interleave(repeat=...)``)."""
 
     @property
     def verdict(self) -> str:
@@ -110,17 +113,24 @@ class Line:
 
     @property
     def vs_baseline(self) -> float | None:
-        """Working tree / baseline in the line's unit (above 1 is better for rates, worse for times)."""
+        """Working tree / baseline in the line's unit (above 1 is better for rates, worse for times): the
+        median of the paired ratios when there are pairs, else the ratio of the two medians."""
         if self.baseline is None or not self.baseline or self.statebook is None:
             return None
-        return self.statebook / self.baseline
+        return median(self.paired) if self.paired else self.statebook / self.baseline
+
+    @property
+    def vs_baseline_ci(self) -> tuple[float, float] | None:
+        """A 95% confidence interval of :attr:`vs_baseline` (None with fewer than 6 pairs)."""
+        return median_ci(self.paired) if self.baseline is not None else None
 
     def to_json(self) -> dict[str, Any]:
         out = {**asdict(self), "verdict": self.verdict}
         if self.compared:
-            out.update(baseline_ratio=self.baseline_ratio, vs_baseline=self.vs_baseline)
+            out.update(baseline_ratio=self.baseline_ratio, vs_baseline=self.vs_baseline,
+                       vs_baseline_ci=self.vs_baseline_ci)
         else:  # a run without --baseline writes the lines it always wrote
-            for key in ("compared", "baseline", "baseline_note", "baseline_cpu_us"):
+            for key in ("compared", "baseline", "baseline_note", "baseline_cpu_us", "paired"):
                 del out[key]
         return out
 
@@ -154,6 +164,21 @@ METER = Meter()
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def median_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median: the order statistics ``(x[j], x[n-1-j])``
+    with the largest ``j`` whose binomial tail ``P(X <= j) <= (1 - confidence) / 2`` for X ~ B(n, 1/2).
+    None when ``n`` is too small for any such ``j`` (n < 6 at 95%)."""
+    ordered = sorted(v for v in values if v == v)
+    n = len(ordered)
+    tail, j, cumulative = (1 - confidence) / 2, -1, 0.0
+    for i in range(n // 2):
+        cumulative += math.comb(n, i) / 2**n
+        if cumulative > tail:
+            break
+        j = i
+    return None if j < 0 else (ordered[j], ordered[n - 1 - j])
 
 
 def throughput_line(workload: str, backend: str, unit: str, sb: list[float], ref_name: str, ref: list[float],
@@ -193,21 +218,41 @@ def round_order(contenders: Sequence[tuple[str, Any]], r: int,
 
 async def interleave(rounds: int, contenders: Sequence[tuple[str, Callable[[], Awaitable[float]]]],
                      log: Callable[[str], None], cpu: dict[str, list[float]] | None = None,
-                     alternate: Sequence[tuple[str, str]] = ()) -> dict[str, list[float]]:
+                     alternate: Sequence[tuple[str, str]] = (), repeat: int = 1) -> dict[str, list[float]]:
     """Run each contender once per round, in order (A B A B ...); collect one figure per run.
 
     With ``cpu`` each run's client CPU in its measured region (see :data:`METER`) is collected too.
     ``alternate``: pairs of contender names whose order swaps every other round (:func:`round_order`).
+    ``repeat``: each ``alternate`` pair runs that many times per round, back to back, its order
+    swapping every time (A B, B A, A B, ...), so the i-th figures of the two names form a pair made
+    under the same conditions (``Line.paired``).
     """
     out: dict[str, list[float]] = {name: [] for name, _ in contenders}
+    partner = {a: b for a, b in alternate} | {b: a for a, b in alternate}
+    runs = dict(contenders)
+
+    async def one(name: str, label: str) -> None:
+        METER.cpu = 0.0
+        value = await runs[name]()
+        out[name].append(value)
+        if cpu is not None:
+            cpu.setdefault(name, []).append(METER.cpu)
+        log(f"    round {label} {name}: {value:,.1f}")
+
     for r in range(rounds):
-        for name, run in round_order(contenders, r, alternate):
-            METER.cpu = 0.0
-            value = await run()
-            out[name].append(value)
-            if cpu is not None:
-                cpu.setdefault(name, []).append(METER.cpu)
-            log(f"    round {r + 1}/{rounds} {name}: {value:,.1f}")
+        done: set[str] = set()
+        for name, _ in round_order(contenders, r, alternate):
+            if name in done:
+                continue
+            if name not in partner:
+                await one(name, f"{r + 1}/{rounds}")
+                continue
+            first, second = name, partner[name]
+            done |= {first, second}
+            for k in range(repeat):
+                order = (first, second) if k % 2 == 0 else (second, first)
+                for n in order:
+                    await one(n, f"{r + 1}/{rounds}" + (f" pair {k + 1}/{repeat}" if repeat > 1 else ""))
     return out
 
 
@@ -324,8 +369,10 @@ def _baseline_cells(ln: Line) -> tuple[str, str]:
         return "n/a", "n/a"  # why: ``baseline_note``, printed under the table and kept in results.json
     ratio = ln.baseline_ratio
     cell = _fmt(ln.baseline, ln.unit) + (f" ({ratio:.2f}x)" if ratio is not None else "")
-    vs = ln.vs_baseline
-    return cell, f"{vs:.2f}x" if vs is not None else "-"
+    vs, ci = ln.vs_baseline, ln.vs_baseline_ci
+    if vs is None:
+        return cell, "-"
+    return cell, f"{vs:.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
 
 
 def render_table(lines: Sequence[Line]) -> str:

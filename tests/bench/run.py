@@ -39,6 +39,9 @@ COMPARED = ("W1", "W2", "W3")
 """The workloads whose statebook contenders ``--baseline`` also measures for the baseline revision."""
 DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6")
 BASELINE_DATABASE = "statebook_baseline"
+PAIRS = 8
+"""Default ``--pairs``. Two runs of the same revision differ by up to 15% on a shared 2-core machine;
+with 8 pairs in each of 5 rounds the median's 95% interval is about +-5% (specs/performance.md)."""
 RESULTS = BENCH_DIR / "results.json"
 
 _T0 = time.perf_counter()
@@ -49,8 +52,9 @@ def log(message: str) -> None:
 
 
 async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out: Path,
-                baseline: Any = None) -> int:
-    """Run ``only``; with ``baseline`` (a baseline.Install) W1-W3 also measure that revision."""
+                baseline: Any = None, working: Any = None, pairs: int = 1) -> int:
+    """Run ``only``; with ``baseline`` and ``working`` (baseline.Install of REV and of the working
+    tree) W1-W3 also measure that revision, each side on its own install."""
     import scheduler_side
     import workloads
 
@@ -64,11 +68,11 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     if baseline is not None:
         from baseline import Sides
 
-        ctx.sides = Sides(sys.executable, str(baseline.python), pg["statebook"], pg[BASELINE_DATABASE],
-                          files.dir / "sides", log)
+        ctx.sides = Sides(str(working.python), str(baseline.python), pg["statebook"], pg[BASELINE_DATABASE],
+                          files.dir / "sides", log, repeat=pairs)
         compared = [w for w in only if w in COMPARED]
         log(f"baseline {baseline.short}: compared in {', '.join(compared) or 'none of the selected workloads'}"
-            f"{'' if compared else ' (only ' + ', '.join(COMPARED) + ' compare)'}; order alternates per round")
+            f"{'' if compared else ' (only ' + ', '.join(COMPARED) + ' compare)'}; each pair runs {pairs} times per round, order alternating")
     runners = {
         "W1": workloads.w1, "W2": workloads.w2, "W3": workloads.w3, "W4": workloads.w4, "W5": workloads.w5,
         "W6": lambda c: scheduler_side.w6({"postgresql": pg["w6"], "sqlite": f"sqlite:///{c.sqlite_path('w6')}"},
@@ -151,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"also measure git revision REV (installed in a temporary virtualenv) in the same "
                              f"rounds as the working tree, for {', '.join(COMPARED)}; adds the 'baseline' and "
                              f"'vs baseline' columns")
+    parser.add_argument("--pairs", type=int, default=PAIRS, metavar="K",
+                        help=f"with --baseline: run each (working, baseline) pair K times per round, back to "
+                             f"back in alternating order; 'vs baseline' is the median of the paired ratios with "
+                             f"a 95%% interval (default {PAIRS})")
     parser.add_argument("--keep-baseline", metavar="DIR", type=Path,
                         help="with --baseline: install REV under DIR and keep it (reused when DIR holds REV)")
     return parser
@@ -169,6 +177,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     unknown = sorted(set(only) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    if args.pairs < 1:
+        parser.error("--pairs must be at least 1")
     if args.keep_baseline is not None and not args.baseline:
         parser.error("--keep-baseline needs --baseline REV")
     if args.baseline is not None and not args.baseline.strip():
@@ -182,7 +192,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args, sizes, only = parse_args(argv)
-    install = None
+    install = working = None
     signal.signal(signal.SIGTERM, _terminate)
     try:
         if args.baseline:
@@ -190,24 +200,27 @@ def main(argv: list[str] | None = None) -> int:
 
             try:
                 install = Install.prepare(args.baseline, args.keep_baseline, log)
+                working = Install.working(log)
             except BaselineError as exc:
                 print(f"--baseline {args.baseline}: {exc}", file=sys.stderr)
                 return 2
-        return _run(args, sizes, only, install)
+        return _run(args, sizes, only, install, working)
     except KeyboardInterrupt:
-        log("interrupted; the baseline install, SQLite files and child processes are cleaned up")
+        log("interrupted; the installs, SQLite files and child processes are cleaned up")
         return 130
     finally:
+        if working is not None:
+            working.cleanup()
         if install is not None:
             install.cleanup()
             if install.keep:
                 log(f"kept the baseline install in {install.root}")
 
 
-def _run(args: argparse.Namespace, sizes: Sizes, only: list[str], install: Any) -> int:
+def _run(args: argparse.Namespace, sizes: Sizes, only: list[str], install: Any, working: Any) -> int:
     url = args.pg_url or os.environ.get("STATEBOOK_TEST_PG_URL")
     if url:
-        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install))
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install, working, args.pairs))
     bindir = pgcluster.find_pg_bin()
     if bindir is None:
         print(f"no PostgreSQL: set STATEBOOK_TEST_PG_URL or install server binaries under {pgcluster.PG_ROOT}/*/bin",
@@ -216,7 +229,7 @@ def _run(args: argparse.Namespace, sizes: Sizes, only: list[str], install: Any) 
     log("starting a throwaway PostgreSQL cluster")
     with pgcluster.throwaway_cluster(bindir) as url:
         _THROWAWAY.add(url)
-        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install))
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install, working, args.pairs))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,11 @@ class Ctx:
     def rounds(self) -> int:
         return self.sizes.rounds
 
+    @property
+    def repeat(self) -> int:
+        """Back-to-back runs of each (working, baseline) pair per round; 1 without ``--baseline``."""
+        return 1 if self.sides is None else self.sides.repeat
+
     @contextlib.asynccontextmanager
     async def statebook_sides(self, contenders: Sequence[tuple[str, Run]], remotes: dict[str, Remote]
                               ) -> AsyncIterator[tuple[list[tuple[str, Run]], list[tuple[str, str]]]]:
@@ -192,7 +197,7 @@ async def w1(ctx: Ctx) -> list[Line]:
             ("procrastinate-batch", pr_batch), ("statebook-sqlite-batch", sb_sq_batch),
             ("floor-sqlite-batch", fl_sq_batch),
         ], remotes) as (contenders, alternate):
-            r = await interleave(ctx.rounds, contenders, ctx.log, cpu, alternate)
+            r = await interleave(ctx.rounds, contenders, ctx.log, cpu, alternate, ctx.repeat)
     u = "enq/s"
     single, batch = f"W1 enqueue single ({n:,})", f"W1 enqueue batch {k} ({total:,})"
 
@@ -277,7 +282,7 @@ async def w2(ctx: Ctx) -> list[Line]:
             ("statebook-sqlite", sb_sq), ("floor-sqlite", fl_sq),
         ], {"statebook-pg": Remote("drain", PG, {"n": n}, rate),
             "statebook-sqlite": Remote("drain", SQ, {"n": n}, rate)}) as (contenders, alternate):
-            r = await interleave(ctx.rounds, contenders, ctx.log, cpu, alternate)
+            r = await interleave(ctx.rounds, contenders, ctx.log, cpu, alternate, ctx.repeat)
     u, name = "del/s", f"W2 drain ({n:,})"
 
     def cmp(line: Line, key: str) -> Line:
@@ -336,7 +341,7 @@ async def w3(ctx: Ctx) -> list[Line]:
         ], {"statebook-pg": Remote("latency", PG, {"samples": samples}, record),
             "statebook-pg-listen": Remote("latency", PG, {"samples": samples, "listen": True}, record),
             "statebook-sqlite": Remote("latency", SQ, {"samples": samples}, record)}) as (contenders, alternate):
-            await interleave(ctx.rounds, contenders, ctx.log, alternate=alternate)
+            await interleave(ctx.rounds, contenders, ctx.log, alternate=alternate, repeat=ctx.repeat)
     lines = []
     for name, label in (("statebook-pg", "W3 latency (commit hook)"), ("statebook-pg-listen", "W3 latency (LISTEN)")):
         s50, s99, q50, q99 = (median(p50[name]), median(p99[name]), median(p50["pgqueuer"]),
