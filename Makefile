@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PYTEST_ARGS ?=
 RUN_SECONDS ?= 12
+# The console while `make run` runs (0: any free port; the address is printed). `statebook web` serves it alone.
+WEB_PORT ?= 0
 # Usage: $(PY_OK) <python>  -- fails unless <python> is 3.11 or newer.
 PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then exit 0; fi; \
 	echo "statebook needs Python >= 3.11; $$0 is $$("$$0" -V 2>&1). Use make PYTHON=python3.11 (and remove $(VENV) if it is stale)." >&2; exit 1'
@@ -25,7 +27,7 @@ $(VENV)/.stamp: pyproject.toml
 	@touch $@
 
 run: venv
-	$(VENV)/bin/statebook run --config examples/statebook.toml --for $(RUN_SECONDS)
+	$(VENV)/bin/statebook run --config examples/statebook.toml --for $(RUN_SECONDS) --web-port $(WEB_PORT)
 
 # The suite in two phases (tests/run_suite.py): the parallel one on TEST_WORKERS xdist workers, then the tests
 # marked serial alone; it ends with the time per folder and the 30 slowest tests. PYTEST_ARGS narrows both;

@@ -251,7 +251,7 @@ def _process_counters(engine: SchedulerEngine, delivery: Delivery, notifying: li
 async def run_daemon(settings: Settings, *, config_path: str | None = None, run_for: float | None = None,
                      tty: bool = False, registry: Registry | None = None, metrics_port: int | None = None,
                      metrics_host: str = "127.0.0.1", metrics_every: float = REFRESH_SECONDS,
-                     verify_every: float = VERIFY_SECONDS) -> dict[str, Any]:
+                     verify_every: float = VERIFY_SECONDS, web_port: int | None = None) -> dict[str, Any]:
     """Run until SIGINT/SIGTERM (or ``run_for`` seconds); returns a summary of the database and,
     under ``run``, of what this run did (:func:`run_summary`).
 
@@ -259,12 +259,21 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     With ``metrics_port`` (0: any free port, logged) ``/metrics`` is served on ``metrics_host`` while the
     daemon runs; its snapshot is refreshed every ``metrics_every`` seconds in a task of its own, and ``verify``
     runs at start and every ``verify_every`` seconds in another (0: never; no verify metrics then).
+    With ``web_port`` (0: any free port, logged) the web console is served on ``[web] host`` too.
     """
     settings = resolve_settings(settings, config_path)
     registry = resolve_registry(settings.app) if registry is None else registry
     require_builtins(registry, "the daemon")
     if metrics_port is not None:
         from .metrics import Metrics  # the metrics extra, checked before anything starts (one line when missing)
+    if web_port is not None:
+        from .extras import require
+
+        require("starlette", extra="web", feature="statebook run --web-port")
+        from .web.serve import check_bind, serving
+
+        check_bind(settings.web.host, settings)
+    web = contextlib.AsyncExitStack()
     # A transaction left idle longer than the lease is a frozen daemon's: the server ends it, so the daemon that
     # took the lease over does not wait behind its row locks (specs/scheduler.md S16).
     book = await open_book(settings.db, registry=registry, limits=settings.book_limits(),
@@ -309,6 +318,9 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             refresher = asyncio.create_task(metrics.refresh_every(metrics_every), name="statebook-metrics")
             if verify_every > 0:
                 verifier = asyncio.create_task(metrics.verify_every(verify_every), name="statebook-metrics-verify")
+        if web_port is not None:
+            url = await web.enter_async_context(serving(book, settings, settings.web.host, web_port))
+            print(f"web console on {url}/", flush=True)
         started_at = book.clock.now()
         await engine.start()
         leader.watch(engine.wake)  # a standby wakes the moment the leader's liveness ends, not on its next tick
@@ -323,6 +335,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                     await asyncio.wait_for(engine.wait_idle(), FOR_GRACE_SECONDS)
         finally:
             log.info("stopping: cancelling in-flight runs and delivery")
+            await web.aclose()
             for task in (refresher, verifier):
                 if task is not None:
                     task.cancel()

@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "metrics": ("prometheus_client",),
     "audit": ("cryptography",),
     "apprise": ("apprise",),
+    "web": ("starlette", "jinja2", "uvicorn", "argon2", "multipart"),
 }
 """Each extra and the top-level modules it installs (pyproject.toml's ``optional-dependencies``)."""
 

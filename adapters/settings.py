@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -253,6 +253,71 @@ class AuditSettings(_Section):
             raise ConfigError(f"[audit] chain_key: {exc}") from None
 
 
+class WebUser(_Section):
+    """One person who may sign in to the console: an argon2 hash of their password (``statebook web
+    hash-password`` prints one) and their role."""
+
+    password_hash: str = Field(min_length=1)
+    role: Literal["viewer", "operator"] = "viewer"
+
+    @field_validator("password_hash")
+    @classmethod
+    def _is_argon2(cls, value: str) -> str:
+        if not value.startswith("$argon2"):
+            raise ValueError("password_hash must be an argon2 hash (statebook web hash-password prints one), "
+                             "never the password itself")
+        return value
+
+
+class ProxySettings(_Section):
+    """Sign-in trusted from a reverse proxy: the user (and optionally role) header it sets, honoured only
+    on requests whose peer address is one of ``trusted``."""
+
+    user_header: str = "X-Forwarded-User"
+    role_header: str | None = None
+    default_role: Literal["viewer", "operator"] = "viewer"
+    trusted: list[str] = Field(min_length=1)
+
+
+class WebSettings(_Section):
+    """The web console and the responders' pages (``statebook web``, docs/console.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8780, ge=0, le=65535)
+    public_url: str | None = None
+    """the console's address as responders reach it (https://...); links in notifications start with it"""
+    link_key: SecretRef | None = None
+    """HMAC key that signs responders' links; required with public_url"""
+    link_ttl_seconds: float = Field(7 * 86400.0, gt=0, le=CENTURY_SECONDS)
+    session_key: SecretRef | None = None
+    """signs session cookies; when unset, a random key per process (sign-ins end at a restart)"""
+    session_seconds: float = Field(8 * 3600.0, gt=0, le=CENTURY_SECONDS)
+    users: dict[str, WebUser] = {}
+    proxy: ProxySettings | None = None
+    slack_signing_secret: SecretRef | None = None
+    pagerduty_signing_secret: SecretRef | None = None
+    replay_window_seconds: float = Field(300.0, gt=0, le=86400.0)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith("http://") or value.startswith("https://")):
+            raise ValueError("public_url must start with http:// or https://")
+        return None if value is None else value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _links_need_a_key(self) -> WebSettings:
+        if self.public_url is not None and self.link_key is None:
+            raise ValueError("public_url is set, so responders' links are signed: set link_key = { env = \"VAR\" } "
+                             "or { file = \"path\" }")
+        return self
+
+    @property
+    def sign_in(self) -> bool:
+        """Whether anyone can sign in (users, or a trusted proxy)."""
+        return bool(self.users) or self.proxy is not None
+
+
 class Settings(BaseSettings):
     """All of statebook's settings: a TOML file (``--config``), then ``STATEBOOK_*`` environment variables."""
     model_config = SettingsConfigDict(
@@ -270,6 +335,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = LimitsSettings()
     notifications: NotificationSettings = NotificationSettings()
     audit: AuditSettings = AuditSettings()
+    web: WebSettings = WebSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, *_: Any, **__: Any):  # type: ignore[override]

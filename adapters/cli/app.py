@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoint": ("audit", "Checkpoints of every entity's chain head (and the key that signs them)."),
     "audit": ("audit", "Check an audit bundle offline: no database, no settings, only the bundle."),
     "db": ("db", "The database schema: upgrade it, show its revision and history, check it."),
+    "web": ("web", "Serve the web console and the responders' pages (the web extra)."),
     "stats": ("stats", "Print entities by status, the due backlogs, deliveries, attempt latency, scheduler decisions and runs."),
 }
 

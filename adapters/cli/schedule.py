@@ -58,6 +58,7 @@ def run_cmd(
     metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
     metrics_every: float = typer.Option(5.0, "--metrics-every", help="Seconds between two reads of the metrics snapshot."),
     verify_every: float = typer.Option(3600.0, "--verify-every", help="With --metrics-port: run verify at start and every this many seconds for the verify metrics (0: never)."),
+    web_port: int = typer.Option(None, "--web-port", help="Serve the web console on this port too, on [web] host (0: any free one, printed)."),
 ) -> None:
     """Run the scheduler daemon: fire schedules, deliver their dispatches, until SIGINT/SIGTERM."""
     from statebook.adapters.daemon import run_daemon
@@ -69,6 +70,8 @@ def run_cmd(
         raise fail(f"--log-format {log_format!r} is not a format; use {' or '.join(FORMATS)}")
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise fail(f"--metrics-port {metrics_port} is not a port; use 0 (any free one) to 65535")
+    if web_port is not None and not 0 <= web_port <= 65535:
+        raise fail(f"--web-port {web_port} is not a port; use 0 (any free one) to 65535")
     if run_for is not None:
         duration("--for", run_for)
     if not 0.05 <= metrics_every <= 3600:
@@ -80,7 +83,7 @@ def run_cmd(
         registry = cli_registry(settings.app)
         result = run(run_daemon(settings, config_path=_settings_path(config), run_for=run_for, tty=sys.stdout.isatty(),
                                 registry=registry, metrics_port=metrics_port, metrics_host=metrics_host,
-                                metrics_every=metrics_every, verify_every=verify_every))
+                                metrics_every=metrics_every, verify_every=verify_every, web_port=web_port))
     _story(result, log_format)
     if not result["verify"]["ok"]:
         raise typer.Exit(1)
