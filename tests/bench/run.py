@@ -39,6 +39,10 @@ COMPARED = ("W1", "W2", "W3")
 """The workloads whose statebook contenders ``--baseline`` also measures for the baseline revision."""
 DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6")
 BASELINE_DATABASE = "statebook_baseline"
+WORKING_DATABASE = "statebook_working"
+"""The working tree's child's database in a ``--baseline`` run: like the baseline's, one nothing else opens
+(the in-process contenders keep a book open on ``bench_statebook``, and a side sharing it read 0.82x against
+an identical baseline on the PostgreSQL drain)."""
 PAIRS = 8
 """Default ``--pairs``. Two runs of the same revision differ by up to 15% on a shared 2-core machine;
 with 8 pairs in each of 5 rounds the median's 95% interval is about +-5% (specs/performance.md)."""
@@ -58,7 +62,7 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     import scheduler_side
     import workloads
 
-    names = {db: f"bench_{db}" for db in (*DATABASES, *((BASELINE_DATABASE,) if baseline else ()))}
+    names = {db: f"bench_{db}" for db in (*DATABASES, *((BASELINE_DATABASE, WORKING_DATABASE) if baseline else ()))}
     urls = await recreate_databases(base_url, list(names.values()))
     pg = {db: urls[name] for db, name in names.items()}
     version = await pg_server_version(base_url)
@@ -68,7 +72,7 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     if baseline is not None:
         from baseline import Sides
 
-        ctx.sides = Sides(str(working.python), str(baseline.python), pg["statebook"], pg[BASELINE_DATABASE],
+        ctx.sides = Sides(str(working.python), str(baseline.python), pg[WORKING_DATABASE], pg[BASELINE_DATABASE],
                           files.dir / "sides", log, repeat=pairs)
         compared = [w for w in only if w in COMPARED]
         log(f"baseline {baseline.short}: compared in {', '.join(compared) or 'none of the selected workloads'}"
