@@ -14,6 +14,7 @@ first does.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import re
@@ -40,6 +41,11 @@ _SECRET_NAME = re.compile(r"token|secret|password|passwd|pwd|api_?key|authorizat
 _ESCAPE = "\\"
 
 
+@functools.lru_cache(maxsize=4096)
+def _secret(name: str) -> bool:
+    return _SECRET_NAME.search(name) is not None
+
+
 def masked(value: Any, name: str = "") -> Any:
     """``value`` as a page may show it: a value under a secret's name is ``***``; text has URL passwords and
     ``token=``-style values masked (:func:`statebook.adapters.masking.mask`), inside JSON too; a datetime
@@ -48,7 +54,7 @@ def masked(value: Any, name: str = "") -> Any:
     >>> masked({"url": "https://u:pw@host/x", "ack_token": "abc"})
     {'url': 'https://u:***@host/x', 'ack_token': '***'}
     """
-    if name and value is not None and _SECRET_NAME.search(name):
+    if name and value is not None and _secret(name):
         return MASK
     if isinstance(value, str):
         return mask(value)
