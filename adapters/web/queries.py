@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,7 +30,8 @@ from statebook.lifecycle import Book, Lifecycle
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import KEY_CHARS, TIME_RANGE, integer, text as checked_text
 
-__all__ = ["MAX_LIMIT", "Filters", "LifecycleCounts", "Page", "browse", "counts", "masked", "order_of"]
+__all__ = ["MAX_LIMIT", "Filters", "LifecycleCounts", "Page", "browse", "counts", "masked", "order_of", "parse_time",
+           "time_columns"]
 
 MAX_LIMIT = 500
 TEXT_COLUMNS = ("id", "dedup_key", "recipient", "name", "kind")
@@ -136,10 +137,34 @@ def decode_cursor(argument: str, cursor: str) -> tuple[float, str]:
 def _time(argument: str, value: float | None) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not TIME_RANGE[0] <= value <= TIME_RANGE[1]:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not TIME_RANGE[0] <= value <= TIME_RANGE[1]:  # NaN too
         raise InvalidArgument(f"{argument}: expected POSIX seconds between 1970 and 9999, got {value!r}",
                               argument=argument, rule="time")
     return float(value)
+
+
+def parse_time(argument: str, raw: str | None) -> float | None:
+    """A time typed in a form: POSIX seconds, or ISO 8601 (UTC unless it names an offset); None when empty.
+
+    >>> parse_time("since", "2026-12-05T19:30:00"), parse_time("since", "1796499000")
+    (1796499000.0, 1796499000.0)
+    """
+    if raw is None or not raw.strip():
+        return None
+    raw = raw.strip()
+    try:
+        number = float(raw)
+    except ValueError:
+        number = None
+    if number is not None:
+        return _time(argument, number)
+    try:
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidArgument(f"{argument}: {raw[:40]!r} is neither POSIX seconds nor an ISO 8601 time "
+                              "(2026-12-05T19:30:00, UTC unless an offset is given)", argument=argument,
+                              rule="time") from None
+    return _time(argument, (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp())
 
 
 def _contains(pattern: str) -> str:
@@ -218,13 +243,14 @@ async def browse(book: Book, entity_type: str, *, status: str | None = None, sin
     newer = more if backwards else after is not None
     older = before is not None or (more and not backwards)
     return Page(
-        entity_type=entity_type, columns=tuple(c.name for c in t.columns), times=_time_columns(lc.table),
+        entity_type=entity_type, columns=tuple(c.name for c in t.columns), times=time_columns(lc.table),
         order=at.name, rows=tuple(masked(r) for r in rows), next=last if older else None,
         prev=first if newer else None, filters=filters, limit=limit,
     )
 
 
-def _time_columns(table: sa.Table) -> frozenset[str]:
+def time_columns(table: sa.Table) -> frozenset[str]:
+    """The columns of ``table`` holding POSIX times (``*_at``, ``*_until`` floats): pages show them as UTC."""
     return frozenset(c.name for c in table.columns
                      if isinstance(c.type, sa.Float) and c.name.endswith(("_at", "_until")))
 
