@@ -207,3 +207,17 @@ async def test_a_notification_and_a_schedule_show_their_parts(book):
     schedule = await create_schedule(book, {"name": "nightly", "trigger_type": "interval", "interval_sec": 3600,
                                             "action_kind": "command", "action_command": "/bin/true"})
     assert (await entity(book, "schedule", schedule.id)).schedule.runs == ()
+
+
+BOUNDED = {"schedule", "rate_bucket", "notification_retention"}
+"""Lifecycles whose tables stay small (one row per configured schedule, channel scope, retention run)."""
+
+
+def test_every_growing_builtin_table_has_an_index_for_its_keyset_order():
+    """A deep page seeks the index its order leads (the 1,000th page costs what the first does)."""
+    for lc in builtin_registry():
+        if lc.entity_type in BOUNDED:
+            continue
+        wanted = [order_of(lc).name, "id"]
+        leads = [[c.name for c in index.columns][:2] for index in lc.table.indexes]
+        assert wanted in leads, (lc.entity_type, wanted, leads)
