@@ -13,7 +13,9 @@ import sqlalchemy as sa
 from statebook.adapters.db import open_book, reset_schema
 from statebook.lifecycle import Reason, transition
 from statebook.outbox import enqueue_dispatch
-from statebook.outbox.notifications import send_notification
+from statebook.lifecycle import Actor
+from statebook.outbox.notifications import deliver_due_notifications, resolve_notification, send_notification
+from statebook.outbox.notifications.scripted import ScriptedChannel
 from statebook.scheduler import create_schedule
 
 from .test_queries import TICKETS, WHO, app_registry, ticket
@@ -148,12 +150,19 @@ async def test_list_rows_and_entity_pages_leave_room_for_actions(client, sign_in
     assert '<div class="actions" id="actions-1"></div>' in page
 
 
-async def test_a_notification_and_a_schedule_show_their_parts(client, sign_in, book):
+async def test_a_notification_and_a_schedule_show_their_parts(client, sign_in, book, clock):
     await sign_in("viewer")
     accepted = await send_notification(book, recipient="ops", content={"text": "disk"}, mode="guaranteed",
                                        channels=["email"])
     page = (await client.get(f"/e/notification/{accepted.id}")).text
     assert "<h2>Delivery</h2>" in page and "obligation owner</th><td>itself" in page and "No channel attempt yet" in page
+    for _ in range(4):
+        await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["reject"])}, deadline=0.5)
+        clock.advance(3600)
+    page = (await client.get(f"/e/notification/{accepted.id}")).text
+    assert "<h3>Cycle 1</h3>" in page and page.count(">rejected</a>") == 3 and "a replay would be accepted now" in page
+    await resolve_notification(book, accepted.id, reason="recipient left", actor=Actor("operator", "olga"))
+    assert "blocked: <code>resolved</code>" in (await client.get(f"/e/notification/{accepted.id}")).text
     schedule = await create_schedule(book, {"name": "nightly", "trigger_type": "interval", "interval_sec": 3600,
                                             "action_kind": "command", "action_command": "/bin/true"})
     page = (await client.get(f"/e/schedule/{schedule.id}")).text

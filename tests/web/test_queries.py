@@ -13,8 +13,11 @@ from statebook.adapters.web.queries import browse, counts, decode_cursor, masked
 from statebook.lifecycle import Actor, EntityNotFound, Lifecycle, Reason, create, edges, managed_table, transition
 from statebook.lifecycle.errors import InvalidArgument, UnknownEntityType
 from statebook.outbox import enqueue_dispatch
-from statebook.outbox.notifications import send_notification
+from statebook.outbox.notifications import deliver_due_notifications, resolve_notification, send_notification
+from statebook.outbox.notifications.scripted import ScriptedChannel
 from statebook.scheduler import create_schedule
+from statebook.scheduler.runs import open_run
+from statebook.scheduler.store import schedule_row
 
 META = sa.MetaData()
 TICKETS = managed_table("web_tickets", sa.Column("id", sa.String(32), primary_key=True),
@@ -221,3 +224,40 @@ def test_every_growing_builtin_table_has_an_index_for_its_keyset_order():
         wanted = [order_of(lc).name, "id"]
         leads = [[c.name for c in index.columns][:2] for index in lc.table.indexes]
         assert wanted in leads, (lc.entity_type, wanted, leads)
+
+
+async def test_a_notifications_lineage_attempts_and_replay_block(book, clock):
+    owner = await send_notification(book, recipient="ops", content={"t": 1}, mode="guaranteed", channels=["email"],
+                                    obligation_key="disk", obligation_window=600)
+    follower = await send_notification(book, recipient="ops", content={"t": 2}, mode="guaranteed", channels=["email"],
+                                       obligation_key="disk", obligation_window=600)
+    await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["success"])}, deadline=0.5)
+    mine = (await entity(book, "notification", owner.id)).notification
+    assert mine.followers == (follower.id,) and mine.owner == owner.id
+    [(cycle, [attempt])] = mine.cycles
+    assert (cycle, attempt["channel"], attempt["status"], attempt["detail"]) == (1, "email", "success", "accepted")
+    assert (await entity(book, "notification", follower.id)).notification.owner == owner.id
+    failing = await send_notification(book, recipient="ops2", content={"t": 3}, mode="guaranteed", channels=["email"])
+    for _ in range(4):
+        await deliver_due_notifications(book, {"email": ScriptedChannel("email", ["reject"])}, deadline=0.5)
+        clock.advance(3600)
+    dead = await entity(book, "notification", failing.id)
+    assert dead.row["status"] == "failed" and [a["status"] for a in dead.notification.cycles[0][1]] == ["rejected"] * 3
+    assert dead.notification.replay_block_reason is None  # nothing holds the obligation: a replay would be accepted
+    await resolve_notification(book, failing.id, reason="recipient left", actor=Actor("operator", "olga"))
+    assert (await entity(book, "notification", failing.id)).notification.replay_block_reason == "resolved"
+
+
+async def test_a_schedules_runs_and_follow_up_chain(book, clock):
+    schedule = await create_schedule(book, {"name": "nightly", "trigger_type": "interval", "interval_sec": 3600,
+                                            "action_kind": "command", "action_command": "/bin/true"})
+    row = await schedule_row(book, schedule.id)
+    first = await open_run(book, row, reason=Reason("schedule_run.running.fired"), context={}, daemon_id="d1")
+    clock.advance(1)
+    second = await open_run(book, row, reason=Reason("schedule_run.running.fired"), context={}, daemon_id="d1",
+                            chain_parent_id=first, chain_depth=1)
+    part = (await entity(book, "schedule", schedule.id)).schedule
+    assert [r["id"] for r in part.runs] == [second, first] and part.follow_ups == {first: (second,)}
+    run = (await entity(book, "schedule_run", second)).run
+    assert run.parents == (first,) and run.children == () and run.schedule_id == schedule.id
+    assert [c["id"] for c in (await entity(book, "schedule_run", first)).run.children] == [second]
