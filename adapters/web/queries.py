@@ -70,9 +70,9 @@ def masked(value: Any, name: str = "") -> Any:
 
 def order_of(lc: Lifecycle) -> sa.Column[Any]:
     """The time column a lifecycle's entities are listed by: ``created_at`` when the table has one that is
-    never NULL, else ``updated_at``."""
+    never NULL and holds POSIX seconds (a float, as every statebook time), else ``updated_at``."""
     created = lc.table.c.get("created_at")
-    if created is not None and not created.nullable and isinstance(created.type, sa.Float | sa.Integer):
+    if created is not None and not created.nullable and isinstance(created.type, sa.Float):
         return created
     return lc.table.c.updated_at
 
@@ -189,7 +189,7 @@ def _filtered(lc: Lifecycle, query: sa.Select[Any], filters: Filters) -> sa.Sele
     return query
 
 
-def _check_filters(book: Book, lc: Lifecycle, status: str | None, since: float | None, until: float | None,
+def _check_filters(lc: Lifecycle, status: str | None, since: float | None, until: float | None,
                    text: str | None) -> Filters:
     if status is not None and status not in lc.statuses:
         raise InvalidArgument(f"status: {lc.entity_type} has no status {status[:60]!r}; its statuses are "
@@ -225,7 +225,7 @@ async def browse(book: Book, entity_type: str, *, status: str | None = None, sin
     >>> older = await browse(book, "dispatch", status="dead_letter", after=page.next)  # doctest: +SKIP
     """
     lc = book.policy(entity_type)
-    filters = _check_filters(book, lc, status, since, until, text)
+    filters = _check_filters(lc, status, since, until, text)
     integer("limit", limit, low=1, high=MAX_LIMIT)
     if after is not None and before is not None:
         raise InvalidArgument("after and before: give one cursor, not both", argument="before", rule="one_cursor")

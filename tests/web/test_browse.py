@@ -167,3 +167,14 @@ async def test_a_notification_and_a_schedule_show_their_parts(client, sign_in, b
                                             "action_kind": "command", "action_command": "/bin/true"})
     page = (await client.get(f"/e/schedule/{schedule.id}")).text
     assert "<h2>Runs</h2>" in page and "No run yet" in page
+
+
+async def test_an_id_holding_a_slash_has_its_page(client, sign_in, book):
+    await sign_in("viewer")
+    await ticket(book, "shared", id="team/a b")
+    listing = (await client.get("/lifecycles/web_ticket")).text
+    assert 'href="/e/web_ticket/team%2Fa%20b"' in listing
+    page = await client.get("/e/web_ticket/team%2Fa%20b")
+    assert page.status_code == 200 and "verified</span> 1 fact" in page.text
+    fragment = await client.get("/e/web_ticket/team%2Fa%20b/verify", headers={"HX-Request": "true"})
+    assert "verified" in fragment.text
