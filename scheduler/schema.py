@@ -112,6 +112,8 @@ schedule_runs = managed_table(
     sa.Index("ix_schedule_runs_schedule", "schedule_id", "status"),
     sa.Index("ix_schedule_runs_status", "status"),
     sa.Index("ix_schedule_runs_parent", "chain_parent_id"),
+    # The console lists runs newest first, a keyset page at a time (adapters/web/queries.py).
+    sa.Index("ix_schedule_runs_created", "created_at", "id"),
 )
 
 # Coordination tables, not lifecycles (specs/scheduler.md S14): a heartbeat is renewed on every tick,

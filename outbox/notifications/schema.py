@@ -88,6 +88,8 @@ channel_attempts = managed_table(
     sa.Column("ended_at", sa.Float, nullable=True),
     # A notification's attempts, cycle by cycle, in the order they were made.
     sa.Index("ix_channel_attempts_notification", "notification_id", "cycle", "attempt", "position"),
+    # The console lists them newest first, a keyset page at a time (adapters/web/queries.py).
+    sa.Index("ix_channel_attempts_updated", "updated_at", "id"),
 )
 
 notification_responses = managed_table(
@@ -102,6 +104,7 @@ notification_responses = managed_table(
     sa.Column("note", sa.Text, nullable=True),
     # The timeout pass: pending responses by deadline, then id.
     status_index("ix_notification_responses_due", "due_at", "id", where="active"),
+    sa.Index("ix_notification_responses_updated", "updated_at", "id"),  # the console's keyset pages
 )
 
 dedup_claims = managed_table(
@@ -114,6 +117,7 @@ dedup_claims = managed_table(
     sa.Column("owner_id", sa.String(32), nullable=True),  # the notification that owns the obligation now
     sa.Column("generation", sa.Integer, nullable=False),  # raised at every change of owner
     sa.Column("window_until", sa.Float, nullable=False),  # the suppression window's end
+    sa.Index("ix_dedup_claims_updated", "updated_at", "id"),  # the console's keyset pages
 )
 
 rate_buckets = managed_table(

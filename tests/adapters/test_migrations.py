@@ -319,10 +319,10 @@ def refusal_case(tmp_path: Path, case: str) -> tuple[Path, list[str], str]:
     asyncio.run(run_upgrade(f"sqlite:///{path}"))
     if case == "older":
         stamp_sqlite(path, "0001")
-        return path, ["verify"], "revision 0001, this statebook expects 0002; run: statebook db upgrade"
+        return path, ["verify"], f"revision 0001, this statebook expects {HEAD}; run: statebook db upgrade"
     if case == "newer":
         stamp_sqlite(path, "9999")
-        return path, ["dispatch", "ls"], "newer than this statebook (expects 0002); upgrade statebook"
+        return path, ["dispatch", "ls"], f"newer than this statebook (expects {HEAD}); upgrade statebook"
     assert case == "check-mismatch"
     (tmp_path / "myapp.py").write_text(APP)
     return path, ["--app", "myapp:registry", "verify"], "statebook --app myapp:registry db upgrade"
@@ -366,14 +366,14 @@ def test_db_current_and_history_name_where_the_database_stands(tmp_path):
 
 
 def test_pending_lists_what_upgrade_would_apply(tmp_path):
-    """M3: a pre-migration database has 0002 pending (0001 is its schema, stamped); at head nothing is."""
+    """M3: a pre-migration database has 0002 and later pending (0001 is its schema, stamped); at head nothing is."""
     from statebook.adapters.migrations import pending
 
     path = tmp_path / "v2.db"
     shutil.copy(FIXTURES / "schema_v2.sqlite", path)
     engine = sa.create_engine(f"sqlite:///{path}")
     with engine.connect() as conn:
-        assert pending(conn) == ["0002"]
+        assert pending(conn) == ["0002", "0003"]
         assert read_stamp(conn).describe() == "pre-migration v2"
     with engine.connect() as conn:
         upgrade(conn)
