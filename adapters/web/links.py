@@ -25,13 +25,13 @@ import binascii
 import hashlib
 import hmac
 import json
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from statebook.lifecycle.clock import Clock
+from statebook.outbox.notifications import LinkHook
 
-__all__ = ["ACTIONS", "DOMAIN", "LINK_TTL_SECONDS", "Link", "LinkRefused", "LinkSigner", "link_hook", "signer_from"]
+__all__ = ["ACTIONS", "DOMAIN", "LINK_TTL_SECONDS", "Link", "LinkRefused", "LinkSigner", "link_hook"]
 
 ACTIONS = ("acked", "dismissed")
 """What a link may answer: the response lifecycle's two human answers."""
@@ -112,6 +112,17 @@ class LinkSigner:
         self.clock = clock
         self.ttl_seconds = float(ttl_seconds)
 
+    @classmethod
+    def from_settings(cls, web: Any, clock: Clock) -> LinkSigner | None:
+        """The signer ``[web]`` settings call for: None unless both ``public_url`` and ``link_key`` are set.
+        The key is read from its secret reference once, here (``SecretError`` when it cannot be)."""
+        public_url = getattr(web, "public_url", None)
+        key_ref = getattr(web, "link_key", None)
+        if not public_url or key_ref is None:
+            return None
+        return cls(key_ref.reveal().encode(), public_url, clock,
+                   ttl_seconds=getattr(web, "link_ttl_seconds", LINK_TTL_SECONDS))
+
     def __repr__(self) -> str:
         return f"LinkSigner(public_url={self.public_url!r}, key=****)"
 
@@ -151,21 +162,7 @@ class LinkSigner:
         return link
 
 
-LinkHook = Callable[[str, str, "float | None"], Mapping[str, str]]
-
-
-def signer_from(web: Any, clock: Clock) -> LinkSigner | None:
-    """The signer ``[web]`` settings call for: None unless both ``public_url`` and ``link_key`` are set.
-    The key is read from its secret reference once, here (``SecretError`` when it cannot be)."""
-    public_url = getattr(web, "public_url", None)
-    key_ref = getattr(web, "link_key", None)
-    if web is None or not public_url or key_ref is None:
-        return None
-    ttl = getattr(web, "link_ttl_seconds", LINK_TTL_SECONDS)
-    return LinkSigner(key_ref.reveal().encode(), public_url, clock, ttl_seconds=ttl)
-
-
 def link_hook(web: Any, clock: Clock) -> LinkHook | None:
     """The notification worker's link hook for ``[web]`` settings (None when links are not configured)."""
-    signer = signer_from(web, clock)
+    signer = LinkSigner.from_settings(web, clock)
     return None if signer is None else signer.links

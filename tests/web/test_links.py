@@ -11,7 +11,7 @@ import pytest
 
 from statebook.adapters.channels.secrets import SecretRef
 from statebook.adapters.web.links import (
-    DOMAIN, LINK_TTL_SECONDS, Link, LinkRefused, LinkSigner, link_hook, signer_from,
+    DOMAIN, LINK_TTL_SECONDS, Link, LinkRefused, LinkSigner, link_hook,
 )
 from statebook.lifecycle.clock import FakeClock
 
@@ -135,10 +135,10 @@ class Web:
 def test_the_signer_comes_from_settings_only_with_a_public_url_and_a_key(monkeypatch):
     monkeypatch.setenv("TEST_LINK_KEY", KEY.decode())
     ref = SecretRef(env="TEST_LINK_KEY")
-    assert signer_from(None, FakeClock()) is None
-    assert signer_from(Web(public_url=URL), FakeClock()) is None
+    assert LinkSigner.from_settings(None, FakeClock()) is None
+    assert LinkSigner.from_settings(Web(public_url=URL), FakeClock()) is None
     assert link_hook(Web(link_key=ref), FakeClock()) is None
-    made = signer_from(Web(public_url=URL + "/", link_key=ref, link_ttl_seconds=60), FakeClock(NOW))
+    made = LinkSigner.from_settings(Web(public_url=URL + "/", link_key=ref, link_ttl_seconds=60), FakeClock(NOW))
     assert made is not None and made.public_url == URL and made.ttl_seconds == 60
     hook = link_hook(Web(public_url=URL, link_key=ref), FakeClock(NOW))
     assert set(hook("n1", "alice", None)) == {"acked", "dismissed"}
