@@ -45,6 +45,7 @@ from .pgnotify import listen
 from .registry import require_builtins, resolve_registry
 from .settings import Settings
 from .stats import REFRESH_SECONDS, VERIFY_SECONDS
+from .web.links import link_hook  # no web framework: links are made wherever notifications are delivered
 from .story import run_summary, summary
 
 if TYPE_CHECKING:
@@ -198,16 +199,11 @@ class ResponseTimeouts(_InTask):
 
 def response_links(settings: Settings, book: Book) -> LinkHook | None:
     """The link hook ``[web]`` calls for (``public_url`` and ``link_key`` set), else None: every delivery
-    then carries signed links to acknowledge and to dismiss (``statebook.adapters.web.links``)."""
-    web = getattr(settings, "web", None)
-    if web is None or not getattr(web, "public_url", None) or getattr(web, "link_key", None) is None:
-        return None
-    from .web.links import link_hook  # only when links are configured: the web package is the web extra's
-
+    then carries signed links to acknowledge and to dismiss (:mod:`statebook.adapters.web.links`)."""
     try:
-        return link_hook(web, book.clock)
+        return link_hook(settings.web, book.clock)
     except (SecretError, ValueError) as exc:
-        raise ConfigError(f"web.link_key: {exc}") from None
+        raise ConfigError(f"[web] link_key: {exc}") from None
 
 
 class NotificationDelivery(_InTask):
