@@ -1,5 +1,5 @@
 """The responder's page: ``GET /r/{token}`` shows the notification and its answer, ``POST /r/{token}``
-answers it (specs/console.md W7).
+answers it (docs/console.md, "Responders").
 
 The token in the path is the only credential (a signed link, :mod:`.links`): no session, no cookie, no
 form field authorises anything here, and no CSRF token is asked for — a forged cross-site POST would
@@ -67,13 +67,15 @@ async def linked(book: Book, link: Link) -> Notification | None:
     return found if found is not None and found.recipient == link.recipient else None
 
 
-async def answer(book: Book, link: Link, *, note: str | None = None) -> Outcome:
-    """Record the link's answer as its recipient (the caller checked the link and :func:`linked`)."""
-    actor = Actor("recipient", link.recipient)
-    before = await get_response(book, link.notification_id)
-    respond = ack_notification if link.action == "acked" else dismiss_notification
+async def answer(book: Book, notification_id: str, recipient: str, action: str, *, note: str | None = None
+                 ) -> Outcome:
+    """Record ``action`` (``acked`` or ``dismissed``) as ``Actor("recipient", recipient)``; the caller has
+    checked that the recipient may answer this notification (a link and :func:`linked`, or a provider)."""
+    actor = Actor("recipient", recipient)
+    before = await get_response(book, notification_id)
+    respond = ack_notification if action == "acked" else dismiss_notification
     try:
-        after = await respond(book, link.notification_id, actor=actor, note=note)
+        after = await respond(book, notification_id, actor=actor, note=note)
     except ResponseConflict as exc:
         return Outcome(_refusal(exc.recorded, book.clock.now()), exc.recorded)
     repeated = before is not None and before.status == after.status and before.responder == after.responder
@@ -164,7 +166,7 @@ async def post(request: Request) -> Response:
     if isinstance(checked, Response):
         return checked
     link, notification = checked
-    outcome = await answer(console(request).book, link)
+    outcome = await answer(console(request).book, link.notification_id, link.recipient, link.action)
     status = 200 if outcome.kind in ("recorded", "repeated") else 409
     return _page(request, link, notification, outcome.response, outcome, status)
 

@@ -1,5 +1,6 @@
 """The responder's page (adapters/web/respond.py): a link from a delivered notification shows it and answers
-it, by the response lifecycle's rules said in words; a bad link is a 403 that writes nothing (specs/console.md W7)."""
+it, by the response lifecycle's rules said in words; a bad link is a 403 that writes nothing (docs/console.md,
+"Responders")."""
 
 from __future__ import annotations
 
