@@ -142,3 +142,26 @@ def test_the_signer_comes_from_settings_only_with_a_public_url_and_a_key(monkeyp
     assert made is not None and made.public_url == URL and made.ttl_seconds == 60
     hook = link_hook(Web(public_url=URL, link_key=ref), FakeClock(NOW))
     assert set(hook("n1", "alice", None)) == {"acked", "dismissed"}
+
+
+def test_the_daemon_gives_its_worker_a_hook_only_when_links_are_configured(monkeypatch):
+    from statebook.adapters.daemon import response_links
+    from statebook.adapters.errors import ConfigError
+    from statebook.adapters.settings import Settings
+
+    class Book:
+        clock = FakeClock(NOW)
+
+    assert response_links(Settings(), Book()) is None
+    monkeypatch.setenv("TEST_LINK_KEY", KEY.decode())
+    settings = Settings(web={"public_url": URL, "link_key": {"env": "TEST_LINK_KEY"}})
+    hook = response_links(settings, Book())
+    made = hook("n1", "alice", NOW + 60)
+    assert LinkSigner(KEY, URL, FakeClock(NOW)).check(made["acked"].rsplit("/", 1)[1]).expires == int(NOW + 60)
+    monkeypatch.delenv("TEST_LINK_KEY")
+    with pytest.raises(ConfigError, match=r"\[web\] link_key: the environment variable TEST_LINK_KEY is not set"):
+        response_links(settings, Book())
+    monkeypatch.setenv("TEST_LINK_KEY", "short")
+    with pytest.raises(ConfigError, match="at least 16 bytes") as refused:
+        response_links(settings, Book())
+    assert "short" not in str(refused.value)
