@@ -217,3 +217,16 @@ async def test_without_a_public_url_links_are_disabled(book, monkeypatch):
     async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as c:
         page = await c.get("/r/anything")
     assert page.status_code == 403 and "not enabled" in words(page)
+
+
+async def test_the_daemons_notification_worker_makes_the_links_this_console_accepts(book, app, client):
+    from statebook.adapters.channels.configure import Built
+    from statebook.adapters.daemon import NotificationDelivery
+
+    worker = NotificationDelivery(book, app.state.console.settings, Built()).worker
+    accepted = await send_notification(book, recipient="alice", content={"text": "disk full"}, mode="guaranteed",
+                                       channels=["email"], response_timeout=600)
+    email = ScriptedChannel("email", ["success"])
+    await deliver_due_notifications(book, {"email": email}, deadline=2.0, links=worker.links)
+    answered = await client.post(urlsplit(email.effects[0].links["dismissed"]).path)
+    assert answered.status_code == 200 and (await get_response(book, accepted.id)).status == "dismissed"
