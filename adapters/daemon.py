@@ -45,8 +45,8 @@ from .pgnotify import listen
 from .registry import require_builtins, resolve_registry
 from .settings import Settings
 from .stats import REFRESH_SECONDS, VERIFY_SECONDS
-from .web.links import link_hook  # no web framework: links are made wherever notifications are delivered
 from .story import run_summary, summary
+from .web.links import link_hook  # no web framework: links are made wherever notifications are delivered
 
 if TYPE_CHECKING:
     from .metrics import Metrics  # imported for --metrics-port only: prometheus_client is the metrics extra

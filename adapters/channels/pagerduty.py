@@ -26,8 +26,8 @@ from statebook.outbox.notifications import Delivery, Guard, Observation
 from statebook.outbox.dispatch.transport import TransportResult
 
 from .http import httpx  # the channels extra, checked there
-from .links import LABELS, ordered
 from .http import MAX_TRIES, Answer, HttpSender, Outgoing, checked_url, clock_or_system, provider_text, status_verdict, text_of
+from .links import LABELS, ordered
 from .secrets import SecretRef, mask
 
 EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"

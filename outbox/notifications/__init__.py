@@ -37,8 +37,7 @@ from .worker import NotificationWorker, ResponseTimeoutWorker
 __all__ = [
     "CHANNEL_ATTEMPT", "DEDUP_CLAIM", "NOTIFICATION", "NOTIFICATION_RESPONSE", "RATE_BUCKET", "RETENTION_RUN",
     "Accepted", "CallbackTransport", "Channel", "Delivery", "Guard", "IdempotencyMismatch", "LeaseLost", "LinkHook",
-    "Mode",
-    "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome", "RecoveryRefused",
+    "Mode", "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome", "RecoveryRefused",
     "Replayed", "ResponseConflict", "ResponseTimeoutWorker", "RetentionReport", "ack_notification",
     "apply_notification_retention", "deliver_due_notifications", "dismiss_notification", "ensure_bucket",
     "get_notification", "get_response", "list_dead_letters", "list_notifications", "notification_attempts",
