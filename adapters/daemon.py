@@ -24,8 +24,8 @@ from statebook.lifecycle import Book, Registry
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, RoutingTransport
 from statebook.outbox.notifications import (
-    CallbackTransport, Channel, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker, ensure_bucket,
-    register_timeout_callback,
+    CallbackTransport, Channel, LinkHook, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker,
+    ensure_bucket, register_timeout_callback,
 )
 from statebook.outbox.notifications.attempts import DEFAULT_SCOPE
 from statebook.outbox.notifications.responses import CALLBACK_PREFIX
@@ -36,6 +36,7 @@ from statebook.scheduler.recovery import new_daemon_id
 from statebook.scheduler.store import create_schedule, find_schedule
 
 from .channels.configure import Built, build_channels
+from .channels.secrets import SecretError
 from .db import open_book
 from .errors import ConfigError
 from .github import GitHubPoller
@@ -45,6 +46,7 @@ from .registry import require_builtins, resolve_registry
 from .settings import Settings
 from .stats import REFRESH_SECONDS, VERIFY_SECONDS
 from .story import run_summary, summary
+from .web.links import link_hook  # no web framework: links are made wherever notifications are delivered
 
 if TYPE_CHECKING:
     from .metrics import Metrics  # imported for --metrics-port only: prometheus_client is the metrics extra
@@ -195,6 +197,15 @@ class ResponseTimeouts(_InTask):
                                             tick_seconds=settings.scheduler.tick_seconds)
 
 
+def response_links(settings: Settings, book: Book) -> LinkHook | None:
+    """The link hook ``[web]`` calls for (``public_url`` and ``link_key`` set), else None: every delivery
+    then carries signed links to acknowledge and to dismiss (:mod:`statebook.adapters.web.links`)."""
+    try:
+        return link_hook(settings.web, book.clock)
+    except (SecretError, ValueError) as exc:
+        raise ConfigError(f"[web] link_key: {exc}") from None
+
+
 class NotificationDelivery(_InTask):
     """The notifications' worker in a task of its own (PostgreSQL: LISTEN wake-ups), when channels are named."""
 
@@ -209,6 +220,7 @@ class NotificationDelivery(_InTask):
             book, {**built.channels, **load_channels(n.channels)}, batch_size=n.batch_size,
             concurrency=n.concurrency, lease_seconds=n.lease_seconds, deadline=n.deadline_seconds,
             tick_seconds=settings.scheduler.tick_seconds, extra_wakeups=wakeups, order=n.order,
+            links=response_links(settings, book),
         )
 
     async def begin(self) -> None:

@@ -38,6 +38,7 @@ from statebook.lifecycle.errors import StatebookError
 from statebook.outbox.notifications import Delivery, Guard, Observation, ProviderOutcome
 
 from ..extras import MissingExtra, require
+from .links import with_lines
 from .secrets import SecretRef, scrub
 
 __all__ = ["AppriseChannel", "AppriseConfig", "AppriseUnavailable"]
@@ -129,7 +130,7 @@ class AppriseChannel:
         options = {"timeout": max(0.001, budget)} if self._timeout else {}
         try:
             async with asyncio.timeout(budget):
-                result = await self._apprise.async_notify(body=text, title=title, **options)
+                result = await self._apprise.async_notify(body=with_lines(text, delivery.links), title=title, **options)
         except TimeoutError:
             return Observation(ProviderOutcome.UNKNOWN, "no answer within the adapter deadline")
         except Exception as exc:  # Apprise's text may hold a URL: the type names it

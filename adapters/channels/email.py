@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from statebook.outbox.notifications import Delivery, Guard, Observation, ProviderOutcome
 
 from ..extras import require
+from .links import with_lines
 from .secrets import SecretRef, mask, scrub
 
 aiosmtplib = require("aiosmtplib", extra="channels", feature="the email channel")
@@ -171,7 +172,8 @@ class EmailChannel:
 
     def message(self, delivery: Delivery, address: str) -> bytes:
         """The message for ``delivery``: subject from the content's ``title`` (or ``subject``), body from
-        its ``body`` (or ``text``; the content as JSON when it has neither)."""
+        its ``body`` (or ``text``; the content as JSON when it has neither), then its response links, one
+        ``Acknowledge: URL`` / ``Dismiss: URL`` line each."""
         content = delivery.content
         subject = str(content.get("title") or content.get("subject") or "Notification")
         body = content.get("body", content.get("text"))
@@ -182,7 +184,7 @@ class EmailChannel:
         msg["Subject"] = " ".join(f"{self.config.subject_prefix}{subject}".split())  # no header injection
         msg["Message-ID"] = f"<{delivery.notification_id}.{delivery.cycle}@{self._domain}>"
         msg["X-Statebook-Notification"] = f"{delivery.notification_id} cycle={delivery.cycle} attempt={delivery.attempt}"
-        msg.set_content(text)
+        msg.set_content(with_lines(text, delivery.links))
         return msg.as_bytes()
 
     # -- the call ---------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ retried then UNKNOWN, ``400`` (and any other ``4xx``) REJECTED with PagerDuty's 
 
 The trigger's ``payload``: ``summary`` is the notification's text (:func:`~.http.text_of`, cut to
 1024 characters), ``source`` and ``severity`` come from the settings (a ``severity`` in the content
-wins when it is one of PagerDuty's four), ``custom_details`` carries the recipient and the content.
+wins when it is one of PagerDuty's four), ``custom_details`` carries the recipient and the content; a
+delivery with response links adds the event's ``links`` (``href``, ``text``: Acknowledge, Dismiss).
 
 >>> PagerDutyConfig(routing_key=SecretRef(env="PAGERDUTY_ROUTING_KEY")).build()   # doctest: +SKIP
 """
@@ -26,6 +27,7 @@ from statebook.outbox.dispatch.transport import TransportResult
 
 from .http import httpx  # the channels extra, checked there
 from .http import MAX_TRIES, Answer, HttpSender, Outgoing, checked_url, clock_or_system, provider_text, status_verdict, text_of
+from .links import LABELS, ordered
 from .secrets import SecretRef, mask
 
 EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -81,9 +83,12 @@ class PagerDutyChannel:
         """The Events API v2 trigger for ``delivery`` (``dedup_key``: the notification id)."""
         content = dict(delivery.content)
         severity = content.get("severity") if content.get("severity") in SEVERITIES else self.severity
-        return {"routing_key": self.routing_key, "event_action": "trigger", "dedup_key": delivery.notification_id,
-                "payload": {"summary": text_of(content)[:SUMMARY_CHARS], "source": self.source, "severity": severity,
-                            "custom_details": {"recipient": delivery.recipient, "content": content}}}
+        event = {"routing_key": self.routing_key, "event_action": "trigger", "dedup_key": delivery.notification_id,
+                 "payload": {"summary": text_of(content)[:SUMMARY_CHARS], "source": self.source, "severity": severity,
+                             "custom_details": {"recipient": delivery.recipient, "content": content}}}
+        if links := ordered(delivery.links):
+            event["links"] = [{"href": url, "text": LABELS[action]} for action, url in links]
+        return event
 
     async def send(self, delivery: Delivery, guard: Guard) -> Observation:
         """Trigger the incident (see the module for the outcomes)."""

@@ -1,7 +1,11 @@
 """Slack: an incoming webhook (its URL is the secret) or ``chat.postMessage`` with a bot token.
 
 The message is the notification's text (:func:`~.http.text_of`: ``text``, else ``title`` and ``body``
-on two lines). Outcomes, per Slack's documented answers:
+on two lines). A delivery with response links adds ``blocks``: the text, then an Acknowledge and a
+Dismiss button, each opening its link (``url``) and carrying its token (``action_id`` ``ack`` /
+``dismiss``, ``value`` the token) for the interactive endpoint ``POST /hooks/slack``.
+
+Outcomes, per Slack's documented answers:
 
 - webhook: ``2xx`` SUCCESS; ``429`` RATE_LIMITED (``Retry-After``); ``5xx`` retried, then UNKNOWN; any
   other ``4xx`` REJECTED with Slack's error text (``invalid_payload``, ``channel_not_found``, ...);
@@ -28,9 +32,13 @@ from statebook.outbox.notifications import Delivery, Guard, Observation, Provide
 
 from .http import (MAX_TRIES, Answer, HttpSender, Outgoing, checked_header, checked_url, clock_or_system, code, rate_limited,
                    status_verdict, text_of)
+from .links import BUTTON_IDS, LABELS, ordered, token_of
 from .secrets import SecretRef, mask
 
 SLACK_API = "https://slack.com/api"
+BLOCK_ID = "statebook-response"
+SECTION_CHARS = 3000
+"""The most a section block's text holds (Slack's limit); the message's ``text`` stays whole."""
 TRANSIENT = frozenset({"internal_error", "fatal_error", "service_unavailable", "request_timeout"})
 """``ok: false`` codes Slack documents as its own failures: retried, never read as a refusal."""
 
@@ -67,17 +75,30 @@ class SlackChannel:
         """Close the HTTP client."""
         await self.sender.aclose()
 
+    @staticmethod
+    def message(delivery: Delivery) -> dict[str, Any]:
+        """The message's fields: ``text``, and ``blocks`` with the response buttons when it has links."""
+        text = text_of(delivery.content)
+        links = ordered(delivery.links)
+        if not links:
+            return {"text": text}
+        buttons = [{"type": "button", "action_id": BUTTON_IDS[action], "url": url, "value": token_of(url),
+                    "text": {"type": "plain_text", "text": LABELS[action]},
+                    **({"style": "primary"} if action == "acked" else {})} for action, url in links]
+        section = {"type": "section", "text": {"type": "plain_text", "text": text[:SECTION_CHARS]}}
+        return {"text": text, "blocks": [section, {"type": "actions", "block_id": BLOCK_ID, "elements": buttons}]}
+
     async def send(self, delivery: Delivery, guard: Guard) -> Observation:
         """Post the notification's text (see the module for the outcomes)."""
-        text = text_of(delivery.content)
+        message = self.message(delivery)
         if self.webhook_url is not None:
-            outgoing = Outgoing(self.webhook_url, dumps({"text": text}).encode())
+            outgoing = Outgoing(self.webhook_url, dumps(message).encode())
             return await self.sender.post(guard, lambda: outgoing, self._webhook_verdict)
         target = self.channels.get(delivery.recipient, self.channel)
         if target is None:
             return Observation(ProviderOutcome.NOT_STARTED, f"no Slack channel for recipient {delivery.recipient!r} "
                                                             "(set channel or channels)")
-        outgoing = Outgoing(f"{self.api_url}/chat.postMessage", dumps({"channel": target, "text": text}).encode(),
+        outgoing = Outgoing(f"{self.api_url}/chat.postMessage", dumps({"channel": target, **message}).encode(),
                             {"authorization": f"Bearer {self.bot_token}", "content-type": "application/json; charset=utf-8"})
         return await self.sender.post(guard, lambda: outgoing, self._bot_verdict)
 

@@ -4,6 +4,8 @@ The body (canonical JSON)::
 
     {"notification_id": "...", "recipient": "...", "content": {...}, "cycle": 1, "attempt": 1}
 
+with ``"links": {"acked": URL, "dismissed": URL}`` beside them when the delivery has response links
+
 and the headers:
 
 - ``X-Statebook-Timestamp``: POSIX seconds (an integer, from the injected clock) of this try;
@@ -31,6 +33,7 @@ from statebook.lifecycle.codec import dumps
 from statebook.outbox.notifications import Delivery, Guard, Observation
 
 from .http import MAX_TRIES, Answer, HttpSender, Outgoing, checked_url, clock_or_system, status_verdict
+from .links import ordered
 from .secrets import SecretRef, mask
 
 TIMESTAMP_HEADER = "X-Statebook-Timestamp"
@@ -103,8 +106,11 @@ class WebhookChannel:
     @staticmethod
     def body(delivery: Delivery) -> bytes:
         """The request body for ``delivery`` (canonical JSON, UTF-8)."""
-        return dumps({"notification_id": delivery.notification_id, "recipient": delivery.recipient,
-                      "content": dict(delivery.content), "cycle": delivery.cycle, "attempt": delivery.attempt}).encode()
+        body = {"notification_id": delivery.notification_id, "recipient": delivery.recipient,
+                "content": dict(delivery.content), "cycle": delivery.cycle, "attempt": delivery.attempt}
+        if links := ordered(delivery.links):
+            body["links"] = dict(links)
+        return dumps(body).encode()
 
     def _signed(self, delivery: Delivery, body: bytes) -> Outgoing:
         stamp = int(self.clock.now())

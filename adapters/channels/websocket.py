@@ -11,6 +11,8 @@ Each notification reaches every open socket of its recipient as one JSON text fr
 
     {"attempt": 1, "content": {...}, "cycle": 1, "notification_id": "...", "recipient": "alice"}
 
+with ``"links": {"acked": URL, "dismissed": URL}`` when the delivery has response links.
+
 >>> hub, channel = WebSocketConfig(tokens=SecretRef(file="/etc/statebook/ws-tokens.json")).build()  # doctest: +SKIP
 >>> await hub.start()   # the daemon does this; hub.url is then ws://127.0.0.1:8765/notifications  # doctest: +SKIP
 
@@ -46,6 +48,7 @@ from statebook.lifecycle.codec import dumps
 from statebook.outbox.notifications.channels import Delivery, Guard, Observation, ProviderOutcome
 
 from ..extras import require
+from .links import ordered
 from .secrets import SecretError, SecretRef
 
 require("websockets", extra="channels", feature="the WebSocket channel")  # one line, not an ImportError traceback
@@ -284,8 +287,11 @@ class WebSocketChannel:
     @staticmethod
     def frame(delivery: Delivery) -> str:
         """The JSON text frame a subscriber receives for ``delivery``."""
-        return dumps({"notification_id": delivery.notification_id, "cycle": delivery.cycle,
-                      "attempt": delivery.attempt, "recipient": delivery.recipient, "content": dict(delivery.content)})
+        frame = {"notification_id": delivery.notification_id, "cycle": delivery.cycle, "attempt": delivery.attempt,
+                 "recipient": delivery.recipient, "content": dict(delivery.content)}
+        if links := ordered(delivery.links):
+            frame["links"] = dict(links)
+        return dumps(frame)
 
     async def send(self, delivery: Delivery, guard: Guard) -> Observation:
         """Push the delivery's frame to every open socket of its recipient, concurrently, each hand-over

@@ -19,7 +19,7 @@ callbacks (:mod:`.responses`). Recovery and explicit retention: :mod:`.recovery`
 from statebook.lifecycle.errors import IdempotencyMismatch
 
 from .buckets import ensure_bucket
-from .channels import Channel, Delivery, Guard, LeaseLost, Mode, NoToken, Observation, ProviderOutcome
+from .channels import Channel, Delivery, Guard, LeaseLost, LinkHook, Mode, NoToken, Observation, ProviderOutcome
 from .delivery import deliver_due_notifications
 from .errors import NotificationInvalid
 from .models import ChannelAttempt, DeadLetter, FollowUp, Notification, NotificationResponse, TimeoutCallback
@@ -36,8 +36,8 @@ from .worker import NotificationWorker, ResponseTimeoutWorker
 
 __all__ = [
     "CHANNEL_ATTEMPT", "DEDUP_CLAIM", "NOTIFICATION", "NOTIFICATION_RESPONSE", "RATE_BUCKET", "RETENTION_RUN",
-    "Accepted", "CallbackTransport", "Channel", "Delivery", "Guard", "IdempotencyMismatch", "LeaseLost", "Mode",
-    "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome", "RecoveryRefused",
+    "Accepted", "CallbackTransport", "Channel", "Delivery", "Guard", "IdempotencyMismatch", "LeaseLost", "LinkHook",
+    "Mode", "NoToken", "NotificationInvalid", "NotificationWorker", "Observation", "ProviderOutcome", "RecoveryRefused",
     "Replayed", "ResponseConflict", "ResponseTimeoutWorker", "RetentionReport", "ack_notification",
     "apply_notification_retention", "deliver_due_notifications", "dismiss_notification", "ensure_bucket",
     "get_notification", "get_response", "list_dead_letters", "list_notifications", "notification_attempts",

@@ -89,6 +89,8 @@ class Lease(core.Lease):
     response_timeout: float | None = None
     """Seconds a human has to answer once it is delivered (:mod:`.responses`), or None."""
     timeout_callback: str | None = None
+    links: Mapping[str, str] = field(default_factory=dict)
+    """The response links this attempt's deliveries carry (:data:`~.channels.LinkHook`): made per attempt."""
 
     @property
     def id(self) -> str:

@@ -26,7 +26,7 @@ from .attempts import (
 )
 from .buckets import MAX_HOLD_SECONDS, draw, hold
 from .channels import (
-    EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, Mode, NoToken, Observation, ProviderOutcome,
+    EPHEMERAL, PERSISTENT_ORDER, Channel, Delivery, LeaseLost, LinkHook, Mode, NoToken, Observation, ProviderOutcome,
 )
 from .policy import RESULT_REASONS, RETRIED_REASON, STARTED_REASON
 from .schema import notifications
@@ -34,9 +34,15 @@ from .schema import notifications
 
 # -- one attempt ------------------------------------------------------------------------------------
 async def run_attempt(book: Book, lease: Lease, channels: Mapping[str, Channel], *,
-                      deadline: float = DEADLINE_SECONDS, order: Sequence[str] = PERSISTENT_ORDER) -> AttemptResult:
+                      deadline: float = DEADLINE_SECONDS, order: Sequence[str] = PERSISTENT_ORDER,
+                      links: LinkHook | None = None) -> AttemptResult:
     """The channels of one attempt, outside any transaction; what the notification comes to (N1, N6-N8).
-    ``order``: the fallback order of the persistent channels (:func:`~.channels.check_order`)."""
+    ``order``: the fallback order of the persistent channels (:func:`~.channels.check_order`); ``links``:
+    makes the response links every channel of the attempt carries (:data:`~.channels.LinkHook`)."""
+    if links is not None:
+        # The deadline as it will be once this attempt delivers (at the earliest): a link never outlives it.
+        due_at = None if lease.response_timeout is None else book.clock.now() + lease.response_timeout
+        lease = dataclasses.replace(lease, links=dict(links(lease.notification_id, lease.recipient, due_at)))
     selected = [n for n in lease.channels if n in channels]
     missing = [n for n in lease.channels if n not in channels]
     result = AttemptResult(None)
@@ -240,7 +246,8 @@ async def attempt_channel(book: Book, lease: Lease, channel: Channel, *, deadlin
     if lease.lease_until - start < deadline:
         raise LeaseLost(f"less than the {deadline:g}s adapter deadline is left of the lease")
     guard = LeaseGuard(book, lease, channel.name, deadline_end=start + deadline, duplicate_risk=duplicate_risk)
-    delivery = Delivery(lease.notification_id, lease.recipient, lease.content, lease.cycle, lease.attempt, channel.name)
+    delivery = Delivery(lease.notification_id, lease.recipient, lease.content, lease.cycle, lease.attempt, channel.name,
+                        lease.links)
     observed: Observation | None = None
     failure: str | None = None
     try:
@@ -259,7 +266,7 @@ async def attempt_channel(book: Book, lease: Lease, channel: Channel, *, deadlin
         failure = f"the adapter raised {type(exc).__name__}"
     if guard.storage_error is not None:
         raise EvidenceLost(f"could not record the {channel.name} observation: {guard.storage_error}") from guard.storage_error
-    observation = _judged(guard, observed, failure)
+    observation = _unlinked(_judged(guard, observed, failure), lease.links)
     await _record(book, guard, observation)
     if guard.lease_lost is not None:
         raise LeaseLost(guard.lease_lost)
@@ -283,6 +290,20 @@ def _judged(guard: LeaseGuard, observed: Observation | None, failure: str | None
         # Its effect had no STARTED before it; record it as UNKNOWN, never as a success.
         return Observation(ProviderOutcome.UNKNOWN, f"the channel reported {observed.outcome.value} without admitting its send")
     return observed
+
+
+def _unlinked(observation: Observation, links: Mapping[str, str]) -> Observation:
+    """``observation`` with its detail cut of every response link (a URL or its token) a provider may
+    have echoed back: a link is the recipient's credential, never stored in a fact."""
+    detail = observation.detail
+    if not links or detail is None:
+        return observation
+    detail = str(detail)
+    for url in links.values():
+        for secret in (url, url.rsplit("/", 1)[-1]):
+            if secret:
+                detail = detail.replace(secret, "****")
+    return dataclasses.replace(observation, detail=detail)
 
 
 async def _record(book: Book, guard: LeaseGuard, observation: Observation) -> None:

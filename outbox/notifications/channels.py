@@ -28,8 +28,8 @@ case every adapter passes; :mod:`.scripted` has test channels.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 PERSISTENT_ORDER = ("slack", "email", "pagerduty", "webhook", "apprise")
@@ -75,7 +75,10 @@ class Observation:
 
 @dataclass(frozen=True)
 class Delivery:
-    """What a channel is asked to deliver: one attempt of one notification on this channel."""
+    """What a channel is asked to deliver: one attempt of one notification on this channel. ``links``:
+    action (``acked``, ``dismissed``) -> the URL the recipient opens to answer, when the deployment makes
+    response links (:data:`LinkHook`); each is a credential for this recipient, so a channel sends it to the
+    recipient only and never logs it."""
 
     notification_id: str
     recipient: str
@@ -83,6 +86,14 @@ class Delivery:
     cycle: int
     attempt: int
     channel: str
+    links: Mapping[str, str] = field(default_factory=dict)
+
+
+LinkHook = Callable[[str, str, "float | None"], Mapping[str, str]]
+"""Makes a delivery's response links: ``(notification_id, recipient, due_at)`` -> action -> URL, where
+``due_at`` is the response deadline (POSIX seconds) when the notification waits for an answer, else None.
+The composition root passes one to :class:`~.worker.NotificationWorker` (``links=``) when response
+links are configured; the outbox itself makes none."""
 
 
 class LeaseLost(Exception):

@@ -33,7 +33,7 @@ from .attempts import (
     finalize_command,
 )
 from .calls import run_attempt
-from .channels import PERSISTENT_ORDER, Channel, Mode, check_order
+from .channels import PERSISTENT_ORDER, Channel, LinkHook, Mode, check_order
 from .errors import NotificationInvalid
 from .schema import notifications
 
@@ -224,12 +224,14 @@ COUNTERS = ("claimed", "delivered", "retried", "dead_letter", "failed", "rate_li
 async def deliver_due_notifications(
     book: Book, channels: Mapping[str, Channel], *, limit: int = 100, concurrency: int = 8,
     lease_seconds: float = LEASE_SECONDS, deadline: float = DEADLINE_SECONDS, order: Sequence[str] = PERSISTENT_ORDER,
+    links: LinkHook | None = None,
 ) -> dict[str, int]:
     """One pass over at most ``limit`` due notifications, at most ``concurrency`` attempts at once
     (:func:`statebook.outbox.core.slots.run_in_slots`, the dispatch pass's slots): claims in sets as slots
     free (:func:`claim_due`), attempts outside any transaction, finalizations of attempts that end
     together in one transaction. Its counters (``stopped``: attempts that ended without an outcome).
-    ``order``: the persistent channels' fallback order, a permutation of :data:`~.channels.PERSISTENT_ORDER`."""
+    ``order``: the persistent channels' fallback order, a permutation of :data:`~.channels.PERSISTENT_ORDER`;
+    ``links``: makes the response links each delivery carries (:data:`~.channels.LinkHook`; none by default)."""
     if book.conn is not None:
         raise NotificationInvalid("book: deliver_due_notifications runs channels outside any transaction; pass an "
                                   "unbound book", argument="book", rule="bound")
@@ -249,7 +251,7 @@ async def deliver_due_notifications(
 
     async def attempt(lease: Lease) -> AttemptResult:
         try:
-            return await run_attempt(book, lease, channels, deadline=deadline, order=order)
+            return await run_attempt(book, lease, channels, deadline=deadline, order=order, links=links)
         except Exception as exc:
             log.error("notification %s: the attempt failed; its claim lapses and a later pass retries it",
                       lease.notification_id, exc_info=exc)

@@ -17,7 +17,7 @@ from statebook.lifecycle import Book
 from statebook.lifecycle.inputs import shown
 from statebook.outbox.core.passes import ERROR_PAUSE_SECONDS, PassWorker
 
-from .channels import CHANNEL_NAMES, PERSISTENT_ORDER, Channel, check_order
+from .channels import CHANNEL_NAMES, PERSISTENT_ORDER, Channel, LinkHook, check_order
 from .attempts import DEADLINE_SECONDS, DUE, LEASE_SECONDS
 from .delivery import COUNTERS, deliver_due_notifications
 from .errors import NotificationInvalid
@@ -46,7 +46,8 @@ def check_adapters(channels: Any) -> dict[str, Channel]:
 
 
 class NotificationWorker(PassWorker):
-    """Delivers due notifications through ``channels`` until :meth:`stop` is called."""
+    """Delivers due notifications through ``channels`` until :meth:`stop` is called; ``links`` makes the
+    response links each delivery carries (:data:`~.channels.LinkHook`)."""
 
     entity_types = frozenset({"notification"})
     name = "notification delivery"
@@ -63,6 +64,7 @@ class NotificationWorker(PassWorker):
         tick_seconds: float = 30.0,
         extra_wakeups: AsyncIterable[Any] | None = None,
         order: Sequence[str] = PERSISTENT_ORDER,
+        links: LinkHook | None = None,
     ) -> None:
         try:
             self.order = check_order(order)
@@ -74,19 +76,23 @@ class NotificationWorker(PassWorker):
         if not 0 < deadline < lease_seconds:
             raise NotificationInvalid(f"deadline: the adapter deadline ({shown(deadline, 30)}) must be positive and shorter "
                                       f"than the lease ({shown(lease_seconds, 30)})", argument="deadline", rule="range")
+        if links is not None and not callable(links):
+            raise NotificationInvalid(f"links: expected a callable (notification_id, recipient, due_at) -> "
+                                      f"action -> URL, got {type(links).__name__}", argument="links", rule="type")
         super().__init__(book, tick_seconds=tick_seconds, extra_wakeups=extra_wakeups)
         self.channels = check_adapters(channels)
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
         self.deadline = deadline
+        self.links = links
         self.totals = dict.fromkeys(COUNTERS, 0)
 
     async def run_pass(self) -> dict[str, int]:
         """Deliver one batch of due notifications and return its counts by outcome."""
         counts = await deliver_due_notifications(
             self._own, self.channels, limit=self.batch_size, concurrency=self.concurrency,
-            lease_seconds=self.lease_seconds, deadline=self.deadline, order=self.order,
+            lease_seconds=self.lease_seconds, deadline=self.deadline, order=self.order, links=self.links,
         )
         for key, value in counts.items():
             self.totals[key] += value

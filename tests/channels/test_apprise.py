@@ -213,3 +213,15 @@ async def test_a_failing_apprise_server_through_the_runtime_is_an_unknown_attemp
         [attempt] = await notification_attempts(book, accepted.id)
         assert (attempt.status, attempt.started_at is not None) == ("unknown", True), attempt
         assert server.effects() >= 1 and SECRET not in repr(attempt)
+
+
+async def test_a_delivery_with_links_ends_its_message_with_one_line_per_link():
+    links = {"acked": "https://book.example.org/r/ACKtoken", "dismissed": "https://book.example.org/r/DIStoken"}
+    linked = Delivery("n" * 26, "alice", {"title": "disk full", "body": "/var is at 97%"}, 1, 1, "apprise", links)
+    async with hook_server() as server:
+        guard = RecordingGuard(server.effects, DEADLINE)
+        await guard.admit()
+        assert (await channel(server.url()).send(linked, guard)).outcome is ProviderOutcome.SUCCESS
+        [body] = server.received
+    assert body["message"].splitlines() == ["/var is at 97%", "", f"Acknowledge: {links['acked']}",
+                                            f"Dismiss: {links['dismissed']}"]

@@ -325,3 +325,17 @@ async def test_a_refused_recipient_through_the_runtime_is_a_rejected_attempt(boo
         [attempt] = await notification_attempts(book, accepted.id)
         assert (attempt.status, attempt.started_at is not None) == ("rejected", True), attempt
         assert attempt.detail.startswith("RCPT TO: 550") and server.messages == []
+
+
+async def test_a_delivery_with_links_ends_its_body_with_one_line_per_link():
+    links = {"acked": "https://book.example.org/r/ACKtoken", "dismissed": "https://book.example.org/r/DIStoken"}
+    linked = Delivery("n" * 26, "alice", {"title": "disk full", "body": "/var is at 97%"}, cycle=1, attempt=1,
+                      channel="email", links=links)
+    async with smtp_server("accept") as server:
+        observed = await channel(server.port).send(linked, RecordingGuard(server.effects, DEADLINE))
+        plain = await channel(server.port).send(delivery(), RecordingGuard(server.effects, DEADLINE))
+    assert (observed.outcome, plain.outcome) == (ProviderOutcome.SUCCESS, ProviderOutcome.SUCCESS)
+    sent, unlinked = (email.message_from_bytes(raw, policy=default_policy).get_content() for raw in server.messages)
+    assert sent.strip().splitlines() == ["/var is at 97%", "", f"Acknowledge: {links['acked']}",
+                                         f"Dismiss: {links['dismissed']}"]
+    assert unlinked.strip() == "/var is at 97%"

@@ -116,3 +116,13 @@ def test_a_url_that_cannot_be_sent_to_is_refused_when_built(url, monkeypatch):
         with pytest.raises(ValueError, match="PagerDuty url") as caught:
             build()
         assert ROUTING_KEY not in str(caught.value)
+
+
+async def test_a_delivery_with_links_carries_them_in_the_events_links_and_none_without():
+    links = {"acked": "https://book.example.org/r/ACKtoken", "dismissed": "https://book.example.org/r/DIStoken"}
+    channel = PagerDutyChannel(routing_key=ROUTING_KEY)
+    plain = Delivery("n" * 26, "alice", {"text": "x"}, 1, 1, "pagerduty")
+    event = channel.event(Delivery("n" * 26, "alice", {"text": "x"}, 1, 1, "pagerduty", links))
+    assert event["links"] == [{"href": links["acked"], "text": "Acknowledge"},
+                              {"href": links["dismissed"], "text": "Dismiss"}]
+    assert "links" not in channel.event(plain) and {k: v for k, v in event.items() if k != "links"} == channel.event(plain)

@@ -150,3 +150,26 @@ def test_a_secret_file_that_never_ends_is_refused_by_its_size(tmp_path):
     for path in filter(None, (endless, big)):
         with pytest.raises(SecretError, match=f"larger than {MAX_SECRET_BYTES}"):
             SecretRef(file=path).reveal()
+
+
+LINKS = {"acked": "https://book.example.org/r/ACKtoken0123", "dismissed": "https://book.example.org/r/DIStoken4567"}
+
+
+def linked(content=None, recipient="alice") -> Delivery:
+    return Delivery("n" * 26, recipient, content or {"text": "disk full"}, 1, 1, "slack", LINKS)
+
+
+@pytest.mark.parametrize("kind", ["webhook", "bot"])
+async def test_a_delivery_with_links_carries_url_buttons_the_interactive_endpoint_can_answer(kind):
+    make = webhook if kind == "webhook" else bot
+    async with running(f"slack_{kind}", "accept", make) as (server, channel):
+        observed = await channel.send(linked(), RecordingGuard(server.effects, 2.0))
+        plain = await channel.send(delivery({"text": "disk full"}), RecordingGuard(server.effects, 2.0))
+    assert (observed.outcome, plain.outcome) == (ProviderOutcome.SUCCESS, ProviderOutcome.SUCCESS)
+    sent, unlinked = (loads(r.body) for r in server.received)
+    assert sent["text"] == "disk full", "the text stays: notifications and old clients show it"
+    section, actions = sent["blocks"]
+    assert section["text"] == {"type": "plain_text", "text": "disk full"}
+    assert [(b["action_id"], b["text"]["text"], b["url"], b["value"]) for b in actions["elements"]] == [
+        ("ack", "Acknowledge", LINKS["acked"], "ACKtoken0123"), ("dismiss", "Dismiss", LINKS["dismissed"], "DIStoken4567")]
+    assert "blocks" not in unlinked and "/r/" not in server.received[1].body.decode()

@@ -94,3 +94,16 @@ def test_a_url_secret_with_a_line_break_is_refused_when_built_without_showing_it
     with pytest.raises(ValueError, match="webhook url") as caught:
         config.build()
     assert "urlSECRETtoken" not in str(caught.value)
+
+
+async def test_a_delivery_with_links_carries_them_in_the_signed_body():
+    links = {"acked": "https://book.example.org/r/ACKtoken", "dismissed": "https://book.example.org/r/DIStoken"}
+    d = Delivery("n" * 26, "alice", {"text": "x"}, 1, 1, "webhook", links)
+    async with running("webhook", "accept", webhook) as (server, channel):
+        observed = await channel.send(d, RecordingGuard(server.effects, 2.0))
+    assert observed.outcome is ProviderOutcome.SUCCESS
+    [got] = server.received
+    assert loads(got.body)["links"] == links
+    assert verify_signature(SECRET, got.headers["X-Statebook-Timestamp"], got.body, got.headers["X-Statebook-Signature"],
+                            now=float(got.headers["X-Statebook-Timestamp"]))
+    assert "links" not in loads(WebhookChannel.body(Delivery("n" * 26, "alice", {"text": "x"}, 1, 1, "webhook")))

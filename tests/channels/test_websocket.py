@@ -403,3 +403,16 @@ class TestWebSocketContract(ChannelContract):
                     await subscriber.close()
                 if stuck is not None:
                     stuck.close()
+
+
+async def test_a_delivery_with_links_carries_them_in_the_frame():
+    links = {"acked": "https://book.example.org/r/ACKtoken", "dismissed": "https://book.example.org/r/DIStoken"}
+    linked = Delivery("n" * 26, "alice", {"title": "disk full"}, cycle=1, attempt=2, channel="websocket", links=links)
+    async with running() as hub:
+        alice = await subscribe(hub, "alice", TOKENS["alice"])
+        await until(lambda: hub.subscribers("alice") == 1)
+        assert (await WebSocketChannel(hub).send(linked, guard())).outcome is ProviderOutcome.SUCCESS
+        assert (await WebSocketChannel(hub).send(delivery(), guard())).outcome is ProviderOutcome.SUCCESS
+        await until(lambda: len(alice.frames) == 2)
+        assert alice.frames[0]["links"] == links and "links" not in alice.frames[1]
+        await alice.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from statebook.lifecycle import Book, history, replay, verify
-from statebook.outbox.notifications import get_notification, notification_attempts, send_notification
+from statebook.outbox.notifications import Observation, get_notification, notification_attempts, send_notification
 from statebook.outbox.notifications import calls
 from statebook.outbox.notifications.attempts import AttemptResult
 from statebook.outbox.notifications.calls import run_attempt
@@ -335,3 +335,37 @@ class NotificationDeliveryCases:
         [obs] = await notification_attempts(book, first)
         assert obs.made_at.timestamp() == obs.started_at.timestamp() == obs.ended_at.timestamp() == clock.now()
         assert (await get_notification(book, first)).updated_at.timestamp() == clock.now()
+
+    async def test_every_delivery_of_an_attempt_carries_the_hooks_links_and_no_fact_holds_them(self, book: Book,
+                                                                                               clock):
+        """N43: a deployment's link hook gives each channel of an attempt the same response links (due at
+        the response deadline when one is expected); a provider that echoes a link back has it cut from the
+        recorded detail, so no fact holds the credential; without a hook a delivery carries none."""
+        asked = []
+
+        def hook(nid, recipient, due_at):
+            asked.append((nid, recipient, due_at))
+            return {"acked": f"https://book.example/r/ACK-{nid}", "dismissed": f"https://book.example/r/DIS-{nid}"}
+
+        echo = ScriptedChannel("slack", ["reject"])
+        nid = (await send_notification(book, recipient="ops", content={"text": "disk full"}, mode="guaranteed",
+                                       channels=["slack", "email"], response_timeout=600)).id
+        email = ScriptedChannel("email", ["success"])
+        original_send = echo.send
+
+        async def echoing(delivery, guard):  # a provider whose refusal quotes the request back
+            observed = await original_send(delivery, guard)
+            return Observation(observed.outcome, f"bad request: {dict(delivery.links)}")
+
+        echo.send = echoing
+        await one_pass(book, {"slack": echo, "email": email}, links=hook)
+        assert asked == [(nid, "ops", clock.now() + 600)]
+        [sent] = email.effects
+        assert dict(sent.links) == hook(nid, "ops", None) == dict(echo.effects[0].links)
+        rows = await notification_attempts(book, nid)
+        assert "ACK-" not in (rows[0].detail or "") and "****" in rows[0].detail
+        for entity_type, entity_id in (("notification", nid), *(("channel_attempt", r.id) for r in rows)):
+            assert "/r/" not in repr(await history(book, entity_type, entity_id))
+        plain = await accept(book, ["email"])
+        await one_pass(book, {"email": email})
+        assert email.effects[-1].notification_id == plain and dict(email.effects[-1].links) == {}
