@@ -229,10 +229,12 @@ def _latency_query() -> sa.Select[Any]:
     )
 
 
-async def collect_stats(book: Book, *, clock: Clock | None = None) -> Stats:
+async def collect_stats(book: Book, *, clock: Clock | None = None, history: bool = True) -> Stats:
     """Read every figure of :class:`Stats` in one read transaction, one query per part.
 
-    ``clock`` (default the book's) gives the time the due backlog is measured against.
+    ``clock`` (default the book's) gives the time the due backlog is measured against. ``history=False``
+    reads the rows only (entities and due, from indexes and the managed tables): the fact log and the
+    attempts are not scanned, so ``transitions`` and ``latency`` stay empty (what a page refreshed live needs).
     """
     now = (clock or book.clock).now()
     entities: dict[str, dict[str, int]] = {lc.entity_type: {} for lc in book.registry}
@@ -242,12 +244,13 @@ async def collect_stats(book: Book, *, clock: Clock | None = None) -> Stats:
     async with book.read() as conn:
         for lifecycle, status, n in (await conn.execute(_entities_query(book))).all():
             entities[lifecycle][status] = int(n)
-        rows = await conn.execute(_facts_query(book.dialect))
-        for lifecycle, reason, n in rows.all():
-            transitions.setdefault(lifecycle, {})[reason] = int(n)
+        if history:
+            rows = await conn.execute(_facts_query(book.dialect))
+            for lifecycle, reason, n in rows.all():
+                transitions.setdefault(lifecycle, {})[reason] = int(n)
         for lifecycle, n, oldest in (await conn.execute(_due_query(book), {"b_now": now})).all():
             due[lifecycle] = Due(int(n), None if oldest is None else max(0.0, now - float(oldest)))
-        if "channel_attempt" in book.registry:
+        if history and "channel_attempt" in book.registry:
             for row in (await conn.execute(_latency_query())).all():
                 buckets = {_bound(b): int(row[3 + i] or 0) for i, b in enumerate(LATENCY_BUCKETS)}
                 buckets["+Inf"] = int(row[1])
