@@ -78,6 +78,8 @@ class Hub:
         self.listen = listen and book.dialect == "postgresql"
         self.subscribers: set[Subscription] = set()
         self.closed = asyncio.Event()
+        self.listening = asyncio.Event()
+        """Set once LISTEN is connected (PostgreSQL): a NOTIFY sent from then on reaches the pages."""
         self._tasks: list[asyncio.Task[None]] = []
         self._hooked = False
 
@@ -110,12 +112,12 @@ class Hub:
                 await task
 
     async def _probe(self) -> None:
-        top = None
-        query = sa.select(sa.func.max(facts_table.c.seq))
+        top: int | None = None  # None: not read yet
+        query = sa.select(sa.func.coalesce(sa.func.max(facts_table.c.seq), 0))
         while True:
             try:
                 async with self.book.read() as conn:
-                    now = (await conn.execute(query)).scalar()
+                    now = int((await conn.execute(query)).scalar_one())
                 if top is not None and now != top:
                     self.changed(ANY)
                 top = now
@@ -129,7 +131,9 @@ class Hub:
         stream = listen(self.book, channel)
         try:
             async for payload in stream:
-                if payload != CONNECTED:
+                if payload == CONNECTED:
+                    self.listening.set()
+                else:
                     self.changed(ANY)
         finally:
             await stream.aclose()
