@@ -21,14 +21,24 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
 
 from statebook.lifecycle import Book, StatebookError, verify
-from statebook.lifecycle.chain import checkpoint_problems
+from statebook.lifecycle.chain import checkpoint_problems, read_switch
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.replay import Report
 
-__all__ = ["CHECKPOINT_BYTES", "SHOWN_FINDINGS", "Auditor", "Checkpoint", "VerifyRun", "auditor", "read_document",
-           "routes"]
+from .auth import requires
+from .csrf import form
+from .errors import page_error
+from .pages import render, root
+from .state import Console, console
+
+__all__ = ["CHECKPOINT_BYTES", "SHOWN_FINDINGS", "Auditor", "Checkpoint", "VerifyRun", "audit_page", "auditor",
+           "read_document", "routes", "run_verify", "shutdown", "startup", "top_seq"]
 
 log = logging.getLogger("statebook.adapters.web.audit")
 
@@ -166,15 +176,79 @@ class Auditor:
                 await self.run.task
 
 
-def auditor(app: Any) -> Auditor:
-    """The :class:`Auditor` of a Starlette app (made on first use, kept in ``app.state``)."""
-    found = getattr(app.state, "statebook_auditor", None)
+def auditor(c: Console) -> Auditor:
+    """The :class:`Auditor` of a console (made on first use)."""
+    found = c.extras.get("auditor")
     if found is None:
-        found = app.state.statebook_auditor = Auditor()
+        found = c.extras["auditor"] = Auditor()
     return found
+
+
+async def startup(c: Console) -> None:
+    """The app's start: the console's auditor."""
+    auditor(c)
+
+
+async def shutdown(c: Console) -> None:
+    """The app's end: a verify still running is stopped."""
+    await auditor(c).close()
 
 
 async def top_seq(book: Book) -> int:
     """The fact log's highest seq: about how many facts a verify reads (one probe of the primary key)."""
     async with book.read() as conn:
         return int((await conn.execute(sa.select(sa.func.coalesce(sa.func.max(facts_table.c.seq), 0)))).scalar_one())
+
+
+# -- the pages ------------------------------------------------------------------------------------
+
+REFRESH_SECONDS = 2
+"""While a verify runs, the page asks the browser to reload it this often (the ``Refresh`` header: no script)."""
+
+
+@requires("viewer")
+async def audit_page(request: Request) -> Response:
+    """``GET /audit``: the chain's key id, the checkpoints, the verify form and the last run's findings."""
+    c = console(request)
+    book = c.book
+    found = auditor(c)
+    run = found.run
+    context = {
+        "switch": await read_switch(book), "key_id": None if book.chain_key is None else book.chain_key.id,
+        "checkpoint": found.checkpoint, "run": run, "top": await top_seq(book), "shown": SHOWN_FINDINGS,
+    }
+    headers = {"Refresh": str(REFRESH_SECONDS)} if run is not None and run.running else None
+    return render(request, "audit/page.html", context, headers=headers)
+
+
+async def _upload(value: Any) -> bytes | None:
+    """An uploaded file's bytes (None when no file was chosen); at most :data:`CHECKPOINT_BYTES`."""
+    if not isinstance(value, UploadFile) or not value.filename:
+        return None
+    data = await value.read(CHECKPOINT_BYTES + 1)
+    if len(data) > CHECKPOINT_BYTES:
+        raise StatebookError(f"{value.filename} is larger than {CHECKPOINT_BYTES // (1024 * 1024)} MB")
+    return data
+
+
+@requires("viewer")
+async def run_verify(request: Request) -> Response:
+    """``POST /audit/verify`` (a viewer may: it reads and writes nothing): start verify, against the uploaded
+    checkpoint when one is given (checked with the uploaded public key, when given); back to ``/audit``."""
+    c = console(request)
+    data = await form(request, files=2, max_bytes=CHECKPOINT_BYTES + 1024 * 1024)
+    try:
+        document = await _upload(data.get("checkpoint"))
+        public_key = await _upload(data.get("public_key"))
+    except StatebookError as exc:
+        return page_error(request, 413, detail=str(exc))
+    checkpoint = None
+    if document is not None:
+        name = getattr(data.get("checkpoint"), "filename", "checkpoint")
+        checkpoint = read_document(document, str(name)[:200], public_key)
+    auditor(c).start(c.book, by=request.state.identity.name, checkpoint=checkpoint)
+    return RedirectResponse(f"{root(request)}/audit#verify", status_code=303)
+
+
+routes = [Route("/audit", audit_page, name="audit"),
+          Route("/audit/verify", run_verify, methods=["POST"], name="audit_verify")]

@@ -11,12 +11,21 @@ from collections import deque
 from dataclasses import dataclass
 from math import hypot
 
+from markupsafe import Markup
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from statebook.lifecycle import Lifecycle
 from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements
 
+from .auth import requires
+from .pages import render as render_page
+from .state import console
 from .svg import escape
 
-__all__ = ["Arrow", "Layout", "Node", "layout", "render", "routes"]
+__all__ = ["Arrow", "Layout", "Node", "graph_page", "layers", "layout", "render", "routes"]
 
 COLUMN_GAP = 120.0
 ROW_GAP = 36.0
@@ -206,3 +215,22 @@ def render(found: Layout) -> str:
                    f"{escape(node.status)}</text></g>")
     out.append("</svg>")
     return "".join(out)
+
+
+@requires("viewer")
+async def graph_page(request: Request) -> Response:
+    """``GET /lifecycles/{entity_type}/graph``: the picture, the edges as a table, the statuses."""
+    c = console(request)
+    entity_type = request.path_params["entity_type"]
+    if entity_type not in c.book.registry:
+        raise HTTPException(404, f"no lifecycle is registered for {entity_type[:60]!r}; known: "
+                                 f"{', '.join(lc.entity_type for lc in c.book.registry)}")
+    lc = c.book.policy(entity_type)
+    found = layout(lc)
+    # render() escapes every name; the markup is ours, not the data's.
+    return render_page(request, "graph/graph.html", {
+        "lifecycle": lc, "layout": found, "svg": Markup(render(found)),
+        "others": [other.entity_type for other in c.book.registry if other.entity_type != entity_type]})
+
+
+routes = [Route("/lifecycles/{entity_type}/graph", graph_page, name="lifecycle_graph")]

@@ -24,11 +24,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import sqlalchemy as sa
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from statebook.lifecycle import Book
 from statebook.lifecycle.facts import facts_table
 
-__all__ = ["HEARTBEAT_SECONDS", "MIN_INTERVAL", "PROBE_SECONDS", "EventStream", "Hub", "Subscription", "routes"]
+from .auth import requires
+from .state import Console, console
+
+__all__ = ["HEARTBEAT_SECONDS", "MIN_INTERVAL", "PROBE_SECONDS", "EventStream", "Hub", "Subscription", "live", "routes",
+           "shutdown", "startup"]
 
 log = logging.getLogger("statebook.adapters.web.live")
 
@@ -79,7 +87,9 @@ class Hub:
         self.subscribers: set[Subscription] = set()
         self.closed = asyncio.Event()
         self.listening = asyncio.Event()
-        """Set once LISTEN is connected (PostgreSQL): a NOTIFY sent from then on reaches the pages."""
+        """Set once LISTEN is connected on every channel (PostgreSQL): a NOTIFY sent from then on reaches the pages."""
+        self._channels: list[str] = []
+        self._connected: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._hooked = False
 
@@ -96,8 +106,8 @@ class Hub:
         if self.probe_seconds > 0:
             self._tasks.append(asyncio.create_task(self._probe(), name="statebook-live-probe"))
         if self.listen:
-            channels = sorted({lc.notify_channel for lc in self.book.registry if lc.notify_channel})
-            self._tasks += [asyncio.create_task(self._listen(c), name=f"statebook-live-{c}") for c in channels]
+            self._channels = sorted({lc.notify_channel for lc in self.book.registry if lc.notify_channel})
+            self._tasks += [asyncio.create_task(self._listen(c), name=f"statebook-live-{c}") for c in self._channels]
 
     async def _stop(self) -> None:
         if self._hooked:
@@ -105,6 +115,8 @@ class Hub:
                 self.book.on_commit.remove(self.changed)
             self._hooked = False
         tasks, self._tasks = self._tasks, []
+        self._connected.clear()
+        self.listening.clear()
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -132,7 +144,9 @@ class Hub:
         try:
             async for payload in stream:
                 if payload == CONNECTED:
-                    self.listening.set()
+                    self._connected.add(channel)
+                    if self._connected >= set(self._channels):
+                        self.listening.set()
                 else:
                     self.changed(ANY)
         finally:
@@ -238,3 +252,42 @@ class EventStream:
                 with contextlib.suppress(asyncio.CancelledError, OSError, Exception):
                     await task
             await self.hub.unsubscribe(self.sub)
+
+
+# -- the endpoint ---------------------------------------------------------------------------------
+
+def _entity(argument: str | None) -> tuple[str, str] | None:
+    """``type/id`` of ``?entity=`` (the id may hold ``/``); None without one."""
+    if not argument:
+        return None
+    entity_type, sep, entity_id = argument.partition("/")
+    if not sep or not entity_type or not entity_id:
+        raise HTTPException(400, "entity: give it as type/id, e.g. dispatch/0123abcd")
+    return entity_type, entity_id
+
+
+@requires("viewer")
+async def live(request: Request) -> Response:
+    """``GET /live`` (``?entity=type/id``: only that entity's changes): a ``text/event-stream`` of ``refresh``
+    events and heartbeat comments."""
+    c = console(request)
+    entity = _entity(request.query_params.get("entity"))
+    if entity is not None and entity[0] not in c.book.registry:
+        raise HTTPException(404, f"no lifecycle is registered for {entity[0][:60]!r}")
+    hub: Hub = c.live
+    return EventStream(hub, hub.subscribe(entity))  # type: ignore[return-value]  # an ASGI app, as Response is
+
+
+async def startup(c: Console) -> None:
+    """The app's start: the console's hub (its sources start with its first page)."""
+    if c.live is None:
+        c.live = Hub(c.book)
+
+
+async def shutdown(c: Console) -> None:
+    """The app's end: every stream ends, the sources stop."""
+    if c.live is not None:
+        await c.live.close()
+
+
+routes = [Route("/live", live, name="live")]

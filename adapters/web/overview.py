@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from markupsafe import Markup
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from statebook.adapters.stats import DELIVERY_OUTCOMES, Due, collect_stats
 from statebook.lifecycle import Book
@@ -21,8 +25,14 @@ from statebook.lifecycle.chain import Switch, read_switch
 from statebook.lifecycle.facts import facts_table
 from statebook.scheduler.schema import scheduler_daemons, scheduler_leases
 
+from .audit_view import auditor
+from .auth import requires
+from .pages import render
+from .state import console
+from .svg import bar_chart
+
 __all__ = ["CHART_FACTS", "CHART_MINUTES", "Daemon", "Deliveries", "Figures", "Lease", "deliveries_per_minute",
-           "figures"]
+           "figures", "overview", "routes"]
 
 CHART_MINUTES = 60
 CHART_FACTS = 20_000
@@ -186,3 +196,22 @@ async def figures(book: Book, *, lease_seconds: float = 90.0) -> Figures:
     lease, daemons = await _leadership(book, stats.at, lease_seconds)
     return Figures(stats.at, entities, dict(stats.due), await _dead_letters(book, entities), deliveries, lease,
                    daemons, await read_switch(book), lease_seconds)
+
+
+
+# -- the page -------------------------------------------------------------------------------------
+
+@requires("viewer")
+async def overview(request: Request) -> Response:
+    """``GET /``; ``?fragment=figures``: only the figures' region (what a live refresh fetches)."""
+    c = console(request)
+    found = await figures(c.book, lease_seconds=c.settings.scheduler.lease_seconds)
+    # svg.py escapes every label of the chart; the markup is ours, not the data's.
+    chart = Markup(bar_chart(found.deliveries.minutes, title="deliveries per minute, last hour (UTC)"))
+    context = {"figures": found, "chart": chart, "audit": auditor(c)}
+    if request.query_params.get("fragment") == "figures":
+        return render(request, "overview/figures.html", context)
+    return render(request, "overview/page.html", context)
+
+
+routes = [Route("/", overview, name="overview")]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from typing import Any
 
+import httpx
 import pytest
 
 from statebook.adapters.db import open_book
@@ -110,3 +113,103 @@ async def test_close_ends_every_stream_and_heartbeats_keep_it_open(book: Book) -
         while True:
             await asyncio.wait_for(anext(stream), 1.0)
     assert not hub._tasks
+
+
+# -- GET /live ----------------------------------------------------------------------------------------
+
+class Stream:
+    """``GET path`` on the ASGI app itself, streamed (httpx's ASGI transport waits for a whole body)."""
+
+    def __init__(self, app: Any, client: httpx.AsyncClient, path: str) -> None:
+        target, _, query = path.partition("?")
+        cookie = "; ".join(f"{k}={v}" for k, v in client.cookies.items())
+        self.scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+                      "method": "GET", "scheme": "http", "path": target, "raw_path": target.encode(),
+                      "query_string": query.encode(), "root_path": "", "client": ("127.0.0.1", 40000),
+                      "server": ("console.test", 80), "headers": [(b"host", b"console.test"), (b"cookie", cookie.encode())]}
+        self.sent: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.gone = asyncio.Event()
+        self.asked = False
+        self.task = asyncio.create_task(app(self.scope, self.receive, self.sent.put))
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.asked:
+            self.asked = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def start(self) -> dict[str, Any]:
+        message = await asyncio.wait_for(self.sent.get(), 10)
+        assert message["type"] == "http.response.start"
+        return message
+
+    async def event(self, timeout: float = 10.0) -> str:
+        """The next chunk that is not a comment."""
+        async def first() -> str:
+            while True:
+                message = await self.sent.get()
+                body = message.get("body", b"").decode()
+                if not message.get("more_body", False):
+                    raise AssertionError(f"the stream ended ({body!r})")
+                if body and not body.startswith((":", "retry:")):
+                    return body
+        return await asyncio.wait_for(first(), timeout)
+
+    async def ended(self, timeout: float = 5.0) -> None:
+        await asyncio.wait_for(self.task, timeout)
+
+
+async def test_sse_sends_a_refresh_after_a_commit_and_stops_on_disconnect(app: Any, client: httpx.AsyncClient,
+                                                                         sign_in: Any, book: Book) -> None:
+    await sign_in("viewer")
+    stream = Stream(app, client, "/live")
+    start = await stream.start()
+    headers = dict(start["headers"])
+    assert start["status"] == 200 and headers[b"content-type"].startswith(b"text/event-stream")
+    assert b"content-security-policy" in headers
+    hub: Hub = app.state.console.live
+    await asyncio.sleep(0.1)
+    assert len(hub.subscribers) == 1
+    await enqueue_dispatch(book, kind="k", deliver_to="ok")
+    assert "dispatch" in refreshed(await stream.event())
+    stream.gone.set()  # the client goes away
+    await stream.ended()
+    assert not hub.subscribers and not hub._tasks  # its subscription and the hub's sources are gone
+
+
+async def test_sse_for_one_entity(app: Any, client: httpx.AsyncClient, sign_in: Any, book: Book) -> None:
+    await sign_in("viewer")
+    first = await enqueue_dispatch(book, kind="k", deliver_to="bad", max_attempts=1)
+    await deliver_due_dispatches(book, transport=CallableTransport(refuse))
+    stream = Stream(app, client, f"/live?entity=dispatch/{first}")
+    await stream.start()
+    await asyncio.sleep(0.1)
+    assert await retry_dispatch(book, first, actor=Actor("operator", "olga"))
+    assert "dispatch" in refreshed(await stream.event())  # PostgreSQL: the retry's NOTIFY ("*") may come too
+    stream.gone.set()
+    await stream.ended()
+
+
+async def test_sse_ends_when_the_app_shuts_down(book: Book, settings: Any) -> None:
+    from statebook.adapters.web import create_app
+
+    application = create_app(book, settings)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
+            page = await client.get("/sign-in")
+            token = re.search(r'name="csrf-token" content="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+            await client.post("/sign-in", data={"name": "vic", "password": "viewer-pass", "next": "/",
+                                                "csrf_token": token})
+            stream = Stream(application, client, "/live")
+            await stream.start()
+            await asyncio.sleep(0.1)
+    await stream.ended()  # the hub closed with the app: the stream ended by itself
+
+
+async def test_sse_refuses_the_anonymous_and_bad_entities(client: httpx.AsyncClient, sign_in: Any) -> None:
+    assert (await client.get("/live")).status_code == 303
+    await sign_in("viewer")
+    assert (await client.get("/live?entity=nothing")).status_code == 400
+    assert (await client.get("/live?entity=nosuchtype/1")).status_code == 404

@@ -3,7 +3,9 @@ SQLite and PostgreSQL; the deliveries chart is SVG with every label escaped."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
@@ -12,6 +14,9 @@ from statebook.adapters.web.overview import deliveries_per_minute, figures
 from statebook.adapters.web.svg import bar_chart
 from statebook.lifecycle import Book
 from statebook.outbox import CallableTransport, deliver_due_dispatches, enqueue_dispatch
+from statebook.outbox.notifications import send_notification
+from statebook.outbox.notifications.delivery import deliver_due_notifications
+from statebook.outbox.notifications.scripted import ScriptedChannel
 
 
 async def deliver_some(book: Book) -> None:
@@ -83,3 +88,59 @@ def test_the_chart_is_svg_with_every_label_escaped() -> None:
     assert evil in texts and f"t {evil}" in texts
     rects = [r for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.get("data-series")]
     assert {r.get("data-series") for r in rects} == {evil, "delivered"}
+
+
+# -- the page ---------------------------------------------------------------------------------------
+
+async def test_the_page_shows_the_figures_and_the_chart(client: Any, sign_in: Any, book: Book) -> None:
+    await deliver_some(book)
+    assert (await client.get("/")).status_code == 303  # anonymous: to the sign-in page
+    await sign_in("viewer")
+    page = await client.get("/")
+    assert page.status_code == 200
+    html = page.text
+    assert figure(html, "dispatch-delivered") == "3" and figure(html, "dispatch-dead_letter") == "2"
+    assert figure(html, "dispatch-pending") == "2" and figure(html, "total-dispatch") == "7"
+    assert figure(html, "due-dispatch") == "2" and figure(html, "due-dispatch-age") == "30 s"
+    assert figure(html, "dead-letters") == "2" and figure(html, "dead-letters-dispatch") == "2"
+    assert figure(html, "delivered-dispatch-delivered") == "3"
+    assert figure(html, "delivered-dispatch-dead_letter") == "2"
+    assert '<svg xmlns="http://www.w3.org/2000/svg" class="chart"' in html
+    assert "No verify has run in this console" in html
+    assert 'src="/static/live.js"' in html and 'data-live="/live"' in html
+    assert '<a href="/" class="refresh">' in html  # without JavaScript: a refresh link
+    assert "<script>" not in html  # no inline script (the CSP would refuse it)
+
+
+async def test_the_fragment_is_the_figures_alone(client: Any, sign_in: Any, book: Book) -> None:
+    await deliver_some(book)
+    await sign_in("viewer")
+    fragment = await client.get("/?fragment=figures")
+    assert fragment.status_code == 200
+    assert "<html" not in fragment.text and figure(fragment.text, "dispatch-delivered") == "3"
+
+
+async def test_the_leader_on_the_page(client: Any, sign_in: Any, book: Book) -> None:
+    assert await LeaseLeader(book, "daemon-<b>", lease_seconds=90).is_leader()
+    await sign_in("viewer")
+    html = (await client.get("/")).text
+    assert figure(html, "leader") == "daemon-&lt;b&gt;"
+    book.clock.advance(600.0)  # type: ignore[attr-defined]
+    assert "stale: older than the 90 s lease" in (await client.get("/")).text
+
+
+async def test_a_notification_dead_letter_is_counted(book: Book) -> None:
+    channel = ScriptedChannel("email", ["reject"] * 50)
+    await send_notification(book, recipient="ops", content={"text": "x"}, mode="guaranteed", channels=["email"])
+    for _ in range(20):
+        await deliver_due_notifications(book, {"email": channel}, deadline=5)
+        book.clock.advance(3600.0)  # type: ignore[attr-defined]
+    found = await figures(book)
+    assert found.entities["notification"]["failed"] == 1
+    assert found.dead_letters["notification"] == 1 and found.dead_letters_total == 1
+
+
+def figure(html: str, name: str) -> str:
+    found = re.search(rf'data-figure="{re.escape(name)}"[^>]*>([^<]*)<', html)
+    assert found, f"no figure {name!r} on the page"
+    return found.group(1).strip()
