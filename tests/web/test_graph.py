@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
+from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
+
+from statebook.adapters.db import open_book
 
 from statebook.adapters.registry import builtin_registry
 from statebook.adapters.web.graph import layers, layout, render
@@ -16,7 +21,8 @@ EVIL = "<script>alert(1)</script>"
 
 
 EVIL_THING = Lifecycle(
-    entity_type="evil_thing", table=managed_table("evil_things", sa.Column("id", sa.String(32), primary_key=True)),
+    entity_type="evil_thing",
+    table=managed_table("evil_things", sa.Column("id", sa.String(32), primary_key=True), meta=sa.MetaData()),
     statuses=("open", EVIL, "closed"), initial={"open"}, terminal={"closed"}, reason_prefixes={"evil_thing"},
     edges=(*edges("open", EVIL, actors=EVIL), *edges(EVIL, "closed"), *edges("open", "closed")))
 
@@ -74,3 +80,44 @@ def test_a_status_or_actor_named_script_is_escaped_in_the_svg() -> None:
 def test_the_layout_is_a_pure_function_of_the_lifecycle() -> None:
     lc = EVIL_THING
     assert layout(lc) == layout(lc)
+
+
+# -- the page -------------------------------------------------------------------------------------
+
+async def test_the_graph_page_draws_and_tabulates_every_edge(client: httpx.AsyncClient, sign_in: Any) -> None:
+    assert (await client.get("/lifecycles/dispatch/graph")).status_code == 303
+    await sign_in("viewer")
+    page = await client.get("/lifecycles/dispatch/graph")
+    assert page.status_code == 200
+    html = page.text
+    assert '<svg xmlns="http://www.w3.org/2000/svg" class="graph"' in html
+    lc = builtin_registry().get("dispatch")
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td>", html.split('id="edges"')[1].split('id="statuses"')[0])
+    assert [(a, b) for a, b, _ in rows] == [(e.source, e.target) for e in accepted_edges(lc)]
+    assert ("dead_letter", "pending", "operator") in rows
+    assert "<script>" not in html
+    assert (await client.get("/lifecycles/nosuchtype/graph")).status_code == 404
+
+
+class TestNamesRenderInert:
+    """A lifecycle whose status and actor are named ``<script>...``: the page shows them as text."""
+
+    @pytest.fixture
+    async def book(self, tmp_path: Any) -> Any:
+        registry = builtin_registry(seal=False)
+        registry.register(EVIL_THING)
+        registry.seal()
+        book = await open_book(f"sqlite:///{tmp_path / 'evil.db'}", registry=registry)
+        yield book
+        await book.engine.dispose()
+
+    async def test_a_status_named_script_renders_inert_on_the_page(self, client: httpx.AsyncClient,
+                                                                  sign_in: Any) -> None:
+        await sign_in("viewer")
+        html = (await client.get("/lifecycles/evil_thing/graph")).text
+        assert EVIL not in html and "<script>" not in html
+        assert re.findall(r"<script\b[^>]*>", html) == ['<script src="/static/htmx.min.js" defer>',
+                                                         '<script src="/static/console.js" defer>']
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+        overview = (await client.get("/")).text
+        assert EVIL not in overview and "evil_thing" in overview
