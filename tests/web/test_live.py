@@ -4,6 +4,7 @@ events, on SQLite and PostgreSQL, and lets go of a stream when its client leaves
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from typing import Any
@@ -213,3 +214,43 @@ async def test_sse_refuses_the_anonymous_and_bad_entities(client: httpx.AsyncCli
     await sign_in("viewer")
     assert (await client.get("/live?entity=nothing")).status_code == 400
     assert (await client.get("/live?entity=nosuchtype/1")).status_code == 404
+
+
+async def test_a_served_console_streams_and_stops_promptly(book: Book, settings: Any) -> None:
+    """Over a real socket: the stream's events arrive as they happen, a closed client frees its subscription,
+    and stopping the server ends a stream still open instead of waiting for it."""
+    import time
+
+    from statebook.adapters.web.serve import serving
+
+    client = httpx.AsyncClient(timeout=10)
+    try:
+        async with serving(book, settings, "127.0.0.1", 0) as url:
+            page = await client.get(f"{url}/sign-in")
+            token = re.search(r'name="csrf-token" content="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+            await client.post(f"{url}/sign-in", data={"name": "vic", "password": "viewer-pass", "next": "/",
+                                                      "csrf_token": token})
+            async with client.stream("GET", f"{url}/live") as answer:
+                assert answer.headers["content-type"].startswith("text/event-stream")
+                chunks = answer.aiter_text()
+                assert (await anext(chunks)).startswith("retry:")
+                await enqueue_dispatch(book, kind="k", deliver_to="ok")
+                got = ""
+                while "event: refresh" not in got:
+                    got += await asyncio.wait_for(anext(chunks), 10)
+            # The client closed its stream: the server lets go of the subscription (and the hub of its hook).
+            for _ in range(100):
+                if not any(isinstance(getattr(hook, "__self__", None), Hub) for hook in book.on_commit):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the hub still listens after its last stream closed")
+            still_open = client.stream("GET", f"{url}/live")
+            answer = await still_open.__aenter__()
+            assert answer.status_code == 200
+            t0 = time.monotonic()
+        assert time.monotonic() - t0 < 5  # the server stopped without waiting for the open stream
+        with contextlib.suppress(httpx.HTTPError):
+            await still_open.__aexit__(None, None, None)
+    finally:
+        await client.aclose()
