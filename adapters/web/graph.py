@@ -8,7 +8,7 @@ every name escaped; the route only looks the lifecycle up and renders the page.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import hypot
 
 from markupsafe import Markup
@@ -167,8 +167,9 @@ def layout(lc: Lifecycle) -> Layout:
         a, b = nodes[edge.source], nodes[edge.target]
         path, lx, ly = _loop(a) if a is b else _curve(a, b)
         implicit = is_implicit(lc, edge)
-        arrows.append(Arrow(edge.source, edge.target, tuple(sorted(edge.actors)),
-                            "same status (patch only)" if implicit else requirements(edge), implicit, path, lx, ly))
+        # Who may take it is its own column: the requirements say what the command must carry.
+        needs = "same status (patch only)" if implicit else requirements(replace(edge, actors=frozenset()))
+        arrows.append(Arrow(edge.source, edge.target, tuple(sorted(edge.actors)), needs, implicit, path, lx, ly))
     return Layout(lc.entity_type, tuple(nodes[s] for s in lc.statuses), tuple(arrows),
                   x - COLUMN_GAP + MARGIN, height)
 

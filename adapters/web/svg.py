@@ -104,9 +104,10 @@ def bar_chart(points: Sequence[tuple[float, Mapping[str, int]]], *, title: str, 
         f"<title>{escape(title)}</title>",
         f'<text x="{left:g}" y="14" font-size="12" fill="#333">{escape(title)}</text>',
         f'<line x1="{left:g}" y1="{top + plot_h:g}" x2="{left + plot_w:g}" y2="{top + plot_h:g}" stroke="#999"/>',
-        f'<text x="{left - 4:g}" y="{top + 4:g}" font-size="10" text-anchor="end" fill="#555">{peak}</text>',
         f'<text x="{left - 4:g}" y="{top + plot_h:g}" font-size="10" text-anchor="end" fill="#555">0</text>',
     ]
+    if peak:
+        out.append(f'<text x="{left - 4:g}" y="{top + 4:g}" font-size="10" text-anchor="end" fill="#555">{peak}</text>')
     order = {s: i for i, s in enumerate(series)}
     for i, ((at, counts), column) in enumerate(zip(points, columns)):
         figures = ", ".join(f"{s} {counts[s]}" for s in series if counts.get(s, 0) > 0) or "none"

@@ -56,6 +56,9 @@ def test_every_accepted_edge_has_an_arrow_naming_who_may_take_it(lc: Lifecycle) 
         assert set(arrow.actors) == set(edge.actors)
         assert arrow.who == (", ".join(sorted(edge.actors)) if edge.actors else "any actor")
         assert arrow.path.startswith("M")
+        assert arrow.implicit or " only" not in arrow.requires  # who may take it is its own column
+        for name in (*edge.requires_patch, *edge.requires_guard):
+            assert name in arrow.requires
     svg = render(found)
     ET.fromstring(svg)  # well-formed
     for arrow in found.arrows:

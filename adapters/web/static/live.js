@@ -22,7 +22,10 @@
         .then(function (html) {
           region.innerHTML = html;  // the server's template, escaped there; the CSP forbids inline script
           region.setAttribute("data-refreshed", new Date().toISOString());
-          if (status) { status.textContent = "Live: figures refreshed at " + new Date().toUTCString() + "."; }
+          if (status) {
+            var now = new Date().toISOString();
+            status.textContent = "Live: figures refreshed at " + now.slice(0, 10) + " " + now.slice(11, 19) + " UTC.";
+          }
         })
         .catch(function () { source.close(); region.setAttribute("data-live-state", "stopped"); })
         .then(function () {
