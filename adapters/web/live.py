@@ -187,12 +187,11 @@ class Hub:
         """The stream of one subscription as server-sent-event text: ``refresh`` events and heartbeats."""
         loop = asyncio.get_running_loop()
         seen = await self._version(sub.entity) if sub.entity is not None else None
-        yield f"retry: 5000\n: connected\n\n"
+        yield "retry: 5000\n: connected\n\n"  # a dropped stream is retried by the browser after 5 s
         last = float("-inf")
         while not self.closed.is_set():
-            wait = self.heartbeat
             try:
-                await asyncio.wait_for(sub.wake.wait(), timeout=wait)
+                await asyncio.wait_for(sub.wake.wait(), timeout=self.heartbeat)
             except TimeoutError:
                 yield ": heartbeat\n\n"
                 continue
@@ -243,8 +242,9 @@ class EventStream:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), OSError):
-                    raise task.exception()  # type: ignore[misc]
+                error = None if task.cancelled() else task.exception()
+                if error is not None and not isinstance(error, OSError):  # OSError: the client is gone
+                    raise error
         finally:
             for task in tasks:
                 task.cancel()

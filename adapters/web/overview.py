@@ -10,8 +10,7 @@ reads the newest facts by their primary key, at most :data:`CHART_FACTS` of them
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from markupsafe import Markup
@@ -110,7 +109,6 @@ class Figures:
     daemons: list[Daemon]
     switch: Switch | None
     lease_seconds: float
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dead_letters_total(self) -> int:
