@@ -274,6 +274,8 @@ async def live(request: Request) -> Response:
     entity = _entity(request.query_params.get("entity"))
     if entity is not None and entity[0] not in c.book.registry:
         raise HTTPException(404, f"no lifecycle is registered for {entity[0][:60]!r}")
+    if c.live is None:  # an app mounted in another runs no lifespan of its own: the hub starts here
+        c.live = Hub(c.book)
     hub: Hub = c.live
     return EventStream(hub, hub.subscribe(entity))  # type: ignore[return-value]  # an ASGI app, as Response is
 

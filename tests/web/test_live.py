@@ -254,3 +254,30 @@ async def test_a_served_console_streams_and_stops_promptly(book: Book, settings:
             await still_open.__aexit__(None, None, None)
     finally:
         await client.aclose()
+
+
+async def test_a_console_mounted_without_its_lifespan_still_streams(book: Book, settings: Any) -> None:
+    """Mounted in another app (whose lifespan does not reach it), the console makes its hub on first use."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from statebook.adapters.web import create_app
+
+    console_app = create_app(book, settings)
+    outer = Starlette(routes=[Mount("/statebook", console_app)])
+    transport = httpx.ASGITransport(app=outer, client=("127.0.0.1", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
+        page = await client.get("/statebook/sign-in")
+        token = re.search(r'name="csrf-token" content="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+        await client.post("/statebook/sign-in", data={"name": "vic", "password": "viewer-pass", "next": "/",
+                                                      "csrf_token": token})
+        overview = await client.get("/statebook/")
+        assert overview.status_code == 200 and 'data-live="/statebook/live"' in overview.text
+        stream = Stream(outer, client, "/statebook/live")
+        await stream.start()
+        await asyncio.sleep(0.1)
+        await enqueue_dispatch(book, kind="k", deliver_to="ok")
+        assert "dispatch" in refreshed(await stream.event())
+        stream.gone.set()
+        await stream.ended()
+    assert not console_app.state.console.live.subscribers
