@@ -281,3 +281,15 @@ async def test_a_console_mounted_without_its_lifespan_still_streams(book: Book, 
         stream.gone.set()
         await stream.ended()
     assert not console_app.state.console.live.subscribers
+
+
+async def test_an_entity_page_listens_to_its_own_changes(client: httpx.AsyncClient, sign_in: Any,
+                                                         book: Book) -> None:
+    """The entity page carries a hidden notice bound to /live?entity=...; live.js shows it on a refresh."""
+    first = await enqueue_dispatch(book, kind="k", deliver_to="ok")
+    await sign_in("viewer")
+    html = (await client.get(f"/e/dispatch/{first}")).text
+    assert f'hidden data-live="/live?entity=dispatch/{first}"' in html
+    assert '<script src="/static/live.js" defer></script>' in html
+    script = (await client.get("/static/live.js")).text
+    assert "EventSource" in script and "region.hidden = false" in script

@@ -1,6 +1,7 @@
 // statebook console: live figures. A region marked data-live="<events URL>" data-fragment="<fragment URL>"
-// listens to the server's events and, on each "refresh", fetches its fragment and swaps it in. Without this
-// script the page still works: its Refresh link reloads it.
+// listens to the server's events and, on each "refresh", fetches its fragment and swaps it in. An element with
+// data-live and no data-fragment is a notice, shown on the first "refresh" (a page holding forms is not
+// swapped under the reader's hands). Without this script the page still works: reloading it refreshes it.
 (function () {
   "use strict";
   if (!window.EventSource || !window.fetch) { return; }
@@ -36,11 +37,15 @@
 
     source.addEventListener("open", function () { region.setAttribute("data-live-state", "open"); });
     source.addEventListener("error", function () { region.setAttribute("data-live-state", "reconnecting"); });
-    source.addEventListener("refresh", refresh);
     window.addEventListener("pagehide", function () { source.close(); });
+    if (region.hasAttribute("data-fragment")) {
+      source.addEventListener("refresh", refresh);
+    } else {
+      source.addEventListener("refresh", function () { region.hidden = false; source.close(); });
+    }
   }
 
   document.addEventListener("DOMContentLoaded", function () {
-    Array.prototype.forEach.call(document.querySelectorAll("[data-live][data-fragment]"), watch);
+    Array.prototype.forEach.call(document.querySelectorAll("[data-live]"), watch);
   });
 })();
