@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from statebook.adapters.leader import LEASE
 from statebook.adapters.stats import DELIVERY_OUTCOMES, Due, collect_stats
 from statebook.lifecycle import Book
 from statebook.lifecycle.chain import Switch, read_switch
@@ -38,8 +39,6 @@ CHART_MINUTES = 60
 CHART_FACTS = 10_000
 """The most facts the deliveries chart reads (the newest, by seq): on a book busier than that per hour the
 chart covers its last minutes only, and says from when."""
-LEASE = "scheduler"
-"""The scheduler's leadership lease (``adapters/leader.py``)."""
 
 _REASONS: dict[str, tuple[str, str]] = {
     reason: (lifecycle, outcome) for lifecycle, mapping in DELIVERY_OUTCOMES.items() for reason, outcome in mapping.items()
