@@ -32,8 +32,8 @@ from .pages import render
 from .state import console
 from .svg import bar_chart
 
-__all__ = ["CHART_FACTS", "CHART_MINUTES", "Daemon", "Deliveries", "Figures", "Lease", "deliveries_per_minute",
-           "figures", "overview", "routes"]
+__all__ = ["CHART_FACTS", "CHART_MINUTES", "Daemon", "Deliveries", "Figures", "Lease", "chart_query",
+           "deliveries_per_minute", "figures", "overview", "routes"]
 
 CHART_MINUTES = 60
 CHART_FACTS = 10_000
@@ -121,6 +121,14 @@ def _ordered_entities(book: Book, found: Mapping[str, Mapping[str, int]]) -> dic
             for lc in book.registry}
 
 
+def chart_query(floor: int, start: float, end: float) -> sa.Select[tuple[float, str]]:
+    """The delivery facts with ``seq > floor`` and a time in [start, end): a range of the primary key."""
+    f = facts_table
+    # No condition on entity_type: the planner would take its index and read every delivery fact.
+    return sa.select(f.c.at, f.c.reason_code).where(f.c.seq > floor, f.c.at >= start, f.c.at < end,
+                                                     f.c.reason_code.in_(list(_REASONS)))
+
+
 async def deliveries_per_minute(book: Book, now: float, *, minutes: int = CHART_MINUTES,
                                 limit: int = CHART_FACTS) -> Deliveries:
     """Delivery outcomes (``stats.DELIVERY_OUTCOMES``) per minute of the last ``minutes``, from the newest
@@ -137,11 +145,7 @@ async def deliveries_per_minute(book: Book, now: float, *, minutes: int = CHART_
                 sa.select(f.c.at).where(f.c.seq <= floor).order_by(f.c.seq.desc()).limit(1))).scalar()
             if last_left is not None and float(last_left) >= start:
                 since = float(last_left)  # the window holds facts older than the newest `limit`
-        rows = (await conn.execute(
-            sa.select(f.c.at, f.c.reason_code)
-            # No condition on entity_type: the planner would take its index and read every delivery fact.
-            .where(f.c.seq > floor, f.c.at >= start, f.c.at < end, f.c.reason_code.in_(list(_REASONS)))
-        )).all()
+        rows = (await conn.execute(chart_query(floor, start, end))).all()
     buckets: list[tuple[float, dict[str, int]]] = [(start + 60 * i, {}) for i in range(minutes)]
     by_lifecycle: dict[str, dict[str, int]] = {}
     for at, reason in rows:

@@ -144,3 +144,24 @@ def figure(html: str, name: str) -> str:
     found = re.search(rf'data-figure="{re.escape(name)}"[^>]*>([^<]*)<', html)
     assert found, f"no figure {name!r} on the page"
     return found.group(1).strip()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_the_figures_read_indexes_not_the_whole_tables(book: Book) -> None:
+    """SQLite's plans: the counts of a table with both partial status indexes read them (the settled one
+    covers the status), the chart reads a range of the fact log's primary key."""
+    from sqlalchemy.dialects import sqlite
+
+    from statebook.adapters.stats import _entities_query
+    from statebook.adapters.web.overview import chart_query
+
+    def plan_of(query: Any) -> str:
+        return str(query.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+
+    async with book.read() as conn:
+        counts = [r[3] for r in await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + plan_of(_entities_query(book)))]
+        chart = [r[3] for r in await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + plan_of(chart_query(10, 0.0, 60.0)))]
+    assert "SEARCH dispatch_outbox USING COVERING INDEX idx_dispatch_outbox_settled (status=?)" in counts
+    assert "SEARCH notifications USING COVERING INDEX ix_notifications_settled (status=?)" in counts
+    assert not any(step.startswith("SCAN dispatch_outbox") and "INDEX" not in step for step in counts)
+    assert chart == ["SEARCH status_transitions USING INTEGER PRIMARY KEY (rowid>?)"]
