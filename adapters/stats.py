@@ -23,7 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, Clock
+from statebook.lifecycle import Book, Clock, Lifecycle
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.schema import status_in
 from statebook.outbox import dispatch_outbox
@@ -177,12 +177,30 @@ class Stats:
         }
 
 
+def _status_parts(lc: Lifecycle) -> list[tuple[str, ...]] | None:
+    """The status sets to count apart, each with the predicate of one of the table's partial status indexes
+    (``status_index``): its active and its terminal statuses, when it has an index for both; else None.
+
+    Counted apart, each part is read from its index (SQLite: the settled one covers ``status``) instead of
+    scanning every row; between them they cover every status."""
+    roles = set(lc.table.info.get("status_indexes", {}).values())
+    terminal = tuple(s for s in lc.statuses if s in lc.terminal)
+    if roles < {"active", "terminal"} or not lc.active or not terminal:
+        return None
+    return [lc.active, terminal]
+
+
 def _entities_query(book: Book) -> sa.CompoundSelect | sa.Select[Any]:
-    parts = [
-        sa.select(sa.literal(lc.entity_type, sa.Text).label("lifecycle"), lc.table.c.status,
-                  sa.func.count().label("n")).group_by(lc.table.c.status)
-        for lc in book.registry
-    ]
+    parts = []
+    for lc in book.registry:
+        t = lc.table
+        query = sa.select(sa.literal(lc.entity_type, sa.Text).label("lifecycle"), t.c.status,
+                          sa.func.count().label("n")).group_by(t.c.status)
+        # The predicate's text is the index's own (status_in, literals in declared order), so either planner
+        # proves the partial index usable.
+        split = _status_parts(lc)
+        parts += [query] if split is None else [query.where(sa.text(status_in(f"{t.name}.status", statuses)))
+                                                for statuses in split]
     return parts[0] if len(parts) == 1 else sa.union_all(*parts)
 
 
@@ -229,10 +247,12 @@ def _latency_query() -> sa.Select[Any]:
     )
 
 
-async def collect_stats(book: Book, *, clock: Clock | None = None) -> Stats:
+async def collect_stats(book: Book, *, clock: Clock | None = None, history: bool = True) -> Stats:
     """Read every figure of :class:`Stats` in one read transaction, one query per part.
 
-    ``clock`` (default the book's) gives the time the due backlog is measured against.
+    ``clock`` (default the book's) gives the time the due backlog is measured against. ``history=False``
+    reads the rows only (entities and due, from indexes and the managed tables): the fact log and the
+    attempts are not scanned, so ``transitions`` and ``latency`` stay empty (what a page refreshed live needs).
     """
     now = (clock or book.clock).now()
     entities: dict[str, dict[str, int]] = {lc.entity_type: {} for lc in book.registry}
@@ -242,12 +262,13 @@ async def collect_stats(book: Book, *, clock: Clock | None = None) -> Stats:
     async with book.read() as conn:
         for lifecycle, status, n in (await conn.execute(_entities_query(book))).all():
             entities[lifecycle][status] = int(n)
-        rows = await conn.execute(_facts_query(book.dialect))
-        for lifecycle, reason, n in rows.all():
-            transitions.setdefault(lifecycle, {})[reason] = int(n)
+        if history:
+            rows = await conn.execute(_facts_query(book.dialect))
+            for lifecycle, reason, n in rows.all():
+                transitions.setdefault(lifecycle, {})[reason] = int(n)
         for lifecycle, n, oldest in (await conn.execute(_due_query(book), {"b_now": now})).all():
             due[lifecycle] = Due(int(n), None if oldest is None else max(0.0, now - float(oldest)))
-        if "channel_attempt" in book.registry:
+        if history and "channel_attempt" in book.registry:
             for row in (await conn.execute(_latency_query())).all():
                 buckets = {_bound(b): int(row[3 + i] or 0) for i, b in enumerate(LATENCY_BUCKETS)}
                 buckets["+Inf"] = int(row[1])

@@ -27,12 +27,13 @@ def token(request: Request) -> str:
     return hmac.new(c.session_key, b"statebook-csrf-v1." + secret.encode(), hashlib.sha256).hexdigest()
 
 
-async def form(request: Request) -> FormData:
-    """The POSTed form, after its CSRF token was checked (403 when it is missing or wrong)."""
+async def form(request: Request, *, files: int = 0, max_bytes: int = MAX_FORM_BYTES) -> FormData:
+    """The POSTed form, after its CSRF token was checked (403 when it is missing or wrong). ``files``: how many
+    uploaded files it may carry (a multipart form), ``max_bytes``: its largest size."""
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_FORM_BYTES:
+    if length is not None and length.isdigit() and int(length) > max_bytes:
         raise HTTPException(413, "the form is too large")
-    data = await request.form(max_files=0, max_fields=2000)
+    data = await request.form(max_files=files, max_fields=2000)
     given = request.headers.get(HEADER) or data.get(FIELD)
     if not isinstance(given, str) or not given:
         raise HTTPException(403, "the form has no CSRF token: reload the page and try again")

@@ -64,6 +64,9 @@ async def serving(book: Book, settings: Any, host: str, port: int) -> AsyncItera
     try:
         yield url
     finally:
+        console = getattr(srv.config.app.state, "console", None)
+        if console is not None and console.live is not None:
+            await console.live.close()  # live streams end first: uvicorn waits for every open connection
         srv.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
