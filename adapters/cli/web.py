@@ -37,13 +37,20 @@ def web_cmd(
     run(_serve(settings, host, port))
 
 
-async def _serve(settings: Any, host: str, port: int) -> None:
+async def open_console_book(settings: Any) -> Any:
+    """The book the console serves: the settings' database and registry, with their bounds and chain key
+    (its actions write facts, which a keyed chain must carry keyed)."""
     from statebook.adapters.db import open_book
+
+    return await open_book(settings.db, registry=cli_registry(settings.app), limits=settings.book_limits(),
+                           chain_key=settings.audit.key(), app=settings.app or "", must_exist=False)
+
+
+async def _serve(settings: Any, host: str, port: int) -> None:
     from statebook.adapters.web.serve import check_bind, serving
 
     check_bind(host, settings)
-    book = await open_book(settings.db, registry=cli_registry(settings.app), limits=settings.book_limits(),
-                           chain_key=settings.audit.key(), app=settings.app or "", must_exist=False)
+    book = await open_console_book(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -62,3 +62,21 @@ async def test_the_console_mounted_under_a_path_links_under_it(book: Any) -> Non
         assert page.status_code == 200
         assert 'href="/ops/static/console.css"' in page.text and 'action="/ops/sign-in"' in page.text
         assert (await client.get("/ops/static/htmx.min.js")).status_code == 200
+
+
+async def test_the_console_opens_its_book_with_the_chain_key(tmp_path: Path, monkeypatch: Any) -> None:
+    """The console's actions write facts: on a keyed database they must be keyed like the CLI's writes."""
+    from statebook.adapters.cli.web import open_console_book
+
+    monkeypatch.setenv("TEST_CHAIN_KEY", "c" * 32)
+    settings = Settings(db=f"sqlite:///{tmp_path / 'k.db'}", audit={"chain_key": {"env": "TEST_CHAIN_KEY"}})
+    book = await open_console_book(settings)
+    try:
+        assert book.chain_key is not None and book.chain_key == settings.audit.key()
+    finally:
+        await book.engine.dispose()
+    plain = await open_console_book(Settings(db=f"sqlite:///{tmp_path / 'p.db'}"))
+    try:
+        assert plain.chain_key is None
+    finally:
+        await plain.engine.dispose()
