@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
+
 from statebook.lifecycle import Actor, Book, Lifecycle
 from statebook.lifecycle.errors import InvalidArgument, StatebookError
 from statebook.lifecycle.inputs import text
@@ -66,6 +68,8 @@ class Action:
     cli: str = ""
     fields: tuple[str, ...] = ()
     applies: Callable[[Mapping[str, Any]], bool] | None = field(default=None, repr=False)
+    where: Callable[[sa.Table], Any] | None = field(default=None, repr=False)
+    """``applies`` as a SQL condition on the lifecycle's table (what a bulk selection adds)."""
     purges: bool = False
     bulk: bool = True
 
@@ -202,6 +206,10 @@ def _unresolved_dead_letter(row: Mapping[str, Any]) -> bool:
     return bool(row.get("dead_letter")) and row.get("resolved_at") is None
 
 
+def _unresolved_dead_letters(t: sa.Table) -> Any:
+    return sa.and_(t.c.dead_letter == 1, t.c.resolved_at.is_(None))
+
+
 TABLE: tuple[Action, ...] = (
     Action("dispatch", "retry", "Retry", "pending", ("dead_letter", "expired"), _retry,
            api="retry_dispatch", cli="statebook dispatch retry ID"),
@@ -214,6 +222,7 @@ TABLE: tuple[Action, ...] = (
     Action("notification", "replay", "Replay", "pending", ("failed",), _replay,
            api="replay_notification", cli="statebook notify replay ID --note REASON"),
     Action("notification", "resolve", "Resolve", "failed", ("failed",), _resolve, applies=_unresolved_dead_letter,
+           where=_unresolved_dead_letters,
            api="resolve_notification", cli="statebook notify resolve ID --reason REASON"),
     Action("schedule", "enable", "Enable", "active", ("paused", "exhausted"), _toggle("active"),
            api="enable_schedule", cli="statebook schedule enable ID"),
@@ -284,3 +293,14 @@ async def perform(book: Book, entity_type: str, action: str | Action, entity_ids
         except StatebookError as exc:
             results.append(Result(entity_id, False, one_line(exc)))
     return results
+
+
+
+def __getattr__(name: str) -> Any:
+    # The app loads this part's ``routes``; they live in action_routes.py so that the table above needs no
+    # starlette (the CLI's tests and other callers import it without the web extra's server side).
+    if name == "routes":
+        from .action_routes import routes
+
+        return routes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
