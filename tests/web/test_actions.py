@@ -414,3 +414,23 @@ async def test_bulk_acts_on_at_most_the_maximum_per_request(book, client, sign_i
     assert refused.status_code == 400 and [(await get_dispatch(book, d)) is None for d in dead].count(True) == 2
     assert (await client.get("/lifecycles/dispatch/bulk/ack")).status_code == 404  # one at a time only
     assert (await client.get("/lifecycles/dispatch/bulk/retry", params={"status": "nope"})).status_code == 400
+
+
+async def test_the_entity_page_shows_the_forms_to_an_operator_only(book, client, sign_in):
+    pytest.importorskip("statebook.adapters.web.entity")  # TEMP: until the browse part is on main
+    dead = await dead_dispatch(book)
+    await sign_in("viewer")
+    page = (await client.get(f"/e/dispatch/{dead}")).text
+    assert "/act/" not in page and 'name="reason"' not in page
+    assert "/bulk/" not in (await client.get("/lifecycles/dispatch")).text
+    await sign_in("operator")
+    page = (await client.get(f"/e/dispatch/{dead}")).text
+    assert f'action="/e/dispatch/{dead}/act/retry"' in page and f'action="/e/dispatch/{dead}/act/purge"' in page
+    assert "/act/expedite" not in page and "/act/ack" not in page and page.count('name="reason" required') == 2
+    listing = (await client.get("/lifecycles/dispatch", params={"status": "dead_letter"})).text
+    assert 'href="/lifecycles/dispatch/bulk/retry?status=dead_letter"' in listing
+    assert f'href="/e/dispatch/{dead}#act-retry"' in listing
+    purged = await post_act(client, await sign_in("operator"), "dispatch", dead, "purge")
+    assert purged.status_code == 303
+    page = await client.get(purged.headers["location"])
+    assert page.status_code == 200 and f"purged {dead}" in page.text and "/act/" not in page.text
