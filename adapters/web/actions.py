@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from statebook.lifecycle import Actor, Book, Lifecycle
 from statebook.lifecycle.errors import InvalidArgument, StatebookError
 from statebook.lifecycle.inputs import text
-from statebook.outbox import (ack_dispatch, expedite_dispatch, get_dispatch, purge_dispatch, retry_dispatch)
+from statebook.outbox import ack_dispatch, expedite_dispatch, get_dispatch, purge_dispatch, retry_dispatch
 from statebook.outbox.notifications import replay_notification, resolve_notification
-from statebook.scheduler.store import disable_schedule, enable_schedule, get_schedule
+from statebook.scheduler import disable_schedule, enable_schedule, get_schedule
 
 OPERATOR = "operator"
 REASON_CHARS = 500

@@ -434,3 +434,17 @@ async def test_the_entity_page_shows_the_forms_to_an_operator_only(book, client,
     assert purged.status_code == 303
     page = await client.get(purged.headers["location"])
     assert page.status_code == 200 and f"purged {dead}" in page.text and "/act/" not in page.text
+
+
+def test_the_docs_table_is_the_action_table(book):
+    """docs/console.md, "Operator actions": one line per action with its statuses, API call and CLI command."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "console.md").read_text()
+    section = docs.split("## Operator actions", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(lines) == len(actions.TABLE)
+    for line, action in zip(lines, actions.TABLE, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:2] == [action.entity_type, action.label] and cells[3:] == [f"`{action.api}`", f"`{action.cli}`"]
+        assert cells[2].split(" (")[0] == ", ".join(f"`{s}`" for s in action.sources(book.policy(action.entity_type)))
