@@ -160,8 +160,8 @@ def _toggle(target: str) -> Call:
     return call
 
 
-_running: set[asyncio.Task[Any]] = set()
-"""Manual fires still running in this process (a reference keeps each task alive until it ends)."""
+_running: dict[asyncio.Task[Any], Book] = {}
+"""Manual fires still running in this process, each with its book (a reference keeps a task alive)."""
 
 
 async def _fire(act: Act, schedule_id: str) -> str:
@@ -183,18 +183,26 @@ async def _fire(act: Act, schedule_id: str) -> str:
         try:
             await engine.wait_idle()
         finally:
-            await engine.stop()
+            await engine.stop()  # also when cancelled: the run's process group is terminated
 
     task = asyncio.create_task(finish(), name=f"console-fire-{run_id}")
-    _running.add(task)
-    task.add_done_callback(_running.discard)
+    _running[task] = act.book
+    task.add_done_callback(lambda done: _running.pop(done, None))
     return f"fired {schedule_id}: run {run_id}"
 
 
 async def wait_for_fires() -> None:
-    """Wait until every manual fire started in this process has ended (tests, shutdown)."""
+    """Wait until every manual fire started in this process has ended (tests)."""
     while _running:
         await asyncio.gather(*list(_running), return_exceptions=True)
+
+
+async def shutdown(console: Any) -> None:
+    """When the app stops: the manual fires it started stop too (their runs end as a daemon's do)."""
+    mine = [task for task, book in list(_running.items()) if book is console.book]
+    for task in mine:
+        task.cancel()
+    await asyncio.gather(*mine, return_exceptions=True)
 
 
 # -- the table -------------------------------------------------------------------------------------------

@@ -448,3 +448,30 @@ def test_the_docs_table_is_the_action_table(book):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[:2] == [action.entity_type, action.label] and cells[3:] == [f"`{action.api}`", f"`{action.cli}`"]
         assert cells[2].split(" (")[0] == ", ".join(f"`{s}`" for s in action.sources(book.policy(action.entity_type)))
+
+
+async def test_a_fire_still_running_stops_with_the_app(book, settings, tmp_path):
+    """Fire now runs in the console's process: when the app stops, the run is stopped as a daemon's is."""
+    import httpx
+
+    from statebook.adapters.web import create_app
+    from statebook.scheduler import get_run
+
+    from .conftest import PASSWORDS, csrf_of
+
+    row = await create_schedule(book, {"name": "slow", "trigger_type": "interval", "interval_sec": 3600,
+                                       "action_kind": "command", "action_command": sys.executable,
+                                       "action_command_args": ["-c", "import time; time.sleep(60)"],
+                                       "action_cwd": str(tmp_path)})
+    app = create_app(book, settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as client:
+            await client.post("/sign-in", data={"name": "olga", "password": PASSWORDS["olga"],
+                                                "csrf_token": await csrf_of(client)})
+            fired = await post_act(client, await csrf_of(client), "schedule", row.id, "fire")
+            assert fired.status_code == 303
+            run_id = fired.headers["location"].rsplit("%20", 1)[1]
+            assert (await get_run(book, run_id)).status == "running"
+    assert not [t for t, b in actions._running.items() if b is book]
+    assert (await get_run(book, run_id)).status == "cancelled"
