@@ -378,7 +378,6 @@ async def test_a_viewer_is_refused_and_nothing_is_written(book, client, sign_in)
 
 
 async def test_bulk_confirms_the_count_and_acts_on_exactly_the_filtered_set(book, client, sign_in):
-    pytest.importorskip("statebook.adapters.web.queries")  # TEMP: until the browse part is on main
     token = await sign_in("operator")
     chosen = [await dead_dispatch(book, dedup_key=f"seat-a-{i}") for i in range(3)]
     other = await dead_dispatch(book, dedup_key="seat-b-0")
@@ -399,7 +398,6 @@ async def test_bulk_confirms_the_count_and_acts_on_exactly_the_filtered_set(book
 
 
 async def test_bulk_acts_on_at_most_the_maximum_per_request(book, client, sign_in, monkeypatch):
-    pytest.importorskip("statebook.adapters.web.queries")  # TEMP: until the browse part is on main
     from statebook.adapters.web import action_routes
 
     monkeypatch.setattr(action_routes, "BULK_MAX", 2)
@@ -417,7 +415,6 @@ async def test_bulk_acts_on_at_most_the_maximum_per_request(book, client, sign_i
 
 
 async def test_the_entity_page_shows_the_forms_to_an_operator_only(book, client, sign_in):
-    pytest.importorskip("statebook.adapters.web.entity")  # TEMP: until the browse part is on main
     dead = await dead_dispatch(book)
     await sign_in("viewer")
     page = (await client.get(f"/e/dispatch/{dead}")).text
