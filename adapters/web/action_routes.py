@@ -37,8 +37,8 @@ def _offered(entity_type: str, row: Any, policy: Lifecycle) -> list[Action]:
 
 
 environment().globals["operator_actions"] = _offered  # templates/actions/*.html ask it what to show
-environment().globals["bulk_actions"] = lambda policy: [
-    a for a in actions_of(policy.entity_type) if a.bulk and a.sources(policy)]
+environment().globals["bulk_actions"] = lambda policy, status=None: [
+    a for a in actions_of(policy.entity_type) if a.bulk and a.sources(policy) and status in (None, *a.sources(policy))]
 
 
 def _entity_url(request: Request, entity_type: str, entity_id: str) -> str:

@@ -426,6 +426,7 @@ async def test_the_entity_page_shows_the_forms_to_an_operator_only(book, client,
     assert "/act/expedite" not in page and "/act/ack" not in page and page.count('name="reason" required') == 2
     listing = (await client.get("/lifecycles/dispatch", params={"status": "dead_letter"})).text
     assert 'href="/lifecycles/dispatch/bulk/retry?status=dead_letter"' in listing
+    assert "/bulk/purge?" in listing and "/bulk/expedite" not in listing  # only what applies to the status
     assert f'href="/e/dispatch/{dead}#act-retry"' in listing
     purged = await post_act(client, await sign_in("operator"), "dispatch", dead, "purge")
     assert purged.status_code == 303
