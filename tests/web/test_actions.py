@@ -13,8 +13,8 @@ from statebook.adapters.web.actions import ActionRefused, available, perform
 from statebook.lifecycle import Actor, Lifecycle, edges, history, managed_table
 from statebook.lifecycle.errors import StatebookError
 from statebook.lifecycle.facts import facts_table
-from statebook.outbox import (CallableTransport, ack_dispatch, deliver_due_dispatches, enqueue_dispatch,
-                              expedite_dispatch, get_dispatch, purge_dispatch, retry_dispatch)
+from statebook.outbox import (CallableTransport, ack_dispatch, deliver_due_dispatches, enqueue_dispatch, get_dispatch,
+                              purge_dispatch, retry_dispatch)
 from statebook.outbox.notifications import (get_notification, replay_notification, resolve_notification,
                                             send_notification)
 from statebook.outbox.notifications.delivery import deliver_due_notifications

@@ -173,7 +173,8 @@ def methods_by_path(app: Any) -> dict[str, set[str]]:
     """Each path and the methods its routes take (one path may have a route per method)."""
     found: dict[str, set[str]] = {}
     for path, route in route_paths(app):
-        found.setdefault(path, set()).update({"GET"} if isinstance(route, Mount) else set(route.methods or ()) - {"HEAD"})
+        taken = {"GET"} if isinstance(route, Mount) else set(route.methods or ()) - {"HEAD"}
+        found.setdefault(path, set()).update(taken)
     return found
 
 
