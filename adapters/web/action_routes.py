@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Route
 
 from statebook.lifecycle import Actor, Lifecycle
 from statebook.lifecycle.errors import InvalidArgument, UnknownEntityType
-from statebook.lifecycle.inputs import text
+from statebook.lifecycle.inputs import KEY_CHARS, text
 
 from .actions import (BULK_MAX, OPERATOR, Action, ActionRefused, Result, actions_of, available, find, one_line,
                       perform)
@@ -26,6 +26,7 @@ from .auth import requires
 from .csrf import form
 from .errors import page_error
 from .pages import environment, path_part, render, root
+from .queries import Filters, page_query, parse_time
 from .state import console
 
 FILTERS = ("status", "since", "until", "text")
@@ -90,25 +91,28 @@ async def _selection(request: Request, policy: Lifecycle, action: Action, params
                      ) -> tuple[dict[str, str], int, int, sa.Select[Any]]:
     """The browse filter in ``params`` (checked as the browse page checks it), how many entities it selects,
     how many of them the action applies to, and the select of those (newest first, at most BULK_MAX)."""
-    from .queries import Filters, page_query, parse_time
-
     status = params.get("status") or None
     if status is not None and status not in policy.statuses:
         raise InvalidArgument(f"status: {policy.entity_type} has no status {status[:60]!r}; its statuses are "
                               f"{', '.join(policy.statuses)}", argument="status", rule="vocabulary")
     found = params.get("text") or None
     if found is not None:
-        text("text", found, max_chars=255)
+        text("text", found, max_chars=KEY_CHARS)
     filters = Filters(status, parse_time("since", params.get("since")), parse_time("until", params.get("until")), found)
     t = policy.table
-    everything = page_query(policy, filters, 2**62)
+    everything = page_query(policy, filters, BULK_MAX)  # the browse page's select: its filter and its order
     chosen = everything.where(t.c.status.in_(action.sources(policy)))
     if action.where is not None:
         chosen = chosen.where(action.where(t))
+
+    def count(query: sa.Select[Any]) -> sa.Select[Any]:
+        return sa.select(sa.func.count()).select_from(query.order_by(None).limit(None).with_only_columns(t.c.id)
+                                                      .subquery())
+
     async with console(request).book.read() as conn:
-        total = (await conn.execute(sa.select(sa.func.count()).select_from(everything.subquery()))).scalar_one()
-        applicable = (await conn.execute(sa.select(sa.func.count()).select_from(chosen.subquery()))).scalar_one()
-    picked = chosen.with_only_columns(t.c.id).limit(BULK_MAX)
+        total = (await conn.execute(count(everything))).scalar_one()
+        applicable = (await conn.execute(count(chosen))).scalar_one()
+    picked = chosen.with_only_columns(t.c.id)
     return filters.params(), total, applicable, picked
 
 
