@@ -182,6 +182,8 @@ async def test_refusals_are_the_apis_messages_and_write_nothing(book, clock):
 async def test_ack_takes_the_token_as_the_cli_does(book):
     did = await enqueue_dispatch(book, kind="k", deliver_to="seat", ack_required=True)
     token = (await get_dispatch(book, did)).ack_token.get_secret_value()
+    model = await get_dispatch(book, did)  # a read model is a row too
+    assert [a.name for a in available("dispatch", model, policy=book.policy("dispatch"))] == ["expedite", "ack"]
     with pytest.raises(ActionRefused, match="token"):
         await perform(book, "dispatch", "ack", [did], ALICE, WHY)
     [done] = await perform(book, "dispatch", "ack", [did], ALICE, WHY, fields={"token": token})
