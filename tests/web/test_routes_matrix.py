@@ -246,7 +246,10 @@ def probe(path: str, ids: dict[str, str], token: str) -> tuple[str, str, dict[st
 
 # -- the matrix ------------------------------------------------------------------------------------------------
 async def test_every_route_is_in_the_matrix(app):
-    """A route nobody put in the matrix fails here; a guarded endpoint's role is the matrix's."""
+    """A route nobody put in the matrix fails here, and so does a matrix entry no route serves any more; a
+    guarded endpoint's role is the matrix's."""
+    gone = set(MATRIX) - set(methods_by_path(app))
+    assert not gone, f"{sorted(gone)}: in MATRIX but served by no route (remove them, or the route came back?)"
     for path, methods in methods_by_path(app).items():
         assert path in MATRIX, f"{path}: add it to MATRIX in tests/web/test_routes_matrix.py (who may use it?)"
         assert methods == set(MATRIX[path]), f"{path}: methods {sorted(methods)} vs the matrix's {sorted(MATRIX[path])}"
