@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, Clock, Reason
+from statebook.lifecycle import Actor, Book, Clock, Reason
 from statebook.lifecycle.inputs import KEY_CHARS, text, timestamp
 
 from . import admission as gates
@@ -31,7 +31,7 @@ from .polling import GithubPolling, Poller
 from .recovery import _LIVE_DAEMONS, new_daemon_id, reap
 from .runs import finalize_run
 from .schema import schedule_runs, schedules
-from .store import ref_arg
+from .store import SCHEDULER, ref_arg
 from .triggers import following
 
 log = logging.getLogger("statebook.scheduler")
@@ -328,12 +328,13 @@ class SchedulerEngine:
                                          f"not launched: the scheduler lease of epoch {epoch} lapsed before the launch"))
 
     # -- manual fire and missed fires ---------------------------------------------------------
-    async def fire_now(self, schedule_id: str) -> str:
+    async def fire_now(self, schedule_id: str, *, actor: Actor = SCHEDULER, note: str | None = None) -> str:
         """Fire a schedule now (an operator's act, ``Firing.manual``): budget, max_runs and a global slot
         are checked, a refusal raises (``CapacityExhausted`` when every slot is busy). Returns the run id;
-        the run goes on in this engine (:meth:`fire_and_wait` waits for it and says how it ended)."""
+        the run goes on in this engine (:meth:`fire_and_wait` waits for it and says how it ended).
+        ``actor`` and ``note`` (the operator and why) are written in the fire's facts."""
         ref_arg("schedule_id", schedule_id)
-        return await self.firing.manual(schedule_id)
+        return await self.firing.manual(schedule_id, actor=actor, note=note)
 
     async def fire_and_wait(self, schedule_id: str) -> ManualFire:
         """:meth:`fire_now`, then wait for the run and its follow-ups to end; ``.failed`` says whether

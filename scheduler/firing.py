@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
-from statebook.lifecycle import Book, Reason, transition
+from statebook.lifecycle import Actor, Book, Reason, transition
 
 from . import admission
 from .admission import DUE, ON_DEMAND, Gates, SlotHandle, Slots, Verdict
@@ -26,7 +26,7 @@ from .leadership import Leader
 from .occurrence import claim, exhaust, lock
 from .runs import open_run, open_runs
 from .errors import CapacityExhausted, ScheduleError
-from .store import SCHEDULER, schedule_row
+from .store import SCHEDULER, actor_arg, note_arg, schedule_row, with_note
 from .triggers import following, missed_between
 
 Launch = Callable[[Mapping[str, Any], str, Mapping[str, Any], SlotHandle], None]
@@ -95,9 +95,12 @@ class Firing:
             out = await claim(tx, s, due, nxt, fired=False, extra=patch, reason=Reason(code, summary))
         return out.applied
 
-    async def manual(self, schedule_id: str) -> str:
+    async def manual(self, schedule_id: str, *, actor: Actor = SCHEDULER, note: str | None = None) -> str:
         """An operator's fire (S5): budget, max_runs and a global slot; a refusal raises and opens no run
-        (budget or max_runs spent exhausts an active schedule, as the tick would). Returns the run id."""
+        (budget or max_runs spent exhausts an active schedule, as the tick would). Returns the run id.
+        ``actor`` and ``note`` are the facts' (the schedule's and the run's) actor and summary's note."""
+        actor_arg(actor)
+        note_arg(note)
         s = await schedule_row(self.book, schedule_id)
         if s["status"] not in ("active", "paused"):
             raise ScheduleError(f"schedule {s['name']} is {s['status']}; enable it before firing")
@@ -112,9 +115,11 @@ class Firing:
                 if current is not None and verdict is not None:
                     if verdict.gate in ("budget", "max_runs") and current["status"] == "active":
                         await exhaust(tx, current, f"schedule.exhausted.{verdict.gate}", verdict.summary)
-                    elif refusal is None and (await _touch(tx, current, "schedule_run.running.manual")).applied:
-                        run_id = await open_run(tx, current, context=context, daemon_id=self.daemon_id,
-                                                reason=Reason("schedule_run.running.manual", "manual fire"))
+                    elif refusal is None and (await _touch(tx, current, with_note("schedule_run.running.manual", note),
+                                                           actor)).applied:
+                        run_id = await open_run(tx, current, context=context, daemon_id=self.daemon_id, actor=actor,
+                                                reason=Reason("schedule_run.running.manual",
+                                                              with_note("manual fire", note)))
         except BaseException:
             _release(verdict)
             raise
@@ -256,9 +261,9 @@ def _release(verdict: Verdict | None) -> None:
         verdict.handle.release()
 
 
-async def _touch(tx: Book, s: Mapping[str, Any], why: str) -> Any:
+async def _touch(tx: Book, s: Mapping[str, Any], why: str, actor: Actor = SCHEDULER) -> Any:
     """A same-status transition on the schedule: a manual fire audited on the schedule (S5)."""
     status = s["status"]
-    return await transition(tx, "schedule", s["id"], status, expected=status, actor=SCHEDULER,
+    return await transition(tx, "schedule", s["id"], status, expected=status, actor=actor,
                             patch={"last_fired_at": tx.clock.now()},
                             reason=Reason(f"schedule.{status}.manual_fire", why))

@@ -26,6 +26,8 @@ from .triggers import first_fire
 OPERATOR = Actor("operator", "cli")
 SCHEDULER = Actor("system", "scheduler")
 RUN_TERMINAL = ("completed", "failed", "timed_out", "skipped", "cancelled")
+NOTE_CHARS = 500
+"""The longest operator note kept in a fact's summary (the console's reason field)."""
 LIST_LIMIT = 100_000
 """the most rows one ``list_runs`` returns"""
 
@@ -49,6 +51,16 @@ def zone_arg(default_zone: Any) -> str | None:
 def flag_arg(argument: str, value: Any) -> bool:
     """Return ``value`` when it is a bool; raises ``InvalidArgument`` naming ``argument`` otherwise."""
     return inputs.flag(argument, value)  # type: ignore[return-value]
+
+
+def note_arg(note: Any) -> str | None:
+    """An operator's note for the fact's summary: None, or text of at most :data:`NOTE_CHARS` characters."""
+    return None if note is None else text("note", note, max_chars=NOTE_CHARS)
+
+
+def with_note(summary: str, note: str | None) -> str:
+    """A fact's summary with the operator's note after it, in parentheses (as a notification replay's)."""
+    return f"{summary} ({note})" if note else summary
 
 
 def _row(row: Any) -> dict[str, Any]:
@@ -142,10 +154,13 @@ async def list_schedules(book: Book, *, include_deleted: bool = False) -> list[S
         return [Schedule.from_row(r) for r in await conn.execute(q)]
 
 
-async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = None, actor: Actor = OPERATOR) -> Schedule:
-    """paused → active (or exhausted → active by an operator, resetting cadence)."""
+async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = None, actor: Actor = OPERATOR,
+                          note: str | None = None) -> Schedule:
+    """paused → active (or exhausted → active by an operator, resetting cadence); ``note`` is kept in the
+    fact's summary."""
     zone_arg(default_zone)
     actor_arg(actor)
+    note_arg(note)
     row = await schedule_row(book, ref)
     if row["status"] == "active":
         return Schedule.from_row(row)
@@ -159,24 +174,27 @@ async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = No
         raise ScheduleError(f"schedule {row['name']} is a one-shot whose time has passed; create a new one")
     code = "schedule.active.operator_reset" if row["status"] == "exhausted" else "schedule.active.enabled"
     out = await transition(book, "schedule", row["id"], "active", expected=row["status"], actor=actor,
-                           reason=Reason(code, "enabled by operator"), patch={"enabled": 1, "next_fire_at": nxt})
+                           reason=Reason(code, with_note("enabled by operator", note)),
+                           patch={"enabled": 1, "next_fire_at": nxt})
     if out.conflict:
         raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
     return await get_schedule(book, row["id"])
 
 
-async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> Schedule:
+async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR, note: str | None = None) -> Schedule:
     """Pause an active schedule (a paused one is returned as it is); raises ``EntityNotFound`` or ``ScheduleError``
-    for another status.
+    for another status. ``note`` is kept in the fact's summary.
     """
     actor_arg(actor)
+    note_arg(note)
     row = await schedule_row(book, ref)
     if row["status"] == "paused":
         return Schedule.from_row(row)
     if row["status"] != "active":
         raise ScheduleError(f"schedule {row['name']} is {row['status']}; only active schedules can be disabled")
     out = await transition(book, "schedule", row["id"], "paused", expected="active", actor=actor,
-                           reason=Reason("schedule.paused.disabled", "disabled by operator"), patch={"enabled": 0})
+                           reason=Reason("schedule.paused.disabled", with_note("disabled by operator", note)),
+                           patch={"enabled": 0})
     if out.conflict:
         raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
     return await get_schedule(book, row["id"])

@@ -33,18 +33,21 @@ def _token_matches(stored: str | None, presented: object) -> bool:
     return hmac.compare_digest(stored.encode(), presented.encode())
 
 
-async def ack_dispatch(book: Book, dispatch_id: str, ack_token: str, *, actor: Actor = CONSUMER_ACTOR) -> bool:
+async def ack_dispatch(book: Book, dispatch_id: str, ack_token: str, *, actor: Actor = CONSUMER_ACTOR,
+                       note: str | None = None) -> bool:
     """Acknowledge a dispatch; True when it is (now or already) acked, False when a race lost.
 
     Raises ``LookupError`` (:class:`EntityNotFound`) for a missing row and ``ValueError``
     (:class:`AckRejected`) when no acknowledgement was requested or the token is wrong. A repeated
     correct ack of an acked row returns True and writes nothing. A row that already left the
     acknowledgement tier (dead_letter, expired) cannot be acked: :class:`TransitionRejected`.
+    ``note`` (who acknowledged and why, at most 500 characters) is kept in the fact's summary.
     """
     checks.book_arg(book)
     checks.dispatch_id(dispatch_id)
     checks.text_arg("ack_token", ack_token)  # its form only: the message never shows the token
     checks.actor(actor)
+    summary = checks.with_note("acknowledged with the dispatch's token", checks.note(note))
     row = await _read(book, dispatch_id)
     if row is None:
         raise EntityNotFound(f"dispatch {dispatch_id!r} does not exist")
@@ -62,7 +65,7 @@ async def ack_dispatch(book: Book, dispatch_id: str, ack_token: str, *, actor: A
         )
     outcome = await transition(
         book, "dispatch", dispatch_id, "acked", expected=row.status,
-        reason=Reason("dispatch.acked.consumer", "acknowledged with the dispatch's token"), actor=actor,
+        reason=Reason("dispatch.acked.consumer", summary), actor=actor,
     )
     if outcome.applied:
         return True

@@ -68,9 +68,11 @@ async def list_dispatches(book: Book, *, status: str | None = None, limit: int =
     return [Dispatch.from_row(r) for r in rows]
 
 
-async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR) -> bool:
+async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR,
+                         note: str | None = None) -> bool:
     """Send a dead_letter or expired dispatch again: ONE operator transition to pending with
     attempt=0, next_attempt_at=now, last_error=None. False when a concurrent change won the race.
+    ``note`` (the operator's why, at most 500 characters) is kept in the fact's summary.
 
     Raises ``LookupError`` (:class:`EntityNotFound`) when the row does not exist and
     :class:`TransitionRejected` (rule ``status``) when it is in another status; neither writes.
@@ -78,6 +80,7 @@ async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATO
     checks.book_arg(book)
     checks.dispatch_id(dispatch_id)
     checks.actor(actor)
+    checks.note(note)
     t = dispatch_outbox
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t.c.status, t.c.attempt).where(t.c.id == dispatch_id))).first()
@@ -92,14 +95,16 @@ async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATO
         outcome = await transition(
             tx, "dispatch", dispatch_id, "pending", expected=row.status, guards={"attempt": row.attempt},
             patch={"attempt": 0, "next_attempt_at": tx.clock.now(), "last_error": None},
-            reason=Reason("dispatch.pending.operator_retry", f"operator retry from {row.status}"), actor=actor,
+            reason=Reason("dispatch.pending.operator_retry",
+                          checks.with_note(f"operator retry from {row.status}", note)), actor=actor,
         )
         if outcome.applied:
             await notify(tx, dispatch_id)
     return outcome.applied
 
 
-async def expedite_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR) -> bool:
+async def expedite_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR,
+                            note: str | None = None) -> bool:
     """Deliver a pending dispatch now instead of after its backoff: ONE operator transition ``pending ->
     pending`` (``dispatch.pending.operator_expedited``) that patches ``next_attempt_at = now``, compared
     and set on the due time and attempt read (O23). The attempt count and its bound stay, so expediting
@@ -109,10 +114,12 @@ async def expedite_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPER
     concurrent change won the race. Raises :class:`EntityNotFound` when the row does not exist and
     :class:`TransitionRejected` (rule ``status``) in another status — a dead letter or an expired dispatch
     is retried instead (:func:`retry_dispatch`) — and (rule ``actor``) for an actor that is not an operator.
+    ``note`` is kept in the fact's summary.
     """
     checks.book_arg(book)
     checks.dispatch_id(dispatch_id)
     checks.actor(actor)
+    checks.note(note)
     t = dispatch_outbox
     async with book.read() as conn:
         row = (await conn.execute(sa.select(t.c.status, t.c.attempt, t.c.next_attempt_at)
@@ -134,8 +141,8 @@ async def expedite_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPER
         outcome = await transition(
             tx, "dispatch", dispatch_id, "pending", expected="pending", guards=guards, patch={"next_attempt_at": now},
             reason=Reason(EXPEDITED,
-                          f"expedited by an operator: attempt {row.attempt + 1} due now, not in "
-                          f"{row.next_attempt_at - now:.0f} s"),
+                          checks.with_note(f"expedited by an operator: attempt {row.attempt + 1} due now, not in "
+                                           f"{row.next_attempt_at - now:.0f} s", note)),
             actor=actor,
         )
         if outcome.applied:
@@ -144,19 +151,22 @@ async def expedite_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPER
 
 
 async def purge_dispatch(
-    book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR, force: bool = False
+    book: Book, dispatch_id: str, *, actor: Actor = OPERATOR_ACTOR, force: bool = False, note: str | None = None
 ) -> bool:
     """Delete one row and append its tombstone fact; False when the row does not exist.
 
-    Non-terminal rows are refused (:class:`TransitionRejected`) unless ``force=True``.
+    Non-terminal rows are refused (:class:`TransitionRejected`) unless ``force=True``. ``note`` is kept
+    in the tombstone's summary.
     """
     checks.book_arg(book)
     checks.dispatch_id(dispatch_id)
     checks.actor(actor)
     checks.flag("force", force)
+    checks.note(note)
     try:
         outcome = await purge(
-            book, "dispatch", dispatch_id, reason=Reason("dispatch.purged.operator", "purged by an operator"),
+            book, "dispatch", dispatch_id,
+            reason=Reason("dispatch.purged.operator", checks.with_note("purged by an operator", note)),
             actor=actor, force=force,
         )
     except EntityNotFound:

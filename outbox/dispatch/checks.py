@@ -28,6 +28,8 @@ MAX_LIST = 100_000
 """``list_dispatches(limit=)`` is 1 to this (each row comes back decoded, payload and all)."""
 ROUTE_CHARS = 4_096
 """The longest ``deliver_to``: a channel, an address, a URL; far below what an argv element carries."""
+NOTE_CHARS = 500
+"""The longest operator note an operator call keeps in its fact's summary (the console's reason field)."""
 MAX_DAYS = 36_600.0
 """Retention periods are more than 0 and at most a century of days."""
 
@@ -92,6 +94,16 @@ def flag(argument: str, value: Any) -> bool:
 def text_arg(argument: str, value: Any) -> str:
     """Text UTF-8 can encode, without NUL (what a command line and both databases carry)."""
     return _as_dispatch(text, argument, value)
+
+
+def note(value: Any) -> str | None:
+    """An operator's note: None, or text of at most :data:`NOTE_CHARS` characters."""
+    return None if value is None else _as_dispatch(text, "note", value, max_chars=NOTE_CHARS)
+
+
+def with_note(summary: str, note: str | None) -> str:
+    """A fact's summary with the operator's note after it, in parentheses (as a notification replay's)."""
+    return f"{summary} ({note})" if note else summary
 
 
 def name(argument: str, value: Any, *, max_chars: int = KEY_CHARS) -> str:
