@@ -25,7 +25,7 @@ from .actions import (BULK_MAX, OPERATOR, Action, ActionRefused, Result, actions
 from .auth import requires
 from .csrf import form
 from .errors import page_error
-from .pages import environment, path_part, render, root
+from .pages import environment, flash_query, path_part, render, root
 from .queries import Filters, page_query, parse_time
 from .state import console
 
@@ -83,7 +83,7 @@ async def act(request: Request) -> Response:
     if _htmx(request):
         return render(request, "actions/answer.html", context)
     if result.done:
-        return RedirectResponse(f"{back}?flash={path_part(result.message[:300])}", status_code=303)
+        return RedirectResponse(f"{back}?{flash_query(request, result.message)}", status_code=303)
     return render(request, "actions/result.html", context, status=status)
 
 

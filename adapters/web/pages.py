@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import jinja2
 from starlette.requests import Request
@@ -63,6 +65,27 @@ def root(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
+def flash_query(request: Request, message: str) -> str:
+    """``flash=...&fs=...``: a message for the page a redirect lands on, signed so that a crafted link cannot
+    put words of its own in the console's status box."""
+    from .state import console
+
+    text = message[:300]
+    mac = hmac.new(console(request).session_key, b"statebook-flash-v1." + text.encode(), hashlib.sha256).hexdigest()
+    return urlencode({"flash": text, "fs": mac[:32]})
+
+
+def flash_of(request: Request) -> str:
+    """The flash message of this request when its signature holds, else ''."""
+    from .state import console
+
+    text, mac = request.query_params.get("flash", ""), request.query_params.get("fs", "")
+    if not text or len(text) > 300:
+        return ""
+    good = hmac.new(console(request).session_key, b"statebook-flash-v1." + text.encode(), hashlib.sha256).hexdigest()
+    return text if hmac.compare_digest(mac.encode(), good[:32].encode()) else ""
+
+
 def render(request: Request, name: str, context: dict[str, Any] | None = None, status: int = 200,
            headers: dict[str, str] | None = None) -> HTMLResponse:
     """``name`` rendered with ``context`` plus what every page gets (see /work/web-design.md)."""
@@ -74,6 +97,6 @@ def render(request: Request, name: str, context: dict[str, Any] | None = None, s
     base = {"request": request, "user": identity(request), "csrf_token": token(request), "console": c,
             "root": root(request),
             "url": request.url_for, "now": c.book.clock.now(),
-            "flash": request.query_params.get("flash", "")[:300]}
+            "flash": flash_of(request)}
     html = environment().get_template(name).render({**base, **(context or {})})
     return HTMLResponse(html, status_code=status, headers=headers)

@@ -177,3 +177,21 @@ def test_public_url_without_a_link_key_is_refused() -> None:
 def test_a_plain_password_is_refused_as_a_hash() -> None:
     with pytest.raises(Exception, match="argon2"):
         web_settings(users={"x": {"password_hash": "hunter2"}})
+
+
+async def test_a_flash_message_shows_only_when_the_console_signed_it(client: httpx.AsyncClient, app: Any,
+                                                                    sign_in: Any) -> None:
+    """A crafted link cannot put its own words in the console's status box (``?flash=`` unsigned)."""
+    from starlette.requests import Request
+
+    from statebook.adapters.web.pages import flash_query
+
+    await sign_in("viewer")
+    crafted = await client.get("/sign-in?flash=Your+session+expired%2C+sign+in+at+evil.example")
+    assert "evil.example" not in crafted.text
+    scope = {"type": "http", "app": app, "headers": [], "query_string": b"", "method": "GET", "path": "/"}
+    signed = flash_query(Request(scope), "retried dispatch d1")
+    shown = await client.get(f"/sign-in?{signed}")
+    assert 'role="status">retried dispatch d1<' in shown.text
+    tampered = signed.replace("d1", "d2")
+    assert "retried dispatch" not in (await client.get(f"/sign-in?{tampered}")).text
