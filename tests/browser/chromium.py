@@ -10,16 +10,20 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 CHROMIUM = Path(os.environ.get("STATEBOOK_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("STATEBOOK_CHROMEDRIVER", "/usr/bin/chromedriver"))
 WIDTH, HEIGHT = 1280, 900
 WAIT_SECONDS = 20.0
 """The longest a scenario waits for a page to show something (live updates on a loaded two-core machine)."""
+PAGE_SECONDS = 30
+"""The longest a page may take to load before the test fails (WebDriver's own default is 300 s)."""
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
@@ -39,6 +43,20 @@ def missing() -> str | None:
             "(Debian/Ubuntu: apt-get install chromium chromium-driver)")
 
 
+def required(environ: Mapping[str, str]) -> bool:
+    """True when a missing browser must fail the browser tests rather than skip them: in CI."""
+    return environ.get("STATEBOOK_REQUIRE_BROWSER") == "1" or environ.get("CI", "").lower() in ("true", "1")
+
+
+def need_browser(problem: str | None, *, require: bool) -> None:
+    """Skip the test for ``problem`` (what is missing), or fail it when the browser is ``require``-d."""
+    if problem is None:
+        return
+    if require:
+        pytest.fail(f"STATEBOOK_REQUIRE_BROWSER=1 (or CI=true) but {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
 @contextmanager
 def chromium() -> Iterator[Browser]:
     """One headless Chromium with a fresh profile, closed (and its profile removed) on exit."""
@@ -51,6 +69,7 @@ def chromium() -> Iterator[Browser]:
     for flag in (*FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(PAGE_SECONDS)
     try:
         yield Browser(driver)
     finally:

@@ -1,6 +1,6 @@
 """The console in a real browser: one headless Chromium per test session, a console served per test.
 
-``chromium`` (session) is Debian's Chromium driven by Selenium (tests/browser/chromium.py). Without it the
+``chromium_session`` is Debian's Chromium driven by Selenium (tests/browser/chromium.py). Without it the
 browser tests SKIP, saying what to install — unless ``STATEBOOK_REQUIRE_BROWSER=1`` or ``CI=true``: then a
 missing browser FAILS them, as ``STATEBOOK_REQUIRE_PG=1`` does for PostgreSQL (.ci/run sets both).
 
@@ -23,12 +23,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from .chromium import Browser, chromium, missing
+from .chromium import Browser, chromium, missing, need_browser, required
 from .live import ServerLoop, reserve
 
 T = TypeVar("T")
-REQUIRE_BROWSER = (os.environ.get("STATEBOOK_REQUIRE_BROWSER") == "1"
-                   or os.environ.get("CI", "").lower() in ("true", "1"))
 SCREENSHOTS = os.environ.get("STATEBOOK_SCREENSHOTS") == "1"
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
 ROLES = {"ana": "operator", "vic": "viewer", "aude": "viewer"}
@@ -38,11 +36,7 @@ LINK_KEY = "browser-test-link-key-0123456789abcdef"
 
 @pytest.fixture(scope="session")
 def chromium_session() -> Iterator[Browser]:
-    problem = missing()
-    if problem is not None:
-        if REQUIRE_BROWSER:
-            pytest.fail(f"STATEBOOK_REQUIRE_BROWSER=1 (or CI=true) but {problem}", pytrace=False)
-        pytest.skip(problem)
+    need_browser(missing(), require=required(os.environ))
     with chromium() as browser:
         yield browser
 
