@@ -25,6 +25,7 @@ import pytest
 
 from .chromium import Browser, chromium, missing, need_browser, required
 from .live import ServerLoop, reserve
+from .scenes import SkippingClock
 
 T = TypeVar("T")
 SCREENSHOTS = os.environ.get("STATEBOOK_SCREENSHOTS") == "1"
@@ -52,10 +53,9 @@ def browser(chromium_session: Browser) -> Iterator[Browser]:
 
 @pytest.fixture(scope="session")
 def password_hashes() -> dict[str, str]:
-    from argon2 import PasswordHasher
+    from statebook.adapters.web.auth import hash_password
 
-    hasher = PasswordHasher()
-    return {name: hasher.hash(password) for name, password in PASSWORDS.items()}
+    return {name: hash_password(password) for name, password in PASSWORDS.items()}
 
 
 class Console:
@@ -64,6 +64,7 @@ class Console:
     def __init__(self, backend: str, db_url: str, folder: Path, browser: Browser, hashes: dict[str, str]) -> None:
         self.backend, self.db_url, self.folder, self.browser, self.hashes = backend, db_url, folder, browser, hashes
         self.loop = ServerLoop()
+        self.clock = SkippingClock()
         self.book: Any = None
         self.settings: Any = None
         self.url = ""
@@ -75,9 +76,8 @@ class Console:
 
     async def _open(self) -> Any:
         from statebook.adapters.db import open_book, reset_schema
-        from statebook.lifecycle import SystemClock
 
-        book = await open_book(self.db_url, clock=SystemClock())
+        book = await open_book(self.db_url, clock=self.clock)
         if self.backend == "postgres":
             await reset_schema(book.engine)  # the session's database outlives each test
         self.loop.on_close(book.engine.dispose)
