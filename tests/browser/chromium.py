@@ -155,18 +155,24 @@ class Browser:
             repr(b.text or b.get_attribute("value")) for b in self.all("button, input[type=submit]"))
         buttons[0].click()
 
-    def follow(self, label: str) -> None:
-        """Click the first visible link whose text contains ``label``."""
-        links = [a for a in self.all("a") if label.lower() in a.text.lower() and a.is_displayed()]
+    def follow(self, label: str, *, within: str = "body") -> None:
+        """Click the first visible link (in ``within``) whose text contains ``label``."""
+        links = [a for a in self.all(f"{within} a") if label.lower() in a.text.lower() and a.is_displayed()]
         assert links, f"no link {label!r} on {self.path}"
         links[0].click()
 
-    def screenshot(self, path: Path, *, tallest: int = 1800) -> None:
-        """Save the page as a PNG, the window stretched to the page's height (at most ``tallest`` pixels)."""
-        height = self.driver.execute_script("return document.documentElement.scrollHeight")
-        self.driver.set_window_size(WIDTH, max(HEIGHT // 2, min(int(height), tallest)))
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            assert self.driver.save_screenshot(str(path)), f"the browser saved no screenshot to {path}"
-        finally:
-            self.driver.set_window_size(WIDTH, HEIGHT)
+    def screenshot(self, path: Path, *, start: str | None = None, tallest: int = 1600) -> None:
+        """Save the page as a PNG ``WIDTH`` pixels wide: from the top, or from the element ``start`` (a long
+        page's part worth showing), down to the page's end or at most ``tallest`` pixels."""
+        import base64
+
+        page = self.driver.execute_script(
+            "const at = arguments[0] ? document.querySelector(arguments[0]) : null;"
+            "return [at ? at.getBoundingClientRect().top + window.scrollY : 0, document.documentElement.scrollHeight];",
+            start)
+        top, height = max(0, int(page[0]) - (16 if start else 0)), int(page[1])
+        clip = {"x": 0, "y": top, "width": WIDTH, "height": max(1, min(height - top, tallest)), "scale": 1}
+        shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "clip": clip,
+                                                                     "captureBeyondViewport": True})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))

@@ -127,10 +127,11 @@ class Console:
         password.submit()
         b.wait(lambda: not b.path.startswith("/sign-in"), f"{name} signed in")
 
-    def screenshot(self, name: str) -> None:
-        """docs/img/console-NAME.png of the page shown, under ``STATEBOOK_SCREENSHOTS=1`` on SQLite only."""
+    def screenshot(self, name: str, *, start: str | None = None, tallest: int = 1600) -> None:
+        """docs/img/console-NAME.png of the page shown (from the element ``start``, when given), under
+        ``STATEBOOK_SCREENSHOTS=1`` and on SQLite only (one picture per name)."""
         if SCREENSHOTS and self.backend == "sqlite":
-            self.browser.screenshot(IMAGES / f"console-{name}.png")
+            self.browser.screenshot(IMAGES / f"console-{name}.png", start=start, tallest=tallest)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -119,4 +119,4 @@ def links_in(message: bytes) -> dict[str, str]:
     from email.policy import default
 
     body = email.message_from_bytes(message, policy=default).get_body(("plain",)).get_content()
-    return dict(re.findall(r"^(Acknowledge|Dismiss): (\S+)$", body, re.M))
+    return dict(re.findall(r"^(Acknowledge|Dismiss): (\S+)\s*$", body, re.M))
