@@ -6,10 +6,10 @@ missing browser FAILS them, as ``STATEBOOK_REQUIRE_PG=1`` does for PostgreSQL (.
 
 ``console`` (per test, on SQLite and on PostgreSQL through ``db_url``) opens a book on a server loop of its own
 (tests/browser/live.py) and serves ``create_app(book, settings)`` on 127.0.0.1 when the scenario calls
-:meth:`Console.start`, after it has set up what the settings name (an SMTP server, a channel). Users:
+:meth:`ServedConsole.start`, after it has set up what the settings name (an SMTP server, a channel). Users:
 ``ana`` (operator), ``vic`` (viewer), ``aude`` (viewer, the auditor); each one's password is ``PASSWORDS[name]``.
 
-``STATEBOOK_SCREENSHOTS=1`` (``make screenshots``) makes :meth:`Console.screenshot` write docs/img/console-*.png;
+``STATEBOOK_SCREENSHOTS=1`` (``make screenshots``) makes :meth:`ServedConsole.screenshot` write docs/img/console-*.png;
 otherwise it does nothing, so a test run never changes the tree.
 """
 
@@ -58,7 +58,7 @@ def password_hashes() -> dict[str, str]:
     return {name: hash_password(password) for name, password in PASSWORDS.items()}
 
 
-class Console:
+class ServedConsole:
     """One scenario's book, console and server, on their own loop; the browser pointed at them."""
 
     def __init__(self, backend: str, db_url: str, folder: Path, browser: Browser, hashes: dict[str, str]) -> None:
@@ -120,11 +120,9 @@ class Console:
         b = self.browser
         b.reset()
         b.open("/sign-in")
-        password = b.find("input[type=password]")
-        b.fill(password.get_attribute("name"), PASSWORDS[name])
-        user = b.find("form input[type=text], form input:not([type])")
-        b.fill(user.get_attribute("name"), name)
-        password.submit()
+        b.fill("name", name)
+        b.fill("password", PASSWORDS[name])
+        b.press("Sign in", within="main")
         b.wait(lambda: not b.path.startswith("/sign-in"), f"{name} signed in")
 
     def screenshot(self, name: str, *, start: str | None = None, tallest: int = 1600) -> None:
@@ -140,8 +138,8 @@ class Console:
 
 
 @pytest.fixture
-def console(backend: str, db_url: str, tmp_path: Path, browser: Browser, password_hashes: dict[str, str]) -> Iterator[Console]:
-    served = Console(backend, db_url, tmp_path, browser, password_hashes)
+def console(backend: str, db_url: str, tmp_path: Path, browser: Browser, password_hashes: dict[str, str]) -> Iterator[ServedConsole]:
+    served = ServedConsole(backend, db_url, tmp_path, browser, password_hashes)
     try:
         yield served
     finally:
