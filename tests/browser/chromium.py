@@ -163,12 +163,13 @@ class Browser:
 
     def screenshot(self, path: Path, *, start: str | None = None, tallest: int = 1600) -> None:
         """Save the page as a PNG ``WIDTH`` pixels wide: from the top, or from the element ``start`` (a long
-        page's part worth showing), down to the page's end or at most ``tallest`` pixels."""
+        page's part worth showing), down to the end of its content or at most ``tallest`` pixels."""
         import base64
 
         page = self.driver.execute_script(
             "const at = arguments[0] ? document.querySelector(arguments[0]) : null;"
-            "return [at ? at.getBoundingClientRect().top + window.scrollY : 0, document.documentElement.scrollHeight];",
+            "return [at ? at.getBoundingClientRect().top + window.scrollY : 0,"
+            "        document.body.getBoundingClientRect().bottom + window.scrollY + 24];",
             start)
         top, height = max(0, int(page[0]) - (16 if start else 0)), int(page[1])
         clip = {"x": 0, "y": top, "width": WIDTH, "height": max(1, min(height - top, tallest)), "scale": 1}
