@@ -62,6 +62,12 @@ growth: venv
 	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/growth.py $(GROWTH_ARGS)
 
+# The console's screenshots in docs/img/ (console-overview.png, console-entity.png, console-respond.png), taken
+# by the browser tests on SQLite in Debian's chromium (apt-get install chromium chromium-driver; tests/browser).
+.PHONY: screenshots
+screenshots: venv
+	STATEBOOK_SCREENSHOTS=1 STATEBOOK_REQUIRE_BROWSER=1 $(VENV)/bin/python -m pytest -q -p no:xdist tests/browser -k sqlite
+
 # The documentation site (mkdocs.yml, docs/): installs the `docs` extra, builds site/ with --strict.
 # (The extra is installed again only when pyproject.toml changed.)
 docs: venv $(VENV)/.docs-stamp

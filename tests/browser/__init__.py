@@ -1,0 +1,1 @@
+"""Browser tests: the console as people use it, in Chromium (tests/browser/conftest.py)."""
