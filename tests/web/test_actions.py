@@ -112,7 +112,7 @@ def test_offered_actions_follow_the_edges_and_the_calls(book):
 
 
 def test_an_applications_lifecycle_offers_no_action():
-    tickets = managed_table("console_tickets", sa.Column("id", sa.String(32), primary_key=True))
+    tickets = managed_table("console_tickets", sa.Column("id", sa.String(32), primary_key=True), meta=sa.MetaData())
     ticket = Lifecycle(entity_type="ticket", table=tickets, statuses=("open", "closed"), initial={"open"},
                        terminal={"closed"}, edges=edges("open", "closed"), reason_prefixes={"ticket"})
     assert available("ticket", {"status": "open"}, policy=ticket) == []

@@ -59,7 +59,8 @@ HTML = '<b onmouseover="alert(2)">bold</b><img src=x onerror=alert(3)>'
 JS_URL = "javascript:alert(4)"
 HOSTILE = f"{SCRIPT}{HTML}{JS_URL}"
 XSS = managed_table("web_xss_note", sa.Column("id", sa.String(255), primary_key=True),
-                    sa.Column("title", sa.Text, nullable=False))
+                    sa.Column("title", sa.Text, nullable=False),
+                    meta=sa.MetaData())  # not statebook's metadata: other tests compare that with the schema
 NOTE = Lifecycle(entity_type="web_xss_note", table=XSS, statuses=("open", "closed"), initial={"open"},
                  terminal={"closed"}, edges=edges("open", "closed"), reason_prefixes={"web_xss_note"},
                  reasons={"web_xss_note.open.filed"})
