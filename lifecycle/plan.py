@@ -152,14 +152,17 @@ def plan_create(lc: Lifecycle, data: Mapping[str, Any], item: NewEntity, at: flo
 def plan_transition(lc: Lifecycle, cmd: Command, row: Head | Mapping[str, Any], at: float, key: bytes | None = None) -> RowWrite:
     """The compare-and-set update of ``row`` (as read) to ``cmd.target``, and its fact."""
     keyed = cmd.idempotency_key is not None
+    # The head read once (every lookup on a Head is a Python call, for every row of a pass); ``expect``
+    # is what _expect makes of it.
+    status, version, fact_id, chain_hash = row["status"], row["version"], row["last_fact_id"], row["chain_hash"]
     content = fact_content(
-        lc, entity_id=cmd.entity_id, prev_fact_id=row["last_fact_id"], previous=row["status"], status=cmd.target,
-        version=row["version"] + 1, reason=cmd.reason, actor=cmd.actor, at=at, patch=cmd.patch,
-        metadata=cmd.metadata, idempotency_key=cmd.idempotency_key, command_digest=cmd.digest() if keyed else None,
+        lc, entity_id=cmd.entity_id, prev_fact_id=fact_id, previous=status, status=cmd.target, version=version + 1,
+        reason=cmd.reason, actor=cmd.actor, at=at, patch=cmd.patch, metadata=cmd.metadata,
+        idempotency_key=cmd.idempotency_key, command_digest=cmd.digest() if keyed else None,
     )
-    fact = stored_values(content, row["chain_hash"], key)
-    return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact, _expect(row, cmd.guards),
-                    tuple(cmd.guards))
+    fact = stored_values(content, chain_hash, key)
+    expect = {"version": version, "status": status, "last_fact_id": fact_id, "chain_hash": chain_hash, **cmd.guards}
+    return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact, expect, tuple(cmd.guards))
 
 
 def plan_purge(lc: Lifecycle, entity_id: str, row: Mapping[str, Any], reason: Reason, actor: Actor, at: float,
