@@ -16,6 +16,7 @@ Every refusal is an :class:`InvalidArgument`, raised before any statement runs.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -126,11 +127,18 @@ def actor(argument: str, value: Any) -> Actor:
     return value
 
 
+@functools.cache
+def _book_class() -> type:
+    # Imported on first use (the book module imports this one), then kept: an import statement in
+    # book() ran the import machinery on every enqueue.
+    from .book import Book
+
+    return Book
+
+
 def book(argument: str, value: Any) -> Any:
     """``value`` if it is a :class:`~statebook.lifecycle.Book`."""
-    from .book import Book  # the book module imports this one
-
-    if not isinstance(value, Book):
+    if not isinstance(value, _book_class()):
         raise _refuse(argument, "type", f"expected a statebook Book, got {type(value).__name__}")
     return value
 

@@ -152,14 +152,20 @@ def plan_create(lc: Lifecycle, data: Mapping[str, Any], item: NewEntity, at: flo
 def plan_transition(lc: Lifecycle, cmd: Command, row: Head | Mapping[str, Any], at: float, key: bytes | None = None) -> RowWrite:
     """The compare-and-set update of ``row`` (as read) to ``cmd.target``, and its fact."""
     keyed = cmd.idempotency_key is not None
+    # The head read once, a Head's as attributes (its lookups are Python calls, for every row of a pass);
+    # ``expect`` is what _expect makes of it.
+    if type(row) is Head:
+        status, version, fact_id, chain_hash = row.status, row.version, row.fact_id, row.chain_hash
+    else:
+        status, version, fact_id, chain_hash = row["status"], row["version"], row["last_fact_id"], row["chain_hash"]
     content = fact_content(
-        lc, entity_id=cmd.entity_id, prev_fact_id=row["last_fact_id"], previous=row["status"], status=cmd.target,
-        version=row["version"] + 1, reason=cmd.reason, actor=cmd.actor, at=at, patch=cmd.patch,
-        metadata=cmd.metadata, idempotency_key=cmd.idempotency_key, command_digest=cmd.digest() if keyed else None,
+        lc, entity_id=cmd.entity_id, prev_fact_id=fact_id, previous=status, status=cmd.target, version=version + 1,
+        reason=cmd.reason, actor=cmd.actor, at=at, patch=cmd.patch, metadata=cmd.metadata,
+        idempotency_key=cmd.idempotency_key, command_digest=cmd.digest() if keyed else None,
     )
-    fact = stored_values(content, row["chain_hash"], key)
-    return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact, _expect(row, cmd.guards),
-                    tuple(cmd.guards))
+    fact = stored_values(content, chain_hash, key)
+    expect = {"version": version, "status": status, "last_fact_id": fact_id, "chain_hash": chain_hash, **cmd.guards}
+    return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact, expect, tuple(cmd.guards))
 
 
 def plan_purge(lc: Lifecycle, entity_id: str, row: Mapping[str, Any], reason: Reason, actor: Actor, at: float,
@@ -184,7 +190,12 @@ def _expect(row: Head | Mapping[str, Any], guards: Mapping[str, Any]) -> dict[st
 
 def matches(cmd: Command, row: Head | Mapping[str, Any] | None) -> bool:
     """Does ``row`` (as read) satisfy the command's expected statuses and guards?"""
-    return row is not None and row["status"] in cmd.expected and all(row[g] == v for g, v in cmd.guards.items())
+    if row is None or row["status"] not in cmd.expected:
+        return False
+    for g, v in cmd.guards.items():  # a loop, not all() over a generator: this runs for every row of a pass
+        if row[g] != v:
+            return False
+    return True
 
 
 def applied(cmd: Command, write: RowWrite) -> Outcome:

@@ -8,7 +8,6 @@ it, and the fencing token (``claim_id``) the finalization is guarded on.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -45,4 +44,8 @@ class Lease:
 
     def won(self: L, outcome: Outcome) -> L:
         """This lease once its claim ``outcome`` is written: the head the claim left attached."""
-        return dataclasses.replace(self, head=outcome.head(**self.fence()))
+        # A copy of the fields, not dataclasses.replace: replace walks the fields and re-runs the frozen
+        # __init__ for every lease a pass wins (about 5 us of the ~130 us client CPU a delivery costs).
+        lease = object.__new__(type(self))
+        lease.__dict__.update(self.__dict__, head=outcome.head(**self.fence()))
+        return lease
