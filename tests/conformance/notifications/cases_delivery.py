@@ -358,7 +358,7 @@ class NotificationDeliveryCases:
             return Observation(observed.outcome, f"bad request: {dict(delivery.links)}")
 
         echo.send = echoing
-        await one_pass(book, {"slack": echo, "email": email}, links=hook)
+        await one_pass(book, {"slack": echo, "email": email}, links=hook, deadline=5.0)  # about links, not deadlines
         assert asked == [(nid, "ops", clock.now() + 600)]
         [sent] = email.effects
         assert dict(sent.links) == hook(nid, "ops", None) == dict(echo.effects[0].links)
