@@ -18,7 +18,6 @@ from starlette.routing import BaseRoute, Route
 
 from statebook.lifecycle import Actor, Lifecycle
 from statebook.lifecycle.errors import InvalidArgument, UnknownEntityType
-from statebook.lifecycle.inputs import KEY_CHARS, text
 
 from .actions import (BULK_MAX, OPERATOR, Action, ActionRefused, Result, actions_of, available, find, one_line,
                       perform)
@@ -26,7 +25,7 @@ from .auth import requires
 from .csrf import form
 from .errors import page_error
 from .pages import environment, flash_query, path_part, render, root
-from .queries import Filters, page_query, parse_time
+from .queries import check_filters, page_query, parse_time
 from .state import console
 
 FILTERS = ("status", "since", "until", "text")
@@ -91,14 +90,8 @@ async def _selection(request: Request, policy: Lifecycle, action: Action, params
                      ) -> tuple[dict[str, str], int, int, sa.Select[Any]]:
     """The browse filter in ``params`` (checked as the browse page checks it), how many entities it selects,
     how many of them the action applies to, and the select of those (newest first, at most BULK_MAX)."""
-    status = params.get("status") or None
-    if status is not None and status not in policy.statuses:
-        raise InvalidArgument(f"status: {policy.entity_type} has no status {status[:60]!r}; its statuses are "
-                              f"{', '.join(policy.statuses)}", argument="status", rule="vocabulary")
-    found = params.get("text") or None
-    if found is not None:
-        text("text", found, max_chars=KEY_CHARS)
-    filters = Filters(status, parse_time("since", params.get("since")), parse_time("until", params.get("until")), found)
+    filters = check_filters(policy, params.get("status") or None, parse_time("since", params.get("since")),
+                            parse_time("until", params.get("until")), params.get("text") or None)
     t = policy.table
     everything = page_query(policy, filters, BULK_MAX)  # the browse page's select: its filter and its order
     chosen = everything.where(t.c.status.in_(action.sources(policy)))

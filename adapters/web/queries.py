@@ -30,7 +30,7 @@ from statebook.lifecycle import Book, Lifecycle
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import KEY_CHARS, TIME_RANGE, integer, text as checked_text
 
-__all__ = ["MAX_LIMIT", "Filters", "LifecycleCounts", "Page", "browse", "counts", "masked", "order_of", "parse_time",
+__all__ = ["MAX_LIMIT", "Filters", "LifecycleCounts", "Page", "browse", "counts", "masked", "check_filters", "order_of", "parse_time",
            "time_columns"]
 
 MAX_LIMIT = 500
@@ -189,8 +189,9 @@ def _filtered(lc: Lifecycle, query: sa.Select[Any], filters: Filters) -> sa.Sele
     return query
 
 
-def _check_filters(lc: Lifecycle, status: str | None, since: float | None, until: float | None,
-                   text: str | None) -> Filters:
+def check_filters(lc: Lifecycle, status: str | None, since: float | None, until: float | None,
+                  text: str | None) -> Filters:
+    """The browse filter checked: a status of ``lc``, times in range, bounded text (one wording everywhere)."""
     if status is not None and status not in lc.statuses:
         raise InvalidArgument(f"status: {lc.entity_type} has no status {status[:60]!r}; its statuses are "
                               f"{', '.join(lc.statuses)}", argument="status", rule="vocabulary")
@@ -225,7 +226,7 @@ async def browse(book: Book, entity_type: str, *, status: str | None = None, sin
     >>> older = await browse(book, "dispatch", status="dead_letter", after=page.next)  # doctest: +SKIP
     """
     lc = book.policy(entity_type)
-    filters = _check_filters(lc, status, since, until, text)
+    filters = check_filters(lc, status, since, until, text)
     integer("limit", limit, low=1, high=MAX_LIMIT)
     if after is not None and before is not None:
         raise InvalidArgument("after and before: give one cursor, not both", argument="before", rule="one_cursor")
