@@ -41,8 +41,8 @@ class Head:
     @classmethod
     def of(cls, row: Mapping[str, Any], *guarded: str) -> Head:
         """The head of ``row`` (read with :func:`head_columns`), with the ``guarded`` columns' values."""
-        return cls(row["status"], row["version"], row["last_fact_id"], row["chain_hash"],
-                   {g: row[g] for g in guarded})
+        return made(row["status"], row["version"], row["last_fact_id"], row["chain_hash"],
+                    {g: row[g] for g in guarded})
 
     def guarding(self, **values: Any) -> Head:
         """This head with the guarded columns' values set (e.g. what a claim just wrote)."""
@@ -59,6 +59,23 @@ class Head:
         if column == "chain_hash":
             return self.chain_hash
         return self.guarded[column]
+
+
+_new = object.__new__
+
+
+def made(status: str, version: int, fact_id: str, chain_hash: str, guarded: Mapping[str, Any]) -> Head:
+    """``Head(status, version, fact_id, chain_hash, guarded)``, its fields written straight into the new
+    instance: the frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, and a head is
+    made twice for every delivery a pass makes (the scan's, the claim's)."""
+    head = _new(Head)
+    fields = head.__dict__
+    fields["status"] = status
+    fields["version"] = version
+    fields["fact_id"] = fact_id
+    fields["chain_hash"] = chain_hash
+    fields["guarded"] = guarded
+    return head
 
 
 def head_columns(table: sa.Table) -> list[sa.Column[Any]]:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from .codec import digest, dumps, new_id
 from .facts import GENESIS as GENESIS_ID, stored_values
-from .head import Head
+from .head import Head, made
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .store import RowWrite
@@ -43,7 +43,7 @@ class Outcome:
         the next command on the row compares against (``apply_many(seen=)``). None unless applied."""
         if self.kind != "applied" or self.chain_hash is None or self.fact_id is None or self.status is None:
             return None
-        return Head(self.status, self.version, self.fact_id, self.chain_hash, guarded)  # type: ignore[arg-type]
+        return made(self.status, self.version, self.fact_id, self.chain_hash, guarded)  # type: ignore[arg-type]
 
     @property
     def conflict(self) -> bool:
@@ -190,9 +190,19 @@ def _expect(row: Head | Mapping[str, Any], guards: Mapping[str, Any]) -> dict[st
 
 def matches(cmd: Command, row: Head | Mapping[str, Any] | None) -> bool:
     """Does ``row`` (as read) satisfy the command's expected statuses and guards?"""
-    if row is None or row["status"] not in cmd.expected:
+    if row is None:
         return False
-    for g, v in cmd.guards.items():  # a loop, not all() over a generator: this runs for every row of a pass
+    if type(row) is Head:  # attributes and its dict: Head.__getitem__ is a Python call, for every row of a pass
+        if row.status not in cmd.expected:
+            return False
+        guarded = row.guarded
+        for g, v in cmd.guards.items():  # a loop, not all() over a generator
+            if (guarded[g] if g in guarded else row[g]) != v:
+                return False
+        return True
+    if row["status"] not in cmd.expected:
+        return False
+    for g, v in cmd.guards.items():
         if row[g] != v:
             return False
     return True

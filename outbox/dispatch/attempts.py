@@ -18,6 +18,7 @@ from statebook.lifecycle.codec import new_id
 from statebook.lifecycle.queries import ids_in
 
 from ..core import lease as core
+from ..core.lease import filled
 from ..core.claims import read_rows
 from ..core.due import DueScan
 
@@ -196,10 +197,11 @@ async def read_candidates(book: Book, ids: list[str]) -> list[tuple[Candidate, H
 
 def with_head(row: Mapping[str, Any]) -> tuple[Candidate, Head]:
     """A row read by a scan (payload as text) as its Candidate, and its head for ``apply_many(seen=)``."""
-    candidate = Candidate(
-        dispatch_id=row["id"], status=row["status"], attempt=row["attempt"], next_attempt_at=row["next_attempt_at"],
-        expires_at=row["expires_at"], max_attempts=row["max_attempts"], ack_required=bool(row["ack_required"]),
-        kind=row["kind"], deliver_to=row["deliver_to"], payload=row["payload"], head=Head.of(row, *GUARDED),
+    candidate = filled(
+        Candidate, dispatch_id=row["id"], status=row["status"], attempt=row["attempt"],
+        next_attempt_at=row["next_attempt_at"], expires_at=row["expires_at"], max_attempts=row["max_attempts"],
+        ack_required=bool(row["ack_required"]), kind=row["kind"], deliver_to=row["deliver_to"],
+        payload=row["payload"], head=Head.of(row, *GUARDED),
     )
     return candidate, candidate.head
 
@@ -253,10 +255,10 @@ def claim_command(
     if c.status not in ("pending", "delivering") or c.next_attempt_at > now or settle_command(c, now, actor):
         return None
     attempt = c.attempt + 1
-    lease = Lease(
-        dispatch_id=c.dispatch_id, attempt=attempt, lease_until=now + lease_seconds(timeout), kind=c.kind,
+    lease = filled(
+        Lease, dispatch_id=c.dispatch_id, attempt=attempt, lease_until=now + lease_seconds(timeout), kind=c.kind,
         deliver_to=c.deliver_to, payload=c.payload, ack_required=c.ack_required, max_attempts=c.max_attempts,
-        claim_id=new_id(), timeout=timeout,
+        claim_id=new_id(), timeout=timeout, head=None,
     )
     if c.status == "delivering":
         reason = Reason("dispatch.delivering.reclaimed", f"lease of attempt {c.attempt} lapsed; attempt {attempt}")

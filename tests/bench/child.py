@@ -54,14 +54,15 @@ class Side:
         self.n = 0
 
     async def book(self, backend: str) -> tuple[Any, Path | None]:
-        from statebook.adapters.db import open_book, reset_schema
+        import statebook_side as sb
+        from statebook.adapters.db import open_book
 
         if backend == "postgresql":
             if self.pg_url is None:
                 raise RuntimeError("this child was started without a PostgreSQL URL")
             if self.pg_book is None:
                 self.pg_book = await open_book(self.pg_url)
-            await reset_schema(self.pg_book.engine)
+            await sb.empty(self.pg_book)  # the same statement on both sides (not the side's reset_schema)
             return self.pg_book, None
         if backend != "sqlite":
             raise ValueError(f"unknown backend {backend!r}")

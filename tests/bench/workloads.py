@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from statebook.adapters.db import open_book, reset_schema
+from statebook.adapters.db import open_book
 from statebook.lifecycle import Book
 from statebook.lifecycle.sweep import MAX_PROCESSES
 
@@ -128,11 +128,11 @@ async def w1(ctx: Ctx) -> list[Line]:
     n, total, k = z.w1_single, z.w1_batch_total, z.w1_batch
     async with pg_contenders(ctx) as (book, floor, pgq, proc):
         async def sb_pg() -> float:
-            await reset_schema(book.engine)
+            await sb.empty(book)
             return n / await sb.enqueue_single(book, n)
 
         async def sb_pg_batch() -> float:
-            await reset_schema(book.engine)
+            await sb.empty(book)
             return total / await sb.enqueue_batches(book, total, k)
 
         async def sb_sq() -> float:
@@ -248,7 +248,7 @@ async def w2(ctx: Ctx) -> list[Line]:
     n, n_proc = ctx.sizes.w2_drain, ctx.sizes.w2_drain_procrastinate
     async with pg_contenders(ctx) as (book, floor, pgq, proc):
         async def sb_pg() -> float:
-            await reset_schema(book.engine)
+            await sb.empty(book)
             return n / await sb.drain(book, n)
 
         async def sb_sq() -> float:
@@ -319,11 +319,11 @@ async def w3(ctx: Ctx) -> list[Line]:
             return _pct(ms, 0.50)
 
         async def sb_pg() -> float:
-            await reset_schema(book.engine)
+            await sb.empty(book)
             return record("statebook-pg", await sb.latency(book, samples))
 
         async def sb_pg_listen() -> float:
-            await reset_schema(book.engine)
+            await sb.empty(book)
             return record("statebook-pg-listen", await sb.latency(book, samples, listen_url=ctx.pg["statebook"]))
 
         async def sb_sq() -> float:
@@ -367,7 +367,7 @@ async def w3(ctx: Ctx) -> list[Line]:
 
 async def pg_schema(url: str) -> None:
     book = await open_book(url)
-    await reset_schema(book.engine)
+    await sb.empty(book)
     await book.engine.dispose()
 
 
@@ -438,7 +438,7 @@ async def memory(ctx: Ctx) -> list[Line]:
         if backend == PG:
             url = ctx.pg["statebook"]
             book = await open_book(url)
-            await reset_schema(book.engine)
+            await sb.empty(book)
             await book.engine.dispose()
             floor: PgFloor | SqliteFloor = PgFloor(url, 2)
             path = None

@@ -4,6 +4,8 @@ and a head that went stale is a conflict, never a write over a row that moved.""
 from __future__ import annotations
 
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 from conformance.lifecycle.support import RELEASED, STARTED, SYSTEM, new_task, prepare, start, task_registry, tasks
 
 from statebook.adapters.db import connect
@@ -69,3 +71,45 @@ def test_no_caller_outside_lifecycle_and_the_storage_backends_names_the_chain_co
                    if str(p.relative_to(root)) not in writers
                    and any(word in p.read_text() for word in ("last_fact_id", "chain_hash")))
     assert named == [], f"these modules spell the engine's chain columns: {named}"
+
+
+def test_a_head_made_for_speed_is_the_head_the_constructor_makes():
+    """``head.made`` (what ``Head.of`` and ``Outcome.head`` use) fills the instance without the frozen
+    ``__init__``: it must still equal, hash, print and refuse writes like ``Head(...)``."""
+    import dataclasses
+
+    import pytest
+
+    from statebook.lifecycle.head import made
+
+    fast = made("open", 3, "f3", "h3", {"attempt": 2})
+    slow = Head("open", 3, "f3", "h3", {"attempt": 2})
+    assert fast == slow and repr(fast) == repr(slow) and "h3" not in repr(fast)
+    assert fast.guarding(attempt=3) == slow.guarding(attempt=3) != fast
+    assert Head.of({"status": "open", "version": 3, "last_fact_id": "f3", "chain_hash": "h3", "attempt": 2},
+                   "attempt") == slow
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.status = "closed"  # type: ignore[misc]
+
+
+@given(status=st.sampled_from(["open", "working", "done"]),
+       expected=st.lists(st.sampled_from(["open", "working", "done"]), min_size=1, max_size=3, unique=True),
+       held=st.dictionaries(st.sampled_from(["attempt", "claim_id"]), st.integers(0, 2)),
+       guards=st.dictionaries(st.sampled_from(["attempt", "claim_id", "version"]), st.integers(0, 3)))
+def test_a_head_matches_a_command_exactly_when_the_row_it_stands_for_does(status, expected, held, guards):
+    """``matches`` reads a Head through its attributes (a fast path) and a row through ``[]``: the same
+    answer for the same values, a guard on a lifecycle column included."""
+    from statebook.lifecycle.plan import matches
+
+    row = {"status": status, "version": 2, "last_fact_id": "f2", "chain_hash": "h2", **held}
+    head = Head.of(row, *held)
+    command = Command("task", "t1", "working", STARTED, SYSTEM, tuple(expected), guards)
+    try:
+        by_row: bool | type[KeyError] = matches(command, row)
+    except KeyError:
+        by_row = KeyError
+    try:
+        by_head: bool | type[KeyError] = matches(command, head)
+    except KeyError:
+        by_head = KeyError
+    assert by_head == by_row
