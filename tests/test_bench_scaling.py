@@ -68,7 +68,7 @@ def test_w2p_is_a_workload_but_not_compared_with_a_baseline() -> None:
 def test_the_notes_give_each_side_against_one_process() -> None:
     lines = [common.Line(f"W2p drain, {k} processes (10)", "postgresql", "deliv/s", 100.0 * k, "pgqueuer", 200.0)
              for k in (1, 2)]
-    assert "2 processes: statebook x2.00, pgqueuer x1.00" in scaling.notes(lines)[0]
+    assert scaling.notes(lines)[0] == "W2p against 1 process: 2 processes: statebook x2.00, pgqueuer x1.00."
     assert scaling.notes([common.Line("W2 drain", "postgresql", "deliv/s", 1.0)]) == []
 
 
