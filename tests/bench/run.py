@@ -132,8 +132,9 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": host,
         "loadavg_1m_at_end": machine().get("loadavg_1m"), "sizes": asdict(sizes), "concurrency": CONCURRENCY,
-        "batch": BATCH, "durable": durable, "durability": {**durability, "sqlite_floor_synchronous":
-                                                           floor.SQLITE_SYNCHRONOUS, "sqlite_statebook_synchronous": "NORMAL"},
+        "batch": BATCH, "durable": durable,
+        "durability": {**durability, "sqlite_floor_synchronous": floor.SQLITE_SYNCHRONOUS,
+                       "sqlite_statebook_synchronous": "NORMAL"},
         "workload_seconds": timings,
         "total_seconds": round(time.perf_counter() - _T0, 1), "table": table,
         "lines": [ln.to_json() for ln in lines],

@@ -254,8 +254,9 @@ def notes(lines: Sequence[Line]) -> list[str]:
     if not ours:
         return []
     first = ours[0]
-    curve = "; ".join(f"{ln.workload.split(',')[1].split('(')[0].strip()}: statebook x{ln.statebook / first.statebook:.2f}, "
-                      f"pgqueuer x{ln.other / first.other:.2f}" for ln in ours[1:])
+    curve = "; ".join(f"{ln.workload.split(',')[1].split('(')[0].strip()}: "
+                      f"statebook x{ln.statebook / first.statebook:.2f}, pgqueuer x{ln.other / first.other:.2f}"
+                      for ln in ours[1:])
     return [f"W2p against 1 process: {curve or 'no other process count ran'}.",
             f"W2p on {os.cpu_count()} cores: past that many processes the workers share the cores with each other and "
             "with the server, so the curve is the result to keep, not its absolute rates; client CPU/op is all "
