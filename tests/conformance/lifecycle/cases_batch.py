@@ -250,8 +250,7 @@ class PurgeManyCases:
     async def test_a_batch_writes_every_value_back_exactly(self, book: Book):
         """A batch's values come back from the row and its facts exactly as given: text with quotes, backslashes,
         control and non-BMP characters, integers at their bounds, and a float that only its shortest repr
-        carries. verify
-        re-hashes what was stored, so a value changed on the way is a broken chain as well."""
+        carries. verify re-hashes what was stored, so a value changed on the way is a broken chain as well."""
         tricky = ['quote " and \\ backslash', "tab\tnewline\nreturn\r", "\u2028\u2029 separators", "emoji \U0001f600",
                   "é combining e\u0301", "{\"not\": json}", "", "\x7f del \x1b esc"]
         clock = book.clock
