@@ -34,10 +34,11 @@ import pgcluster  # noqa: E402
 from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, drop_databases, machine,  # noqa: E402
                     pg_server_version, recreate_databases, render_table)
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "memory")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "memory")
 COMPARED = ("W1", "W2", "W3")
 """The workloads whose statebook contenders ``--baseline`` also measures for the baseline revision."""
-DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6")
+DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6", "w7_statebook",
+             "w7_eventsourcing", "dbos")
 BASELINE_DATABASE = "statebook_baseline"
 WORKING_DATABASE = "statebook_working"
 """The working tree's child's database in a ``--baseline`` run: like the baseline's, one nothing else opens
@@ -81,6 +82,7 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
         "W1": workloads.w1, "W2": workloads.w2, "W3": workloads.w3, "W4": workloads.w4, "W5": workloads.w5,
         "W6": lambda c: scheduler_side.w6({"postgresql": pg["w6"], "sqlite": f"sqlite:///{c.sqlite_path('w6')}"},
                                           sizes.w6_schedules, sizes.w6_due, sizes.rounds, log),
+        "W7": _w7,
         "memory": workloads.memory,
     }
     host = {**machine(), "postgresql": version}
@@ -135,6 +137,12 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     if failed:
         log(f"workload(s) {', '.join(failed)} raised; see the tracebacks above")
     return 1 if failed else 0  # a missed target is a FAIL line, not an exit status
+
+
+async def _w7(ctx: Any) -> list[Line]:
+    import w7  # imports dbos and eventsourcing (the bench extra) only when W7 runs
+
+    return await w7.w7(ctx)
 
 
 _THROWAWAY: set[str] = set()
