@@ -106,6 +106,9 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
         files.cleanup()
     table = render_table(lines)
     print("\n" + table + "\n", flush=True)
+    for ln in lines:  # a line a peer cannot run says why (W7's DBOS batch enqueue, eventsourcing's drain)
+        if ln.statebook is None and ln.note.startswith("n/a: "):
+            print(f"  {ln.workload} ({ln.backend}) vs {ln.reference}: {ln.note.removeprefix('n/a: ')}", flush=True)
     if baseline is not None:
         print(f"baseline = {baseline.short} ({baseline.sha[:12]}); working tree = {REPO}; 'baseline' is its "
               "figure (its ratio against the same peer/floor), 'vs baseline' = working / baseline in the "
