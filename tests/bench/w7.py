@@ -14,24 +14,28 @@ enqueue) and drained by its queue worker, next to statebook's dispatch enqueue a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import asyncpg
 import sqlalchemy as sa
 
 from statebook.adapters.db import open_book
 from statebook.adapters.registry import builtin_registry
-from statebook.lifecycle import Actor, Book, Lifecycle, NewEntity, Reason, create_many, edges, history, managed_table, transition
+from statebook.lifecycle import (Actor, Book, Lifecycle, NewEntity, Reason, Registry, create_many, edges, history,
+                                 managed_table, transition)
 
 import statebook_side as sb
-from durable_peers import DbosPeer, EventsourcingPeer, callers
-from common import CONCURRENCY, METER, Line, cpu_per_op, interleave, median, throughput_line
+from durable_peers import CHAIN, DbosPeer, EventsourcingPeer, callers
+from common import CONCURRENCY, Line, cpu_per_op, interleave, median, throughput_line
+
+if TYPE_CHECKING:
+    from workloads import Ctx
 
 PG, SQ = "postgresql", "sqlite"
 TARGET = 2.0
 """The issue's bar against every peer that records each step: statebook at least twice as fast."""
 
-CHAIN = ("drafted", "submitted", "approved", "scheduled", "shipped", "delivered")
 parcels = managed_table("bench_parcels", sa.Column("id", sa.String(32), primary_key=True), meta=sa.MetaData())
 PARCEL = Lifecycle(
     entity_type="bench_parcel", table=parcels, statuses=CHAIN, initial={CHAIN[0]}, terminal={CHAIN[-1]},
@@ -41,7 +45,8 @@ PARCEL = Lifecycle(
 ACTOR = Actor("system", "bench")
 
 
-def registry():  # type: ignore[no-untyped-def]
+def registry() -> Registry:
+    """The built-in lifecycles and W7's chain (the bench's own books open with it)."""
     reg = builtin_registry(seal=False)
     reg.register(PARCEL)
     return reg.seal()
@@ -81,7 +86,8 @@ async def empty_pg(url: str) -> None:
     try:
         names = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
         if names:
-            await conn.execute(f"TRUNCATE {', '.join(chr(34) + r[0] + chr(34) for r in names)} RESTART IDENTITY CASCADE")
+            quoted = ", ".join(f'"{row[0]}"' for row in names)
+            await conn.execute(f"TRUNCATE {quoted} RESTART IDENTITY CASCADE")
     finally:
         await conn.close()
 
@@ -93,7 +99,7 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def w7(ctx) -> list[Line]:  # type: ignore[no-untyped-def]
+async def w7(ctx: Ctx) -> list[Line]:
     n, n_enqueue, n_drain = sizes(ctx.sizes.mode)
     moves = 5 * n
     p50: dict[str, list[float]] = {}
@@ -145,9 +151,6 @@ async def w7(ctx) -> list[Line]:  # type: ignore[no-untyped-def]
     async def dbos_w7(name: str, url: str) -> float:
         return record(name, await DbosPeer(url).w7(refs()))
 
-    async def dbos_sq_url(label: str) -> str:
-        return f"sqlite:///{ctx.files.fresh(label)}"
-
     ctx.log(f"W7 {n:,} entities x 5 guarded transitions, {CONCURRENCY} callers")
     cpu: dict[str, list[float]] = {}
     try:
@@ -197,7 +200,7 @@ async def w7(ctx) -> list[Line]:  # type: ignore[no-untyped-def]
     return _lines(r, q, p50, p99, cpu, n, n_enqueue, n_drain)
 
 
-async def _with_sqlite(ctx, label: str, run) -> float:  # type: ignore[no-untyped-def]
+async def _with_sqlite(ctx: Ctx, label: str, run: Callable[[str], Awaitable[float]]) -> float:
     path = ctx.files.fresh(label)
     try:
         return await run(f"sqlite:///{path}")
@@ -205,8 +208,11 @@ async def _with_sqlite(ctx, label: str, run) -> float:  # type: ignore[no-untype
         ctx.files.drop(path)
 
 
-def _lines(r: dict[str, list[float]], q: dict[str, list[float]], p50: dict[str, list[float]],
-           p99: dict[str, list[float]], cpu: dict[str, list[float]], n: int, n_enqueue: int, n_drain: int) -> list[Line]:
+Figures = dict[str, list[float]]
+
+
+def _lines(r: Figures, q: Figures, p50: Figures, p99: Figures, cpu: Figures, n: int, n_enqueue: int,
+           n_drain: int) -> list[Line]:
     moves = 5 * n
     name = f"W7 guarded transitions ({n:,} x 5)"
     lines = []
