@@ -37,6 +37,10 @@ POLL_SECONDS = 0.01
 """DBOS's queue polling interval (its default is 1 s, which would make every drain a wait)."""
 
 
+_AFTER_DBOS = ThreadPoolExecutor(thread_name_prefix="bench")
+"""The loop's default executor once DBOS is destroyed (one for the whole run, not one per round)."""
+
+
 class Steps:
     """Counts executed steps across threads (DBOS runs dequeued workflows on a loop of its own)."""
 
@@ -109,7 +113,7 @@ class DbosPeer:
     def _stop(self) -> None:
         DBOS.destroy()
         # DBOS made its own executor the loop's default (for asyncio.to_thread) and has just shut it down
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(thread_name_prefix="bench"))
+        asyncio.get_running_loop().set_default_executor(_AFTER_DBOS)
 
     async def fresh(self, queues: Sequence[str] = ()) -> None:
         """Empty the system database and launch, dequeuing only from ``queues``."""
