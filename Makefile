@@ -10,7 +10,7 @@ WEB_PORT ?= 0
 PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; then exit 0; fi; \
 	echo "statebook needs Python >= 3.11; $$0 is $$("$$0" -V 2>&1). Use make PYTHON=python3.11 (and remove $(VENV) if it is stale)." >&2; exit 1'
 
-.PHONY: venv run test test-deep bench bench-web growth docs
+.PHONY: venv run test test-deep bench bench-durable bench-web growth docs
 
 venv: $(VENV)/.stamp
 
@@ -47,6 +47,12 @@ BENCH_ARGS ?=
 bench: venv
 	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/run.py $(if $(BASELINE),--baseline $(BASELINE)) $(BENCH_ARGS)
+
+# W1-W3 on a throwaway cluster with fsync, synchronous_commit and full_page_writes on, and the floor's SQLite at
+# synchronous=FULL (tests/bench/run.py --durable; writes tests/bench/results-durable.json). BENCH_ARGS as above.
+bench-durable: venv
+	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
+	$(VENV)/bin/python tests/bench/run.py --durable --only W1,W2,W3 $(BENCH_ARGS)
 
 # The console's pages on 100,000 entities and 1,000,000 facts, SQLite and PostgreSQL (tests/bench/web.py, a few
 # minutes, most of it seeding): the median server time of each page against 150 ms. WEB_BENCH_ARGS, e.g.

@@ -1,12 +1,21 @@
 """The PostgreSQL backend's set-based statements: one statement per batch, one array per column.
 
-Rows travel as arrays (``unnest``); the row write's ``RETURNING`` feeds the fact insert in the same
+Rows travel as one JSON text of row arrays (``json_array_elements``, each value cast to its column's type)
+when every column sent per row has a plain type (text, integer, float, boolean, or JSON already serialised);
+else as one array per column (``unnest``). The row write's ``RETURNING`` feeds the fact insert in the same
 statement, so a row the compare-and-set refused gets no fact (specs/lifecycle.md L4, L17).
+
+Why JSON: asyncpg encodes an array parameter element by element, checking each against several abstract
+base classes, and a claim or a finalization sends about twenty arrays per batch; one JSON text made by the C
+encoder costs the client under half as much per value (specs/performance.md, issue 29). The values survive
+the trip exactly: text is escaped and unescaped, an integer is its digits, and a float is written as Python's
+shortest round-trip repr, which PostgreSQL's float8 input reads back to the same double.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,13 +79,33 @@ class _SetStatement:
     row_prefix: str
     row_constant: frozenset[str] = frozenset()
     fact_constant: frozenset[str] = frozenset()
+    row_packed: tuple[str, ...] | None = None
+    """The rows' varying columns, in the order of each packed row array (None: one array per column)."""
+    fact_packed: tuple[str, ...] | None = None
+    """The same for the facts."""
+
+
+_PACKED = "packed__rows"
+"""The name (after the source's prefix) of the one parameter a packed source reads its rows from."""
+
+_pack = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False, allow_nan=False).encode
+"""Row arrays as JSON text (no cycles: lists of scalars; NaN and the infinities were refused on input)."""
 
 
 def set_params(stmt: _SetStatement, rows: Mapping[str, list[Any]], facts: Mapping[str, list[Any]]) -> dict[str, Any]:
-    """The statement's parameters from one list per column: a constant column's one value, else its list."""
-    prefix, row_constant, fact_constant = stmt.row_prefix, stmt.row_constant, stmt.fact_constant
-    params: dict[str, Any] = {f"{prefix}{k}": v[0] if k in row_constant else v for k, v in rows.items()}
-    params.update({f"f_{k}": v[0] if k in fact_constant else v for k, v in facts.items()})
+    """The statement's parameters from one list per column: a constant column's one value; the varying
+    columns as one packed JSON parameter, or else one list each."""
+    params = _params(stmt.row_prefix, rows, stmt.row_constant, stmt.row_packed)
+    params.update(_params("f_", facts, stmt.fact_constant, stmt.fact_packed))
+    return params
+
+
+def _params(prefix: str, columns: Mapping[str, list[Any]], constant: frozenset[str],
+            packed: tuple[str, ...] | None) -> dict[str, Any]:
+    if packed is None:
+        return {f"{prefix}{k}": v[0] if k in constant else v for k, v in columns.items()}
+    params: dict[str, Any] = {f"{prefix}{k}": columns[k][0] for k in constant}
+    params[prefix + _PACKED] = _pack(list(zip(*[columns[k] for k in packed])))
     return params
 
 
@@ -103,8 +132,72 @@ def constant_keys(items: Sequence[Mapping[str, Any]], keys: tuple[str, ...], var
     return constant_columns({k: [item[k] for item in items] for k in keys}, varying)
 
 
+_PLAIN = (sa.String, sa.Integer, sa.Float, sa.Boolean)
+"""Column types whose Python values JSON carries exactly and PostgreSQL casts back from text."""
+
+
+def _packable(prefix: str, columns: list[sa.Column[Any]], json_as_text: bool, constant: frozenset[str]) -> bool:
+    """Whether the varying columns can travel packed: each of a plain type (no enum, no decorated type, no
+    Numeric: their Python values are not JSON), or JSON already serialised; and no column's parameter name
+    is the packed parameter's."""
+    for c in columns:
+        if f"{prefix}{c.name}" == prefix + _PACKED:
+            return False
+        if c.name in constant:
+            continue
+        kind = c.type
+        if isinstance(kind, sa.JSON):
+            if not json_as_text:
+                return False
+        elif (not isinstance(kind, _PLAIN) or isinstance(kind, (sa.Enum, sa.TypeDecorator))
+              or (isinstance(kind, sa.Numeric) and not isinstance(kind, sa.Float))):
+            return False
+    return True
+
+
 def _source(prefix: str, alias: str, columns: list[sa.Column[Any]], *, json_as_text: bool = False,
-            constant: frozenset[str] = frozenset()) -> tuple[str, list[Any], dict[str, str]]:
+            constant: frozenset[str] = frozenset()) -> tuple[str, list[Any], dict[str, str], tuple[str, ...] | None]:
+    """The rows' source, its parameters, the SQL that reads each column (``alias.column``, or for a
+    ``constant`` column its one cast parameter), and the packed columns' order (None: not packed).
+
+    Packed: ``(SELECT CAST(e.r ->> 0 AS T) AS column, ... FROM json_array_elements(CAST(:<prefix>packed__rows
+    AS JSON)) AS e(r)) AS alias``; else ``unnest(CAST(:<prefix><column> AS T[]), ...) AS alias(columns)``."""
+    if _packable(prefix, columns, json_as_text, constant):
+        return _packed_source(prefix, alias, columns, constant)
+    sql, binds, refs = _array_source(prefix, alias, columns, json_as_text=json_as_text, constant=constant)
+    return sql, binds, refs, None
+
+
+def _packed_source(prefix: str, alias: str, columns: list[sa.Column[Any]], constant: frozenset[str]
+                   ) -> tuple[str, list[Any], dict[str, str], tuple[str, ...]]:
+    binds: list[Any] = [sa.bindparam(prefix + _PACKED, type_=sa.Text)]
+    refs: dict[str, str] = {}
+    reads, order = [], []
+    for c in columns:
+        if c.name in constant:
+            refs[c.name], bind = _constant(prefix, c, json_as_text=True)
+            binds.append(bind)
+            continue
+        text = f"(e.r ->> {len(order)})"
+        value = f"CAST(CAST({text} AS TEXT) AS {_pg_type(c)})" if isinstance(c.type, sa.JSON) else \
+            f"CAST({text} AS {_pg_type(c)})"
+        reads.append(f"{value} AS {_q(c.name)}")
+        refs[c.name] = f"{alias}.{_q(c.name)}"
+        order.append(c.name)
+    rows = f"json_array_elements(CAST(:{prefix}{_PACKED} AS JSON)) AS e(r)"
+    return f"(SELECT {', '.join(reads)} FROM {rows}) AS {alias}", binds, refs, tuple(order)
+
+
+def _constant(prefix: str, c: sa.Column[Any], *, json_as_text: bool) -> tuple[str, Any]:
+    """The SQL reading a constant column's one parameter, and that parameter."""
+    name = f"{prefix}{c.name}"
+    if isinstance(c.type, sa.JSON):
+        return f"CAST(CAST(:{name} AS TEXT) AS {_pg_type(c)})", sa.bindparam(name, type_=sa.Text if json_as_text else c.type)
+    return f"CAST(:{name} AS {_pg_type(c)})", sa.bindparam(name, type_=c.type)
+
+
+def _array_source(prefix: str, alias: str, columns: list[sa.Column[Any]], *, json_as_text: bool = False,
+                  constant: frozenset[str] = frozenset()) -> tuple[str, list[Any], dict[str, str]]:
     """``unnest(CAST(:<prefix><column> AS T[]), ...) AS alias(columns)``, its parameters, and the SQL
     that reads each column: ``alias.column``, or for a ``constant`` column its one cast parameter."""
     parts, binds, refs, names = [], [], {}, []
@@ -112,12 +205,8 @@ def _source(prefix: str, alias: str, columns: list[sa.Column[Any]], *, json_as_t
         name = f"{prefix}{c.name}"
         is_json = isinstance(c.type, sa.JSON)
         if c.name in constant:
-            if is_json:
-                refs[c.name] = f"CAST(CAST(:{name} AS TEXT) AS {_pg_type(c)})"
-                binds.append(sa.bindparam(name, type_=sa.Text if json_as_text else c.type))
-            else:
-                refs[c.name] = f"CAST(:{name} AS {_pg_type(c)})"
-                binds.append(sa.bindparam(name, type_=c.type))
+            refs[c.name], bind = _constant(prefix, c, json_as_text=json_as_text)
+            binds.append(bind)
             continue
         if is_json:
             parts.append(f"CAST(CAST(:{name} AS TEXT[]) AS {_pg_type(c)}[])")
@@ -151,12 +240,13 @@ def _tail_key(refs: Mapping[str, str]) -> str:
     return f"GREATEST(pg_current_xact_id()::text::bigint, ({previous}))"  # GREATEST skips a NULL
 
 
-def _facts_from(joined: str, constant: frozenset[str], *, following: bool) -> tuple[str, list[Any]]:
+def _facts_from(joined: str, constant: frozenset[str], *, following: bool
+                ) -> tuple[str, list[Any], tuple[str, ...] | None]:
     """INSERT the facts whose entity is in the CTE ``joined``; returns their entity ids. ``following``: the facts
     follow a previous one (transitions, tombstones), so their ``tx_id`` is :func:`_tail_key`; a creation fact's is
     the column's default, its writer's id."""
-    facts_sql, binds, refs = _source("f_", "f", [facts_table.c[c] for c in FACT_COLUMNS], json_as_text=True,
-                                     constant=constant)
+    facts_sql, binds, refs, packed = _source("f_", "f", [facts_table.c[c] for c in FACT_COLUMNS], json_as_text=True,
+                                             constant=constant)
     names, values = list(FACT_COLUMNS), [refs[c] for c in FACT_COLUMNS]
     if following:
         names.append("tx_id")
@@ -166,14 +256,15 @@ def _facts_from(joined: str, constant: frozenset[str], *, following: bool) -> tu
         f"SELECT {', '.join(values)} FROM {facts_sql} "
         f"JOIN {joined} ON {joined}.id = f.entity_id RETURNING entity_id",
         binds,
+        packed,
     )
 
 
 def insert_many(table: sa.Table, columns: tuple[str, ...], if_absent: bool, row_constant: frozenset[str],
                  fact_constant: frozenset[str]) -> _SetStatement:
     """Insert many rows and, for each row actually inserted, its creation fact; their ids."""
-    rows_sql, row_binds, refs = _source("r_", "r", [table.c[c] for c in columns], constant=row_constant)
-    facts_sql, fact_binds = _facts_from("new_rows", fact_constant, following=False)
+    rows_sql, row_binds, refs, row_packed = _source("r_", "r", [table.c[c] for c in columns], constant=row_constant)
+    facts_sql, fact_binds, fact_packed = _facts_from("new_rows", fact_constant, following=False)
     names = ", ".join(_q(c) for c in columns)
     conflict = " ON CONFLICT DO NOTHING" if if_absent else ""
     sql = (
@@ -181,7 +272,8 @@ def insert_many(table: sa.Table, columns: tuple[str, ...], if_absent: bool, row_
         f"SELECT {', '.join(refs[c] for c in columns)} FROM {rows_sql}{conflict} RETURNING {_q('id')}) "
         f"{facts_sql}"
     )
-    return _SetStatement(sa.text(sql).bindparams(*row_binds, *fact_binds), "r_", row_constant, fact_constant)
+    return _SetStatement(sa.text(sql).bindparams(*row_binds, *fact_binds), "r_", row_constant, fact_constant,
+                         row_packed, fact_packed)
 
 
 def update_many(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ...], row_constant: frozenset[str],
@@ -192,8 +284,8 @@ def update_many(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ..
             sa.Column("b_chain_hash", table.c.chain_hash.type)]
     keys += [sa.Column(f"b_{g}", table.c[g].type) for g in guards]
     news = [sa.Column(f"n_{c}", table.c[c].type) for c in columns]
-    values_sql, value_binds, v = _source("", "v", [*keys, *news], constant=row_constant)
-    facts_sql, fact_binds = _facts_from("updated", fact_constant, following=True)
+    values_sql, value_binds, v, row_packed = _source("", "v", [*keys, *news], constant=row_constant)
+    facts_sql, fact_binds, fact_packed = _facts_from("updated", fact_constant, following=True)
     where = " AND ".join(
         [f"t.id = {v['b_id']}", f"t.version = {v['b_version']}", f"t.status = {v['b_status']}",
          f"t.last_fact_id = {v['b_last_fact_id']}", f"t.chain_hash = {v['b_chain_hash']}"]
@@ -204,18 +296,20 @@ def update_many(table: sa.Table, guards: tuple[str, ...], columns: tuple[str, ..
         f"WITH updated AS (UPDATE {_q(table.name)} AS t SET {sets} FROM {values_sql} "
         f"WHERE {where} RETURNING t.id) {facts_sql}"
     )
-    return _SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "", row_constant, fact_constant)
+    return _SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "", row_constant, fact_constant,
+                         row_packed, fact_packed)
 
 
 def delete_many(table: sa.Table) -> _SetStatement:
     """Per-row compare-and-set deletes (version and chain head) and their tombstone facts."""
     keys = [sa.Column("b_id", table.c.id.type), sa.Column("b_version", table.c.version.type),
             sa.Column("b_last_fact_id", table.c.last_fact_id.type)]
-    values_sql, value_binds, v = _source("", "v", keys)
-    facts_sql, fact_binds = _facts_from("deleted", frozenset(), following=True)
+    values_sql, value_binds, v, row_packed = _source("", "v", keys)
+    facts_sql, fact_binds, fact_packed = _facts_from("deleted", frozenset(), following=True)
     sql = (
         f"WITH deleted AS (DELETE FROM {_q(table.name)} AS t USING {values_sql} "
         f"WHERE t.id = {v['b_id']} AND t.version = {v['b_version']} AND t.last_fact_id = {v['b_last_fact_id']} "
         f"RETURNING t.id) {facts_sql}"
     )
-    return _SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "")
+    return _SetStatement(sa.text(sql).bindparams(*value_binds, *fact_binds), "", row_packed=row_packed,
+                         fact_packed=fact_packed)

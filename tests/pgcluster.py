@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL cluster for the test suite.
 
 ``throwaway_cluster()`` runs ``initdb`` into a fresh temporary directory,
-starts a server on a free 127.0.0.1 port with durability switched off,
+starts a server on a free 127.0.0.1 port with durability switched off (``durable=True``:
+fsync, synchronous_commit and full_page_writes on, as production runs; the bench's ``--durable``),
 creates a ``statebook_test`` database, yields its URL, and on exit stops the
 server and deletes the directory.  When run as root, the server binaries run
 as the ``postgres`` user (PostgreSQL refuses to run as root).
@@ -169,7 +170,7 @@ def _reap(pid: int | None, timeout: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def throwaway_cluster(bindir: Path | None = None) -> Iterator[str]:
+def throwaway_cluster(bindir: Path | None = None, *, durable: bool = False) -> Iterator[str]:
     """Start a disposable cluster; yield ``postgresql://postgres@127.0.0.1:PORT/statebook_test``."""
     bindir = bindir or find_pg_bin()
     if bindir is None:
@@ -189,9 +190,10 @@ def throwaway_cluster(bindir: Path | None = None) -> Iterator[str]:
         )
         for attempt in range(5):
             port = _free_port()
+            durability = "on" if durable else "off"
             opts = (
-                f"-p {port} -k {sockdir} -c listen_addresses=127.0.0.1 -c fsync=off"
-                " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+                f"-p {port} -k {sockdir} -c listen_addresses=127.0.0.1 -c fsync={durability}"
+                f" -c synchronous_commit={durability} -c full_page_writes={durability} -c max_connections=200"
             )
             subreaper = _set_child_subreaper(True)
             try:

@@ -309,6 +309,25 @@ async def pg_server_version(url: str) -> str:
         await conn.close()
 
 
+DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes")
+
+
+async def server_durability(url: str) -> dict[str, str]:
+    """The server's ``fsync``, ``synchronous_commit`` and ``full_page_writes`` (``--durable`` wants all on)."""
+    conn = await asyncpg.connect(url)
+    try:
+        return {name: await conn.fetchval(f"SHOW {name}") for name in DURABILITY_SETTINGS}
+    finally:
+        await conn.close()
+
+
+def durability_line(durable: bool, server: dict[str, str], sqlite_floor: str) -> str:
+    """The line printed above the table: which mode the figures were measured in."""
+    settings = ", ".join(f"{k}={v}" for k, v in server.items())
+    return (f"mode: {'durable' if durable else 'fast (durability off)'}: PostgreSQL {settings}; SQLite: "
+            f"statebook synchronous=NORMAL (adapters/db.py, no setting), floor synchronous={sqlite_floor}")
+
+
 class SqliteFiles:
     """Fresh SQLite file paths under one temporary directory, removed at the end."""
 

@@ -192,11 +192,15 @@ class PgFloor:
 
 # -- SQLite ------------------------------------------------------------------------------------
 
+SQLITE_SYNCHRONOUS = "NORMAL"
+"""The floor's ``PRAGMA synchronous``: statebook's NORMAL, or FULL in a ``run.py --durable`` run (which sets it)."""
+
+
 async def sqlite_connect(path: str) -> aiosqlite.Connection:
-    """The connection settings statebook uses: WAL, busy timeout, FK on, synchronous NORMAL."""
+    """The connection settings statebook uses: WAL, busy timeout, FK on, synchronous NORMAL (see above)."""
     conn = await aiosqlite.connect(path, isolation_level=None, timeout=5.0)
     for pragma in ("PRAGMA journal_mode=WAL", "PRAGMA busy_timeout=5000", "PRAGMA foreign_keys=ON",
-                   "PRAGMA synchronous=NORMAL"):
+                   f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}"):
         await conn.execute(pragma)
     return conn
 

@@ -4,6 +4,7 @@
     .venv/bin/python tests/bench/run.py --full   # the issue's sizes (long)
     .venv/bin/python tests/bench/run.py --only W1,W3 --rounds 5 --profile
     .venv/bin/python tests/bench/run.py --baseline main --only W1,W2,W3   # also measure main (baseline.py)
+    .venv/bin/python tests/bench/run.py --durable --only W1,W2,W3     # fsync on (make bench-durable)
 
 PostgreSQL comes from ``--pg-url`` or ``STATEBOOK_TEST_PG_URL`` (the bench creates and drops
 ``bench_*`` databases there), otherwise from a throwaway cluster (tests/pgcluster.py). Prints a
@@ -19,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict
@@ -31,10 +33,10 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import pgcluster  # noqa: E402
 
-from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, drop_databases, machine,  # noqa: E402
-                    pg_server_version, recreate_databases, render_table)
+from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, drop_databases, durability_line,  # noqa: E402
+                    machine, pg_server_version, recreate_databases, render_table, server_durability)
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "memory")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "memory", "W2p")
 COMPARED = ("W1", "W2", "W3")
 """The workloads whose statebook contenders ``--baseline`` also measures for the baseline revision."""
 DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6", "w7_statebook",
@@ -48,6 +50,7 @@ PAIRS = 8
 """Default ``--pairs``. Two runs of the same revision differ by up to 15% on a shared 2-core machine;
 with 8 pairs in each of 5 rounds the median's 95% interval is about +-5% (specs/performance.md)."""
 RESULTS = BENCH_DIR / "results.json"
+RESULTS_DURABLE = BENCH_DIR / "results-durable.json"
 
 _T0 = time.perf_counter()
 
@@ -57,11 +60,20 @@ def log(message: str) -> None:
 
 
 async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out: Path,
-                baseline: Any = None, working: Any = None, pairs: int = 1) -> int:
+                baseline: Any = None, working: Any = None, pairs: int = 1, durable: bool = False) -> int:
     """Run ``only``; with ``baseline`` and ``working`` (baseline.Install of REV and of the working
     tree) W1-W3 also measure that revision, each side on its own install."""
+    import floor
+    import scaling
     import scheduler_side
     import workloads
+
+    durability = await server_durability(base_url)
+    if durable and set(durability.values()) != {"on"}:
+        log(f"--durable: the server runs {durability}; durable figures need all three on")
+        return 2
+    floor.SQLITE_SYNCHRONOUS = "FULL" if durable else "NORMAL"
+    mode = durability_line(durable, durability, floor.SQLITE_SYNCHRONOUS)
 
     names = {db: f"bench_{db}" for db in (*DATABASES, *((BASELINE_DATABASE, WORKING_DATABASE) if baseline else ()))}
     urls = await recreate_databases(base_url, list(names.values()))
@@ -82,10 +94,10 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
         "W1": workloads.w1, "W2": workloads.w2, "W3": workloads.w3, "W4": workloads.w4, "W5": workloads.w5,
         "W6": lambda c: scheduler_side.w6({"postgresql": pg["w6"], "sqlite": f"sqlite:///{c.sqlite_path('w6')}"},
                                           sizes.w6_schedules, sizes.w6_due, sizes.rounds, log),
-        "W7": _w7,
-        "memory": workloads.memory,
+        "W7": _w7, "memory": workloads.memory, "W2p": scaling.w2p,
     }
     host = {**machine(), "postgresql": version}
+    log(mode)
     log(f"sizes: {sizes.mode}, {sizes.rounds} rounds; concurrency {CONCURRENCY}, batch {BATCH}; machine {host}")
     lines: list[Line] = []
     timings: dict[str, float] = {}
@@ -105,7 +117,9 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     finally:
         files.cleanup()
     table = render_table(lines)
-    print("\n" + table + "\n", flush=True)
+    print("\n" + mode + "\n" + table + "\n", flush=True)
+    for note in scaling.notes(lines):
+        print(note, flush=True)
     for ln in lines:  # a line a peer cannot run says why (W7's DBOS batch enqueue, eventsourcing's drain)
         if ln.statebook is None and ln.note.startswith("n/a: "):
             print(f"  {ln.workload} ({ln.backend}) vs {ln.reference}: {ln.note.removeprefix('n/a: ')}", flush=True)
@@ -122,7 +136,10 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": host,
         "loadavg_1m_at_end": machine().get("loadavg_1m"), "sizes": asdict(sizes), "concurrency": CONCURRENCY,
-        "batch": BATCH, "workload_seconds": timings,
+        "batch": BATCH, "durable": durable,
+        "durability": {**durability, "sqlite_floor_synchronous": floor.SQLITE_SYNCHRONOUS,
+                       "sqlite_statebook_synchronous": "NORMAL"},
+        "workload_seconds": timings,
         "total_seconds": round(time.perf_counter() - _T0, 1), "table": table,
         "lines": [ln.to_json() for ln in lines],
     }
@@ -165,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(WORKLOADS)}")
     parser.add_argument("--pg-url", help="PostgreSQL server to use (default: STATEBOOK_TEST_PG_URL or throwaway)")
     parser.add_argument("--profile", action="store_true", help="also print pyinstrument profiles of W1/W2")
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write results (default {RESULTS})")
+    parser.add_argument("--json", type=Path, help=f"where to write results (default {RESULTS.name}, with --durable "
+                                                  f"{RESULTS_DURABLE.name}, in {BENCH_DIR})")
+    parser.add_argument("--durable", action="store_true",
+                        help="a throwaway cluster with fsync, synchronous_commit and full_page_writes on, and the "
+                             "floor's SQLite at synchronous=FULL (with --pg-url the server must already run so)")
     parser.add_argument("--baseline", metavar="REV",
                         help=f"also measure git revision REV (installed in a temporary virtualenv) in the same "
                              f"rounds as the working tree, for {', '.join(COMPARED)}; adds the 'baseline' and "
@@ -198,6 +219,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
         parser.error("--keep-baseline needs --baseline REV")
     if args.baseline is not None and not args.baseline.strip():
         parser.error("--baseline needs a revision")
+    if args.json is None:
+        args.json = RESULTS_DURABLE if args.durable else RESULTS
     return args, sizes, only
 
 
@@ -235,16 +258,19 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, sizes: Sizes, only: list[str], install: Any, working: Any) -> int:
     url = args.pg_url or os.environ.get("STATEBOOK_TEST_PG_URL")
     if url:
-        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install, working, args.pairs))
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install, working, args.pairs,
+                                 args.durable))
     bindir = pgcluster.find_pg_bin()
     if bindir is None:
         print(f"no PostgreSQL: set STATEBOOK_TEST_PG_URL or install server binaries under {pgcluster.PG_ROOT}/*/bin",
               file=sys.stderr)
         return 2
-    log("starting a throwaway PostgreSQL cluster")
-    with pgcluster.throwaway_cluster(bindir) as url:
+    log(f"starting a throwaway PostgreSQL cluster{' (durable: fsync on)' if args.durable else ''} under "
+        f"{tempfile.gettempdir()}")
+    with pgcluster.throwaway_cluster(bindir, durable=args.durable) as url:
         _THROWAWAY.add(url)
-        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install, working, args.pairs))
+        return asyncio.run(bench(url, sizes, only, args.profile, args.json, install, working, args.pairs,
+                                 args.durable))
 
 
 if __name__ == "__main__":

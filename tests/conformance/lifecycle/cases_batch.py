@@ -246,3 +246,30 @@ class PurgeManyCases:
             await purge_many(book, "task", ["a", "b"], reason=PURGED, actor=OPERATOR)
         assert await row(book, "a") is not None and await row(book, "b") is not None
         assert await count_facts(book) == 3
+
+    async def test_a_batch_writes_every_value_back_exactly(self, book: Book):
+        """A batch's values come back from the row and its facts exactly as given: text with quotes, backslashes,
+        control and non-BMP characters, integers at their bounds, and a float that only its shortest repr
+        carries (PostgreSQL sends a batch's rows as JSON text when every column is plain, issue 29). verify
+        re-hashes what was stored, so a value changed on the way is a broken chain as well."""
+        tricky = ['quote " and \\ backslash', "tab\tnewline\nreturn\r", "\u2028\u2029 separators", "emoji \U0001f600",
+                  "é combining e\u0301", "{\"not\": json}", "", "\x7f del \x1b esc"]
+        clock = book.clock
+        clock.set(1_764_900_000.1234567)  # updated_at and each fact's at: 17 significant digits
+        ids = [f"x{i}" for i in range(len(tricky))]
+        await create_many(book, "task", [item(i, owner=t, attempt=2**31 - 1 - n) for n, (i, t) in enumerate(zip(ids, tricky))])
+        clock.advance(0.1 + 0.2)
+        commands = [claim(i, attempt=2**31 - 1 - n, patch={"attempt": -(2**31) + n, "note": t, "owner": t[::-1]})
+                    for n, (i, t) in enumerate(zip(ids, tricky))]
+        outcomes = await apply_many(book, commands)
+        assert all(o.applied for o in outcomes), outcomes
+        for n, (entity_id, text) in enumerate(zip(ids, tricky)):
+            stored = await row(book, entity_id)
+            assert stored is not None
+            assert (stored["note"], stored["owner"], stored["attempt"]) == (text, text[::-1], -(2**31) + n)
+            assert stored["updated_at"] == clock.now()
+            assert stored == await replay(book, "task", entity_id)
+            created, claimed = await history(book, "task", entity_id)
+            assert created.patch["owner"] == text and claimed.patch["note"] == text
+            assert (created.at, claimed.at) == (1_764_900_000.1234567, clock.now())
+        assert (await verify(book)).ok
