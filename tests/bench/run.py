@@ -36,10 +36,11 @@ import pgcluster  # noqa: E402
 from common import (CONCURRENCY, BATCH, Line, SqliteFiles, Sizes, drop_databases, durability_line,  # noqa: E402
                     machine, pg_server_version, recreate_databases, render_table, server_durability)
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "memory", "W2p")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "memory", "W2p")
 COMPARED = ("W1", "W2", "W3")
 """The workloads whose statebook contenders ``--baseline`` also measures for the baseline revision."""
-DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6")
+DATABASES = ("statebook", "floor", "pgqueuer", "procrastinate", "w4_small", "w4_large", "w6", "w7_statebook",
+             "w7_eventsourcing", "dbos")
 BASELINE_DATABASE = "statebook_baseline"
 WORKING_DATABASE = "statebook_working"
 """The working tree's child's database in a ``--baseline`` run: like the baseline's, one nothing else opens
@@ -93,7 +94,7 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
         "W1": workloads.w1, "W2": workloads.w2, "W3": workloads.w3, "W4": workloads.w4, "W5": workloads.w5,
         "W6": lambda c: scheduler_side.w6({"postgresql": pg["w6"], "sqlite": f"sqlite:///{c.sqlite_path('w6')}"},
                                           sizes.w6_schedules, sizes.w6_due, sizes.rounds, log),
-        "memory": workloads.memory, "W2p": scaling.w2p,
+        "W7": _w7, "memory": workloads.memory, "W2p": scaling.w2p,
     }
     host = {**machine(), "postgresql": version}
     log(mode)
@@ -119,6 +120,9 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     print("\n" + mode + "\n" + table + "\n", flush=True)
     for note in scaling.notes(lines):
         print(note, flush=True)
+    for ln in lines:  # a line a peer cannot run says why (W7's DBOS batch enqueue, eventsourcing's drain)
+        if ln.statebook is None and ln.note.startswith("n/a: "):
+            print(f"  {ln.workload} ({ln.backend}) vs {ln.reference}: {ln.note.removeprefix('n/a: ')}", flush=True)
     if baseline is not None:
         print(f"baseline = {baseline.short} ({baseline.sha[:12]}); working tree = {REPO}; 'baseline' is its "
               "figure (its ratio against the same peer/floor), 'vs baseline' = working / baseline in the "
@@ -153,6 +157,12 @@ async def bench(base_url: str, sizes: Sizes, only: list[str], profile: bool, out
     if failed:
         log(f"workload(s) {', '.join(failed)} raised; see the tracebacks above")
     return 1 if failed else 0  # a missed target is a FAIL line, not an exit status
+
+
+async def _w7(ctx: Any) -> list[Line]:
+    import w7  # imports dbos and eventsourcing (the bench extra) only when W7 runs
+
+    return await w7.w7(ctx)
 
 
 _THROWAWAY: set[str] = set()
