@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -41,8 +41,8 @@ class Head:
     @classmethod
     def of(cls, row: Mapping[str, Any], *guarded: str) -> Head:
         """The head of ``row`` (read with :func:`head_columns`), with the ``guarded`` columns' values."""
-        return made(row["status"], row["version"], row["last_fact_id"], row["chain_hash"],
-                    {g: row[g] for g in guarded})
+        return filled(cls, status=row["status"], version=row["version"], fact_id=row["last_fact_id"],
+                      chain_hash=row["chain_hash"], guarded={g: row[g] for g in guarded})
 
     def guarding(self, **values: Any) -> Head:
         """This head with the guarded columns' values set (e.g. what a claim just wrote)."""
@@ -61,21 +61,17 @@ class Head:
         return self.guarded[column]
 
 
+R = TypeVar("R")
 _new = object.__new__
 
 
-def made(status: str, version: int, fact_id: str, chain_hash: str, guarded: Mapping[str, Any]) -> Head:
-    """``Head(status, version, fact_id, chain_hash, guarded)``, its fields written straight into the new
-    instance: the frozen dataclass's ``__init__`` sets each through ``object.__setattr__``, and a head is
-    made twice for every delivery a pass makes (the scan's, the claim's)."""
-    head = _new(Head)
-    fields = head.__dict__
-    fields["status"] = status
-    fields["version"] = version
-    fields["fact_id"] = fact_id
-    fields["chain_hash"] = chain_hash
-    fields["guarded"] = guarded
-    return head
+def filled(cls: type[R], /, **fields: Any) -> R:
+    """``cls(**fields)`` for a frozen dataclass given every field (no ``__post_init__`` runs), the values
+    written straight into the new instance: the generated ``__init__`` sets each field through
+    ``object.__setattr__``, and a delivery builds two heads, a candidate and a lease on every pass."""
+    record = _new(cls)
+    record.__dict__.update(fields)
+    return record
 
 
 def head_columns(table: sa.Table) -> list[sa.Column[Any]]:

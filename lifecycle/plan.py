@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from .codec import digest, dumps, new_id
 from .facts import GENESIS as GENESIS_ID, stored_values
-from .head import Head, made
+from .head import Head, filled
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .store import RowWrite
@@ -43,7 +43,8 @@ class Outcome:
         the next command on the row compares against (``apply_many(seen=)``). None unless applied."""
         if self.kind != "applied" or self.chain_hash is None or self.fact_id is None or self.status is None:
             return None
-        return made(self.status, self.version, self.fact_id, self.chain_hash, guarded)  # type: ignore[arg-type]
+        return filled(Head, status=self.status, version=self.version, fact_id=self.fact_id,
+                      chain_hash=self.chain_hash, guarded=guarded)
 
     @property
     def conflict(self) -> bool:
@@ -152,58 +153,54 @@ def plan_create(lc: Lifecycle, data: Mapping[str, Any], item: NewEntity, at: flo
 def plan_transition(lc: Lifecycle, cmd: Command, row: Head | Mapping[str, Any], at: float, key: bytes | None = None) -> RowWrite:
     """The compare-and-set update of ``row`` (as read) to ``cmd.target``, and its fact."""
     keyed = cmd.idempotency_key is not None
-    # The head read once, a Head's as attributes (its lookups are Python calls, for every row of a pass);
-    # ``expect`` is what _expect makes of it.
-    if type(row) is Head:
-        status, version, fact_id, chain_hash = row.status, row.version, row.fact_id, row.chain_hash
-    else:
-        status, version, fact_id, chain_hash = row["status"], row["version"], row["last_fact_id"], row["chain_hash"]
+    status, version, fact_id, chain_hash = _read_head(row)
     content = fact_content(
         lc, entity_id=cmd.entity_id, prev_fact_id=fact_id, previous=status, status=cmd.target, version=version + 1,
         reason=cmd.reason, actor=cmd.actor, at=at, patch=cmd.patch, metadata=cmd.metadata,
         idempotency_key=cmd.idempotency_key, command_digest=cmd.digest() if keyed else None,
     )
     fact = stored_values(content, chain_hash, key)
-    expect = {"version": version, "status": status, "last_fact_id": fact_id, "chain_hash": chain_hash, **cmd.guards}
-    return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact, expect, tuple(cmd.guards))
+    return RowWrite(cmd.entity_id, {**cmd.patch, **projection(content, fact)}, fact,
+                    _expect(status, version, fact_id, chain_hash, cmd.guards), tuple(cmd.guards))
 
 
 def plan_purge(lc: Lifecycle, entity_id: str, row: Mapping[str, Any], reason: Reason, actor: Actor, at: float,
                forced: bool, key: bytes | None = None) -> RowWrite:
     """The compare-and-set delete of ``row`` and its tombstone fact (status NULL)."""
+    status, version, fact_id, chain_hash = _read_head(row)
     content = fact_content(
-        lc, entity_id=entity_id, prev_fact_id=row["last_fact_id"], previous=row["status"], status=None,
-        version=row["version"] + 1, reason=reason, actor=actor, at=at, patch={},
-        metadata={"forced": True} if forced else {},
+        lc, entity_id=entity_id, prev_fact_id=fact_id, previous=status, status=None, version=version + 1,
+        reason=reason, actor=actor, at=at, patch={}, metadata={"forced": True} if forced else {},
     )
-    fact = stored_values(content, row["chain_hash"], key)
-    return RowWrite(entity_id, {}, fact, _expect(row, {}))
+    fact = stored_values(content, chain_hash, key)
+    return RowWrite(entity_id, {}, fact, _expect(status, version, fact_id, chain_hash, {}))
 
 
-def _expect(row: Head | Mapping[str, Any], guards: Mapping[str, Any]) -> dict[str, Any]:
+def _read_head(row: Head | Mapping[str, Any]) -> tuple[str, int, str, str]:
+    """(status, version, last fact id, chain hash) of a row as read; a Head's read as attributes (its
+    ``[]`` is a Python call, and this runs for every row of a pass)."""
+    if type(row) is Head:
+        return row.status, row.version, row.fact_id, row.chain_hash
+    return row["status"], row["version"], row["last_fact_id"], row["chain_hash"]
+
+
+def _expect(status: str, version: int, fact_id: str, chain_hash: str, guards: Mapping[str, Any]) -> dict[str, Any]:
     """The compare-and-set of a write: the row's head as read (its chain hash too: the new fact's
     ``prev_hash`` is taken from it, so a row given by a caller (``seen=``) with a wrong hash is a
     conflict, not a broken chain) and the guarded columns."""
-    return {"version": row["version"], "status": row["status"], "last_fact_id": row["last_fact_id"],
-            "chain_hash": row["chain_hash"], **guards}
+    return {"version": version, "status": status, "last_fact_id": fact_id, "chain_hash": chain_hash, **guards}
 
 
 def matches(cmd: Command, row: Head | Mapping[str, Any] | None) -> bool:
     """Does ``row`` (as read) satisfy the command's expected statuses and guards?"""
     if row is None:
         return False
-    if type(row) is Head:  # attributes and its dict: Head.__getitem__ is a Python call, for every row of a pass
-        if row.status not in cmd.expected:
-            return False
-        guarded = row.guarded
-        for g, v in cmd.guards.items():  # a loop, not all() over a generator
-            if (guarded[g] if g in guarded else row[g]) != v:
-                return False
-        return True
-    if row["status"] not in cmd.expected:
+    # A Head is read through its attributes and its dict (its ``[]`` is a Python call, for every row of a pass).
+    status, values = (row.status, row.guarded) if type(row) is Head else (row["status"], row)
+    if status not in cmd.expected:
         return False
-    for g, v in cmd.guards.items():
-        if row[g] != v:
+    for g, v in cmd.guards.items():  # a loop, not all() over a generator
+        if (values[g] if g in values else row[g]) != v:
             return False
     return True
 

@@ -30,8 +30,8 @@ from statebook.lifecycle import Book, Lifecycle
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.inputs import KEY_CHARS, TIME_RANGE, integer, text as checked_text
 
-__all__ = ["MAX_LIMIT", "Filters", "LifecycleCounts", "Page", "browse", "counts", "masked", "check_filters", "order_of", "parse_time",
-           "time_columns"]
+__all__ = ["MAX_LIMIT", "Filters", "LifecycleCounts", "Page", "browse", "check_filters", "counts", "masked", "order_of",
+           "parse_time", "time_columns"]
 
 MAX_LIMIT = 500
 TEXT_COLUMNS = ("id", "dedup_key", "recipient", "name", "kind")

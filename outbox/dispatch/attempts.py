@@ -15,10 +15,10 @@ import sqlalchemy as sa
 
 from statebook.lifecycle import Actor, Book, Command, Head, Reason, head_columns
 from statebook.lifecycle.codec import new_id
+from statebook.lifecycle.head import filled
 from statebook.lifecycle.queries import ids_in
 
 from ..core import lease as core
-from ..core.lease import filled
 from ..core.claims import read_rows
 from ..core.due import DueScan
 

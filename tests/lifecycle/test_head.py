@@ -74,15 +74,15 @@ def test_no_caller_outside_lifecycle_and_the_storage_backends_names_the_chain_co
 
 
 def test_a_head_made_for_speed_is_the_head_the_constructor_makes():
-    """``head.made`` (what ``Head.of`` and ``Outcome.head`` use) fills the instance without the frozen
-    ``__init__``: it must still equal, hash, print and refuse writes like ``Head(...)``."""
+    """``head.filled`` (what ``Head.of`` and ``Outcome.head`` use) fills the instance without the frozen
+    ``__init__``: it must still equal, print and refuse writes like ``Head(...)``."""
     import dataclasses
 
     import pytest
 
-    from statebook.lifecycle.head import made
+    from statebook.lifecycle.head import filled
 
-    fast = made("open", 3, "f3", "h3", {"attempt": 2})
+    fast = filled(Head, status="open", version=3, fact_id="f3", chain_hash="h3", guarded={"attempt": 2})
     slow = Head("open", 3, "f3", "h3", {"attempt": 2})
     assert fast == slow and repr(fast) == repr(slow) and "h3" not in repr(fast)
     assert fast.guarding(attempt=3) == slow.guarding(attempt=3) != fast

@@ -1,6 +1,6 @@
 """The candidate and lease records a scan and a claim build for every delivery (statebook.outbox.core.lease).
 
-The dispatch scan and claim build them with ``filled``, which skips the frozen dataclass's ``__init__``;
+The dispatch scan and claim build them with ``lifecycle.head.filled``, which skips the frozen dataclass's ``__init__``;
 what they build must be the record the constructor would have built."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from statebook.lifecycle import Actor, Head
-from statebook.outbox.core.lease import filled
+from statebook.lifecycle.head import filled
 from statebook.outbox.dispatch.attempts import Candidate, Lease, claim_command, with_head
 
 ROW = {"id": "d1", "status": "pending", "version": 1, "last_fact_id": "f1", "chain_hash": "h1", "attempt": 0,
