@@ -52,8 +52,8 @@ class SQLiteStore(SQLStore):
 
     # -- driver --------------------------------------------------------------------------------------
     async def driver_fetch(self, raw: Any, sql: str, args: list[Any]) -> list[Any]:
-        cursor = await raw.execute(sql, args)
-        return await cursor.fetchall()
+        # One hop to aiosqlite's thread for the statement and its rows (execute, then fetchall, is two).
+        return list(await raw.execute_fetchall(sql, args))
 
     async def driver_execute(self, raw: Any, sql: str, args: list[Any]) -> int:
         cursor = await raw.execute(sql, args)
