@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
 
+from .clock import utc
 from .codec import digest, dumps, dumps_tree, keyed_digest, loads
 from .inputs import integer
 from .schema import metadata
@@ -93,6 +95,7 @@ class Fact:
     actor_type: str
     actor_id: str
     at: float
+    """when it was written, in POSIX seconds as stored and hashed (:attr:`time` gives the ``datetime``)"""
     patch: dict[str, Any]
     metadata: dict[str, Any]
     idempotency_key: str | None
@@ -102,6 +105,12 @@ class Fact:
     hash: str
     seq: int | None = None
     tx_id: int | None = None
+
+    @property
+    def time(self) -> datetime:
+        """``at`` as an aware UTC ``datetime``: when the fact was written. ``at`` stays the stored POSIX seconds
+        the hash covers (specs/lifecycle.md L20a)."""
+        return utc(self.at)
 
     @property
     def is_creation(self) -> bool:

@@ -7,7 +7,8 @@ SQLite and PostgreSQL accept and refuse exactly the same inputs and the refusal 
   characters where an index stores it (ids, keys, names), at most ``String(n)``'s ``n``;
 - integers: an ``int`` (not a ``bool``) in the column's range on both backends (``Integer``: 32 bits,
   ``BigInteger``: 64 bits);
-- numbers and times: finite (no NaN, no infinity), times between 1970 and 9999;
+- numbers and times: finite (no NaN, no infinity), times between 1970 and 9999, given as POSIX seconds or an
+  aware ``datetime`` (a naive one is refused);
 - JSON: dicts with string keys, lists, strings, finite numbers, booleans and null; nested at most
   :attr:`Limits.json_depth` levels, at most :attr:`Limits.json_bytes` bytes as canonical text.
 
@@ -20,10 +21,12 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 
+from .clock import posix
 from .codec import dumps
 from .errors import InvalidArgument
 from .reasons import Actor, Reason
@@ -98,7 +101,15 @@ def number(argument: str, value: Any, *, low: float = -math.inf, high: float = m
 
 
 def timestamp(argument: str, value: Any) -> float:
-    """POSIX seconds, finite, from 1970 to 9999."""
+    """A time as stored: POSIX seconds, finite, from 1970 to 9999, from an aware ``datetime`` or a number
+    (returned as given); a naive ``datetime`` is refused (rule ``naive``), and so is a ``bool``."""
+    if isinstance(value, datetime):
+        try:
+            value = posix(value, argument)
+        except ValueError as exc:
+            raise _refuse(argument, "naive", str(exc).split(": ", 1)[1]) from None
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _refuse(argument, "type", f"expected a datetime or POSIX seconds, got {type(value).__name__}")
     return number(argument, value, low=TIME_RANGE[0], high=TIME_RANGE[1])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from typing import IO, Any
 
 import sqlalchemy as sa
@@ -69,11 +70,12 @@ async def replay(book: Book, entity_type: str, entity_id: str) -> dict[str, Any]
     return fold(await history(book, entity_type, entity_id), row_defaults(book.policy(entity_type).table))
 
 
-async def as_of(book: Book, entity_type: str, entity_id: str, when: float) -> dict[str, Any] | None:
-    """The entity's state as its facts described it at time ``when``."""
-    timestamp("when", when)
+async def as_of(book: Book, entity_type: str, entity_id: str, when: datetime | float) -> dict[str, Any] | None:
+    """The entity's state as its facts described it at time ``when`` (an aware ``datetime`` or POSIX seconds);
+    the row's values as stored (times in seconds)."""
+    at = timestamp("when", when)
     facts = await history(book, entity_type, entity_id)
-    return fold((f for f in facts if f.at <= when), row_defaults(book.policy(entity_type).table))
+    return fold((f for f in facts if f.at <= at), row_defaults(book.policy(entity_type).table))
 
 
 async def read_row(book: Book, entity_type: str, entity_id: str) -> dict[str, Any] | None:

@@ -8,11 +8,12 @@ so callers never pick columns out of a mapping. ``model_dump(mode="json")`` is w
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from statebook.lifecycle.clock import utc
 from statebook.lifecycle.head import CHAIN_COLUMNS
 
 MASK = "********"
@@ -22,7 +23,7 @@ MASK = "********"
 def _utc(value: Any) -> Any:
     """POSIX seconds (as stored) as an aware UTC datetime; anything else is left to pydantic."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value, tz=timezone.utc)
+        return utc(value)
     return value
 
 

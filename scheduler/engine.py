@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -224,14 +225,14 @@ class SchedulerEngine:
                 task.cancel()
 
     # -- evaluation ---------------------------------------------------------------------------
-    async def evaluate(self, now: float) -> int:
+    async def evaluate(self, now: datetime | float) -> int:
         """Consider every due active schedule once; returns how many were considered.
 
         Timed schedules are considered together (:meth:`consider_many`: one transaction for all their
         claims and runs); a github_poll schedule alone, in its place in due order (its poll is an
         HTTP call, never inside a transaction). Fires launch once their claims are committed and the
-        evaluation has nothing left to read."""
-        timestamp("now", now)
+        evaluation has nothing left to read. ``now``: an aware ``datetime`` or POSIX seconds."""
+        now = timestamp("now", now)
         self.firing.deferred_now = False
         if not await self._leading():
             return 0
@@ -280,19 +281,20 @@ class SchedulerEngine:
             await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
         return []
 
-    async def consider(self, s: dict[str, Any], now: float) -> str:
+    async def consider(self, s: dict[str, Any], now: datetime | float) -> str:
         """One due schedule, a set of one (S5); returns what happened."""
+        now = timestamp("now", now)
         if s["trigger_type"] == "github_poll":
             due = s["next_fire_at"]
             context = {"trigger": s["trigger_type"], "occurrence_at": due, "schedule": s["name"]}
             return await self.polling.poll(s, due, following(s, due, now, self.cfg.timezone), context)  # S13
         return (await self.consider_many([s], now))[0]
 
-    async def consider_many(self, due: list[dict[str, Any]], now: float) -> list[str]:
+    async def consider_many(self, due: list[dict[str, Any]], now: datetime | float) -> list[str]:
         """:meth:`consider` for due timed schedules (distinct, as read by the due query, in due order)
         in ONE transaction (scheduler/evaluation.py), then launch the fires. Returns what happened to
         each. On an error nothing is written, no slot stays taken and the error propagates."""
-        decisions = await self.firing.decide(due, now)
+        decisions = await self.firing.decide(due, timestamp("now", now))
         self.firing.started(decisions)
         return [d.outcome for d in decisions]
 
@@ -355,8 +357,9 @@ class SchedulerEngine:
                 q = sa.select(schedule_runs).where(schedule_runs.c.chain_parent_id == row.id)
         return chain
 
-    async def check_missed_fires(self, now: float | None = None) -> int:
-        """At start: occurrences that fell due while no daemon ran, by each schedule's missed_fire_policy (S6)."""
+    async def check_missed_fires(self, now: datetime | float | None = None) -> int:
+        """At start: occurrences that fell due while no daemon ran, by each schedule's missed_fire_policy (S6);
+        ``now`` (an aware ``datetime`` or POSIX seconds) defaults to the book's clock."""
         now = self.book.clock.now() if now is None else timestamp("now", now)
         async with self.book.read() as conn:
             due = [dict(r._mapping) for r in await conn.execute(evaluation.due_query(now, limit=100_000))]

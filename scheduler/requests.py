@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Literal
 
 import yaml
@@ -81,7 +82,8 @@ class CreateScheduleRequest(BaseModel):
     cron_expr: str | None = None
     timezone: str | None = None
     interval_sec: int | None = None
-    at_time: float | None = None
+    at_time: datetime | float | None = None
+    """an ``at`` trigger's time: an aware ``datetime`` or POSIX seconds, kept as seconds once checked"""
     github_repo: str | None = None
     github_filter: dict[str, Any] | None = None
     poll_interval_sec: int | None = None

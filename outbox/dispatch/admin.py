@@ -4,6 +4,7 @@ is audited."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -224,21 +225,22 @@ async def _purge_matching(
 async def purge_dispatches(
     book: Book,
     *,
-    before: float,
+    before: datetime | float,
     statuses: Iterable[str] | None = None,
     dry_run: bool = False,
     force: bool = False,
     actor: Actor = OPERATOR_ACTOR,
     progress: Progress | None = None,
 ) -> list[str]:
-    """Purge rows in ``statuses`` (default: the terminal ones) last changed before ``before``.
+    """Purge rows in ``statuses`` (default: the terminal ones) last changed before ``before`` (an aware
+    ``datetime`` or POSIX seconds).
 
     Returns the ids purged (or, with ``dry_run``, that would be). Each purge is audited by a
     tombstone fact. Non-terminal statuses are refused unless ``force=True``: a pending or
     delivering row is live work.
     """
     checks.book_arg(book)
-    checks.when("before", before)
+    before = checks.when("before", before)
     checks.flag("dry_run", dry_run)
     checks.flag("force", force)
     checks.actor(actor)
@@ -268,7 +270,7 @@ async def purge_dispatches(
 async def apply_retention(
     book: Book,
     *,
-    now: float,
+    now: datetime | float,
     delivered_days: float = 7,
     failed_days: float = 30,
     actor: Actor = RETENTION_ACTOR,
@@ -276,9 +278,10 @@ async def apply_retention(
 ) -> dict[str, int]:
     """Purge delivered/acked rows settled more than ``delivered_days`` ago and the other terminal rows
     (dead_letter, expired, and any terminal status an application adds) settled more than
-    ``failed_days`` ago. Returns the number purged per terminal status."""
+    ``failed_days`` ago, counted back from ``now`` (an aware ``datetime`` or POSIX seconds). Returns the number
+    purged per terminal status."""
     checks.book_arg(book)
-    checks.when("now", now)
+    now = checks.when("now", now)
     checks.days("delivered_days", delivered_days)
     checks.days("failed_days", failed_days)
     checks.actor(actor)

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 from statebook.lifecycle import Actor, Book, Command, Head, apply_many
@@ -245,7 +246,7 @@ async def run_leases(
 async def deliver_due_dispatches(
     book: Book,
     *,
-    now: float | None = None,
+    now: datetime | float | None = None,
     transport: Transport | None = None,
     notify_template: list[str] | None = None,
     batch_size: int = 100,
@@ -259,13 +260,16 @@ async def deliver_due_dispatches(
     scheduled again; ``dead_letter`` and ``expired`` rows moved there. Without ``transport`` an
     :class:`ArgvTransport` over ``notify_template`` is used; a missing or invalid template fails
     each claimed row, it does not raise. Leases are sized for the transport's timeout and claimed
-    no faster than sends can start (O21).
+    no faster than sends can start (O21). ``now`` (an aware ``datetime`` or POSIX seconds) fixes the pass's
+    time; by default each step reads the book's clock.
 
     >>> counts = await deliver_due_dispatches(book, transport=CallableTransport(send))  # doctest: +SKIP
     """
     checks.book_arg(book, unbound="deliver_due_dispatches")
+    clock: Callable[[], float] = book.clock.now
     if now is not None:
-        checks.when("now", now)
+        at = checks.when("now", now)
+        clock = lambda: at  # noqa: E731
     checks.count("batch_size", batch_size, checks.MAX_BATCH)
     checks.count("concurrency", concurrency, checks.MAX_CONCURRENCY)
     checks.actor(actor)
@@ -274,7 +278,6 @@ async def deliver_due_dispatches(
         transport = ArgvTransport(notify_template)
     else:
         checks.transport_arg(transport)
-    clock: Callable[[], float] = (lambda: now) if now is not None else book.clock.now
     refill = _due_claimer(book, clock, send_timeout(transport), actor)
     return await run_leases(book, [], transport, concurrency=concurrency, now=clock, actor=actor, refill=refill,
                             budget=batch_size)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -41,8 +42,9 @@ _ENQUEUE_ARGS = frozenset(
 def _validate(
     limits: Limits, *, kind: Any, deliver_to: Any, body: Any, dedup_key: Any, ack_required: Any, max_attempts: Any,
     expires_at: Any, session_id: Any, schedule_run_id: Any,
-) -> dict[str, Any]:
-    """Check every argument that does not need the database (O4, O22); returns the body to store."""
+) -> tuple[dict[str, Any], float | None]:
+    """Check every argument that does not need the database (O4, O22); returns the body and the expiry
+    (POSIX seconds) to store."""
     checks.name("kind", kind)
     checks.route("deliver_to", deliver_to, limits)
     checks.optional_name("dedup_key", dedup_key)
@@ -50,8 +52,7 @@ def _validate(
     checks.optional_name("schedule_run_id", schedule_run_id)
     checks.flag("ack_required", ack_required)
     checks.count("max_attempts", max_attempts, checks.MAX_ATTEMPTS)
-    if expires_at is not None:
-        checks.when("expires_at", expires_at)
+    expires = None if expires_at is None else checks.when("expires_at", expires_at)
     if body is None:
         stored, size = {}, 2
     else:
@@ -60,7 +61,7 @@ def _validate(
         # A copy: the row (and an offer serialised later) must not see the caller change its dict.
         stored, size = json.loads(text), len(text.encode())
     _check_payload(limits, kind, deliver_to, ack_required, size, max_attempts)
-    return stored
+    return stored, expires
 
 
 _ENVELOPE_BYTES = len(dumps(dispatch_envelope(
@@ -266,7 +267,7 @@ async def enqueue_dispatch(
     dedup_key: str | None = None,
     ack_required: bool = False,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    expires_at: float | None = None,
+    expires_at: datetime | float | None = None,
     session_id: str | None = None,
     schedule_run_id: str | None = None,
 ) -> str:
@@ -287,7 +288,7 @@ async def enqueue_dispatch(
         "schedule_run_id": schedule_run_id,
     }
     checks.book_arg(book)
-    args["body"] = _validate(book.limits, **args)
+    args["body"], args["expires_at"] = _validate(book.limits, **args)
     if dedup_key is None and book.conn is None:
         # No dedup lookup: the create is the only statement (on PostgreSQL one autocommit round trip).
         dispatch_id, _ = await _enqueue_one(book, args, offer=True)
@@ -327,7 +328,7 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
             "expires_at": None, "session_id": None, "schedule_run_id": None, **item,
         }
         try:
-            args["body"] = _validate(limits, **args)
+            args["body"], args["expires_at"] = _validate(limits, **args)
         except DispatchInvalid as exc:
             raise checks.in_item(exc, index) from None
         prepared.append(args)
@@ -346,17 +347,19 @@ async def enqueue_revival_heartbeat(
     book: Book,
     seats: Sequence[str],
     *,
-    reset_epoch: float,
+    reset_epoch: datetime | float,
     ttl_seconds: float = REVIVAL_TTL_SECONDS,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> list[str]:
     """One ``revival_ping`` per seat, deduplicated per (seat, reset epoch) (specs/outbox.md O3).
 
-    A truthy ``reset_epoch`` sets ``expires_at = reset_epoch + ttl_seconds``; zero means no expiry.
+    A truthy ``reset_epoch`` (an aware ``datetime`` or POSIX seconds) sets ``expires_at = reset_epoch +
+    ttl_seconds``; zero means no expiry.
     """
     checks.book_arg(book)
     seats = checks.texts("seats", seats)
-    checks.when("reset_epoch", reset_epoch)  # 0: no expiry
+    # 0: no expiry. Seconds stay as given: the dedup key spells them as before.
+    reset_epoch = checks.when("reset_epoch", reset_epoch)
     checks.seconds("ttl_seconds", ttl_seconds)
     checks.count("max_attempts", max_attempts, checks.MAX_ATTEMPTS)
     expires_at = reset_epoch + ttl_seconds if reset_epoch else None

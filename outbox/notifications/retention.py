@@ -33,6 +33,7 @@ import contextlib
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -94,36 +95,39 @@ class _Tally:
                        "protected_by": dict(sorted(self.protected[kind].items()))} for kind in REASONS}
 
 
-def _check(book: Any, before: Any, horizon: Any, dry_run: Any, actor: Any, progress: Any) -> None:
+def _check(book: Any, before: Any, horizon: Any, dry_run: Any, actor: Any, progress: Any) -> float:
+    """Every argument checked, in order; returns the cutoff in POSIX seconds."""
     checked(inputs.book, "book", book)
     if book.conn is not None:
         raise refused("book", "bound", "retention runs its own transactions, one per batch; pass an unbound book, "
                                        "not one from book.begin()")
-    checked(timestamp, "before", before)
+    cutoff = checked(timestamp, "before", before)
     checked(duration, "horizon", horizon, high=MAX_HORIZON, positive=True)
     checked(inputs.flag, "dry_run", dry_run)
     checked(inputs.actor, "actor", actor)
     checked(inputs.callback, "progress", progress)
+    return cutoff
 
 
 async def apply_notification_retention(
     book: Book,
     *,
-    before: float,
+    before: datetime | float,
     horizon: float,
     dry_run: bool = False,
     actor: Actor = RETENTION_ACTOR,
     progress: Progress | None = None,
 ) -> RetentionReport:
-    """Remove settled notifications last changed before ``before`` and created more than ``horizon``
-    seconds ago, keeping what anything unsettled or retained relies on (see the module docstring).
+    """Remove settled notifications last changed before ``before`` (an aware ``datetime`` or POSIX seconds)
+    and created more than ``horizon`` seconds ago, keeping what anything unsettled or retained relies on
+    (see the module docstring).
 
     Refuses (:class:`NotificationInvalid`, nothing written) a bad argument and a cutoff younger than
     the horizon (``before > now - horizon``, rule ``horizon``). Records the run — ``running``, then
     ``completed`` with its counts, or ``failed`` with the error (re-raised). A dry run is recorded
     too and removes nothing; its report lists what would have gone.
     """
-    _check(book, before, horizon, dry_run, actor, progress)
+    before = _check(book, before, horizon, dry_run, actor, progress)
     now = book.clock.now()
     edge = now - horizon
     if before > edge:

@@ -16,11 +16,12 @@ from .cases_driver import DriverCases
 from .cases_inputs import InputCases
 from .cases_store import StoreCases
 from .cases_tail import TailCases
+from .cases_times import TimeCases
 
 
 class LifecycleConformance(
     StorageConformance, CommandCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases, HonestSeqCases,
-    DriverCases, InputCases, StoreCases,
+    DriverCases, InputCases, StoreCases, TimeCases,
 ):
     """Every backend-neutral case (L3-L14), the storage cases users run among them, and the port's own
     (``StoreCases``). A backend adds ConcurrentWriterCases or SerialWriterCases."""

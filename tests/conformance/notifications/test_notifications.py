@@ -15,13 +15,14 @@ from .cases_pass import NotificationPassCases
 from .cases_recovery import NotificationRecoveryCases
 from .cases_response import NotificationResponseCases
 from .cases_retention import NotificationRetentionCases
+from .cases_times import NotificationTimeCases
 from .cases_worker import NotificationWorkerCases
 
 
 class NotificationConformance(
     NotificationIntakeCases, NotificationDeliveryCases, NotificationBucketCases, NotificationWorkerCases,
     NotificationPassCases, NotificationOwnershipCases, NotificationRecoveryCases, NotificationResponseCases,
-    NotificationRetentionCases, NotificationChannelCases, NotificationEvidenceCases,
+    NotificationRetentionCases, NotificationChannelCases, NotificationEvidenceCases, NotificationTimeCases,
 ):
     """The notifications' cases, from this folder's cases_*.py."""
 

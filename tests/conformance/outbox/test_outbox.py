@@ -21,12 +21,13 @@ from .cases_kill import KillCases
 from .cases_lease_timeout import LeaseTimeoutCases
 from .cases_offer import OfferCases
 from .cases_purge_race import PurgeRaceCases
+from .cases_times import TimeCases
 
 
 class OutboxConformance(
     DispatchEnqueueCases, DispatchScanCases, DispatchAtomicityCases, DispatchOutcomeCases, DispatchAckCases,
     AckTokenCases, DispatchAdminCases, BulkPurgeCases, PurgeRaceCases, OfferCases, LeaseTimeoutCases,
-    BackoffCapCases, DeliveryWorkerCases, ArgvTransportCases, KillCases, OutboxInputCases,
+    BackoffCapCases, DeliveryWorkerCases, ArgvTransportCases, KillCases, OutboxInputCases, TimeCases,
 ):
     """The outbox's cases, from this folder's cases_*.py."""
 

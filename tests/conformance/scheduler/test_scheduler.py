@@ -14,11 +14,12 @@ from .cases_leadership import LeadershipCases
 from .cases_missed_and_recovery import MissedAndRecoveryCases
 from .cases_set_evaluation import SetEvaluationCases
 from .cases_stale_claim import StaleClaimCases
+from .cases_times import SchedulerTimeCases
 
 
 class SchedulerConformance(
     SetEvaluationCases, GateCases, StaleClaimCases, MissedAndRecoveryCases, ChainsAndNotifyCases, GithubPollCases,
-    LeadershipCases, LauncherCases, SchedulerInputCases,
+    LeadershipCases, LauncherCases, SchedulerInputCases, SchedulerTimeCases,
 ):
     """The scheduler's cases, from this folder's cases_*.py."""
 
