@@ -1,11 +1,19 @@
-"""mkdocs hooks: the command-line reference, generated from the click tree of ``statebook.adapters.cli.app``.
+"""mkdocs hooks: the command-line reference, generated from the click tree of ``statebook.adapters.cli.app``,
+and a check of the rendered API reference.
 
 A page containing the line ``<!-- statebook-cli -->`` gets, in its place, one section per command: its usage,
 help text and options, walked with ``list_commands``/``get_command`` so commands loaded lazily are found too.
+
+After the build, :func:`reference_problems` reads each page under ``reference/api/``; any problem fails the
+build (``make docs``) with the list.
 """
 
 from __future__ import annotations
 
+import html
+import importlib
+import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +97,84 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, cli_reference())
     return markdown
+
+
+RAW_ROLE = re.compile(r":(?:py:)?(?:mod|func|class|meth|data|attr|exc|obj|const):`")
+HEADING = re.compile(r'<div class="doc doc-object doc-(\w+)">\s*<h(\d) id="([^"]+)"')
+
+
+def _text(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def _code_lines(docstring: str) -> list[str]:
+    """The lines of a docstring's examples: doctest lines, and each reST literal block (after ``::``)."""
+    lines = docstring.splitlines()
+    found = [line.strip() for line in lines if line.lstrip().startswith((">>> ", "... "))]
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("::"):
+            indent = len(line) - len(line.lstrip())
+            for body in lines[i + 1:]:
+                if body.strip() and len(body) - len(body.lstrip()) <= indent:
+                    break
+                if body.strip():
+                    found.append(body.strip())
+    return found
+
+
+def _docstring(path: str) -> str | None:
+    """The docstring of the object at the dotted ``path`` (a module, or an attribute of one), if importable."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return None
+        if not (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj)):
+            return None  # a value's docstring is its type's
+        return inspect.cleandoc(obj.__doc__) if isinstance(obj.__doc__, str) else None
+    return None
+
+
+def reference_problems(page: str, name: str = "page") -> list[str]:
+    """What is wrong with one rendered API page: a raw Sphinx role, not exactly one title, a class whose methods
+    come after its attributes, or an example whose lines are not all in the page's code blocks."""
+    problems = []
+    visible = _text(re.sub(r"<(script|style)\b.*?</\1>", "", page, flags=re.S))
+    for role in sorted(set(RAW_ROLE.findall(visible))):
+        problems.append(f"{name}: a raw role {role!r} is shown")
+    titles = re.findall(r"<h1\b", page)
+    if len(titles) != 1:
+        problems.append(f"{name}: {len(titles)} titles (<h1>), not one")
+    headings = [(kind, anchor) for kind, _, anchor in HEADING.findall(page)]
+    for kind, anchor in headings:
+        if kind != "class":
+            continue
+        members = [(k, a) for k, a in headings if a.startswith(anchor + ".") and "." not in a[len(anchor) + 1:]]
+        kinds = [k for k, _ in members]
+        if "function" in kinds and any(k != "function" for k in kinds[: len(kinds) - kinds[::-1].index("function")]):
+            problems.append(f"{name}: {anchor} lists a method after an attribute: {[a for _, a in members]}")
+    code = "\n".join(_text(block) for block in re.findall(r"<pre\b.*?</pre>", page, flags=re.S))
+    for _, anchor in headings:
+        doc = _docstring(anchor)
+        for line in _code_lines(doc or ""):
+            if line not in code:
+                problems.append(f"{name}: {anchor}: the example line {line!r} is not in a code block")
+                break
+    return problems
+
+
+def on_post_build(config: Any) -> None:
+    """Fail the build when a rendered API page has a problem (see :func:`reference_problems`)."""
+    from mkdocs.exceptions import PluginError
+
+    root = Path(config["site_dir"]) / "reference" / "api"
+    problems = [p for page in sorted(root.rglob("index.html"))
+                for p in reference_problems(page.read_text(), page.parent.name)]
+    if problems:
+        raise PluginError("the API reference renders badly:\n" + "\n".join(problems))

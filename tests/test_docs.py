@@ -1,6 +1,7 @@
 """The documentation's code is real: each tested page's blocks run, in order, in an empty directory.
 
-- a block with ``title="NAME"`` (python, toml) is a file of the reader's project: written to NAME;
+- a block with ``title="NAME"`` (python, toml) is a file of the reader's project: written to NAME (a
+  relative path: its folders are made);
 - a ``sh`` block runs under ``bash -e`` with this interpreter's ``bin`` first on PATH, so ``python`` and
   ``statebook`` are the installed ones; ``export`` lines carry over to the later blocks; every command must
   exit 0;
@@ -22,7 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
-TESTED = ("tutorial.md", "how-to/extend.md", "how-to/outbox.md")  # how-to/testing.md: tests/test_readme_kit.py
+TESTED = ("tutorial.md", "how-to/extend.md", "how-to/outbox.md", "how-to/scheduler.md",
+          "how-to/notifications.md")  # how-to/testing.md runs in tests/test_readme_kit.py
 
 
 def blocks(page: Path) -> list[tuple[str, str, str]]:
@@ -42,6 +44,7 @@ def run_page(page: Path, folder: Path) -> list[str]:
     outputs = []
     for number, (lang, title, body) in enumerate(blocks(page), 1):
         if title:
+            (folder / title).parent.mkdir(parents=True, exist_ok=True)
             (folder / title).write_text(body)
         elif lang == "sh":
             script = "\n".join(["set -euo pipefail", *exports, body])
