@@ -8,6 +8,8 @@ the envelope is what it was before tracing existed.
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 import sqlalchemy as sa
@@ -234,3 +236,55 @@ def test_the_no_op_path_opens_nothing_and_the_port_checks_traceparents():
     with pytest.raises(ValueError):
         DispatchSignal(created_at=0.0, traceparent="00-bad")
     assert TraceContextTextMapPropagator().extract({"traceparent": good})  # the value our spans write is W3C's
+
+
+HOOK = "otelHOOKsecretT0KEN0123456789"
+GLOBAL = InMemorySpanExporter()
+
+
+def global_provider() -> InMemorySpanExporter:
+    """OpenTelemetry's global tracer provider (set once per process), exporting to memory: what
+    ``statebook run`` sends its spans to."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(GLOBAL))
+        trace.set_tracer_provider(provider)
+    GLOBAL.clear()
+    return GLOBAL
+
+
+def test_statebook_run_traces_with_tracing_enabled_and_no_secret_reaches_a_span(tmp_path, monkeypatch):
+    """``[tracing] enabled = true``: the daemon's channel attempts are spans on the global provider; the Slack
+    webhook URL (a secret) is in none of them."""
+    from statebook.adapters.daemon import run_daemon
+    from statebook.adapters.db import open_book
+    from statebook.adapters.settings import load_settings
+
+    exporter = global_provider()
+    db = f"sqlite:///{tmp_path / 'traced.db'}"
+
+    async def go():
+        async with serve("slack_webhook", "accept") as slack:
+            monkeypatch.setenv("OTEL_TEST_SLACK_HOOK", f"{slack.url}/services/T0/B0/{HOOK}")
+            toml = tmp_path / "s.toml"
+            toml.write_text(f'db = "{db}"\n[tracing]\nenabled = true\n[scheduler]\ntick_seconds = 0.3\n'
+                            '[notifications.slack]\nwebhook_url = { env = "OTEL_TEST_SLACK_HOOK" }\n')
+            book = await open_book(db)
+            try:
+                accepted = await send_notification(book, recipient="oncall", content={"title": "disk full"},
+                                                   mode="guaranteed", channels=["slack"])
+            finally:
+                await book.engine.dispose()
+            await run_daemon(load_settings(toml), run_for=2.0)
+            return accepted.id
+
+    try:
+        notification_id = asyncio.run(go())
+    finally:
+        disable_tracing()
+    [attempt] = by_name(exporter)["attempt slack"]
+    assert dict(attempt.attributes)["statebook.notification.id"] == notification_id
+    assert dict(attempt.attributes)["statebook.channel.outcome"] == "success"
+    for span in exporter.get_finished_spans():
+        for value in span.attributes.values():
+            assert HOOK not in str(value) and "/services/" not in str(value), (span.name, value)
