@@ -9,6 +9,7 @@ the envelope is what it was before tracing existed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -288,3 +289,49 @@ def test_statebook_run_traces_with_tracing_enabled_and_no_secret_reaches_a_span(
     for span in exporter.get_finished_spans():
         for value in span.attributes.values():
             assert HOOK not in str(value) and "/services/" not in str(value), (span.name, value)
+
+
+class _FixedSpan:
+    def set(self, key, value):
+        pass
+
+    def fail(self, error_type):
+        pass
+
+    def traceparent(self):
+        return "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+
+
+class _FixedTracer:
+    """A port tracer of our own: any object with ``span`` serves (no OpenTelemetry needed)."""
+
+    @contextlib.contextmanager
+    def span(self, name, kind, attributes, *, parent=None):
+        yield _FixedSpan()
+
+
+async def test_the_payload_bound_counts_the_traceparent_an_enqueue_carries(tmp_path):
+    """O22 with tracing on: the 72 bytes of a traceparent count, so every accepted envelope still fits the
+    bound at its last attempt, and the largest body is 72 bytes smaller than with tracing off."""
+    from statebook.adapters.db import open_book
+    from statebook.outbox.dispatch.bounds import DispatchLimits
+    from statebook.outbox.dispatch.signal import TRACEPARENT_BYTES, with_attempt
+
+    bound = 600
+    book = await open_book(f"sqlite:///{tmp_path / 'bound.db'}", limits=DispatchLimits(payload_bytes=bound))
+    largest = {}
+    try:
+        for tracer in (None, _FixedTracer()):
+            with tracing.installed(tracer):
+                for size in range(350, 200, -1):
+                    try:
+                        did = await enqueue_dispatch(book, kind="k", deliver_to="r", body={"t": "x" * size})
+                    except ValueError:
+                        continue
+                    sent = with_attempt(await stored_payload(book, did), 8)
+                    assert len(sent.encode()) <= bound and ("traceparent" in sent) == (tracer is not None)
+                    largest[tracer is None] = size
+                    break
+    finally:
+        await book.engine.dispose()
+    assert largest[True] - largest[False] == TRACEPARENT_BYTES == 72
