@@ -220,12 +220,13 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
     tracer = tracing.active()
     if tracer is None:
         return await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises)
-    first = commands[0]
-    kind = getattr(first, "entity_type", "")
-    attributes = {"statebook.entity.type": kind, "statebook.transition.target": getattr(first, "target", ""),
-                  "statebook.transition.count": len(commands)}
+    kind = getattr(commands[0], "entity_type", "")
+    attributes = {"statebook.entity.type": kind, "statebook.transition.count": len(commands)}
+    targets = {getattr(c, "target", "") for c in commands}
+    if len(targets) == 1:  # a batch may move its entities to different statuses (a pass's outcomes)
+        attributes["statebook.transition.target"] = targets.pop()
     if len(commands) == 1:
-        attributes["statebook.entity.id"] = getattr(first, "entity_id", "")
+        attributes["statebook.entity.id"] = getattr(commands[0], "entity_id", "")
     with tracer.span(f"transition {kind}", "internal", attributes) as span:
         outcomes = await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises)
         span.set("statebook.transition.applied", sum(1 for o in outcomes if o.applied))

@@ -19,7 +19,8 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Literal, Protocol
 
-__all__ = ["SEMCONV_VERSION", "Attribute", "Span", "SpanKind", "Tracer", "active", "install", "installed", "is_traceparent"]
+__all__ = ["SEMCONV_VERSION", "TRACEPARENT_PATTERN", "Attribute", "Span", "SpanKind", "Tracer", "active", "install",
+           "installed", "is_traceparent"]
 
 SEMCONV_VERSION = "1.44.0"
 """The OpenTelemetry semantic conventions the spans follow (schema ``https://opentelemetry.io/schemas/1.44.0``)."""
@@ -28,7 +29,9 @@ SpanKind = Literal["internal", "producer", "consumer", "client", "server"]
 Attribute = str | int | float | bool
 """What an attribute may hold (OpenTelemetry's primitive values)."""
 
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+TRACEPARENT_PATTERN = r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}"
+"""A W3C ``traceparent`` of version 00's shape: version, trace id, parent span id, flags (lower-case hex)."""
+_TRACEPARENT = re.compile(TRACEPARENT_PATTERN)
 
 
 class Span(Protocol):
@@ -41,7 +44,7 @@ class Span(Protocol):
         """Mark the span failed; ``error_type`` is a low-cardinality class (``timeout``), never a message."""
 
     def traceparent(self) -> str | None:
-        """This span's context as a W3C ``traceparent`` (``00-<trace>-<span>-<flags>``), None if not sampled."""
+        """This span's context as a W3C ``traceparent`` (``00-<trace>-<span>-<flags>``); None without a valid one."""
 
 
 class Tracer(Protocol):

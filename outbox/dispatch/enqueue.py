@@ -13,9 +13,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_many
+from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_many, tracing
 from statebook.lifecycle.codec import dumps, new_id
-from statebook.lifecycle import tracing
 from statebook.lifecycle.inputs import KEY_CHARS, Limits
 
 from . import checks

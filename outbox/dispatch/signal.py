@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from statebook.lifecycle.codec import dumps, loads, new_id
-from statebook.lifecycle.tracing import is_traceparent
+from statebook.lifecycle.tracing import TRACEPARENT_PATTERN, is_traceparent
 
 from .errors import DispatchInvalid
 
@@ -66,7 +66,7 @@ class DispatchSignal(Signal):
     attempt: int = 0
     ack_token: str | None = None
     body: dict[str, Any] = Field(default_factory=dict)
-    traceparent: str | None = Field(None, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+    traceparent: str | None = Field(None, pattern=f"^{TRACEPARENT_PATTERN}$")
     """The W3C trace context of the enqueue's span; absent from the JSON when tracing was off."""
 
     def to_json(self) -> dict[str, Any]:
