@@ -278,6 +278,10 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     require_builtins(registry, "the daemon")
     if metrics_port is not None:
         from .metrics import Metrics  # the metrics extra, checked before anything starts (one line when missing)
+    if settings.tracing.enabled:
+        from .otel import enable_tracing  # the otel extra, checked before anything starts
+
+        enable_tracing()
     if web_port is not None:
         from .extras import require
 

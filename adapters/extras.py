@@ -21,6 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "audit": ("cryptography",),
     "apprise": ("apprise",),
     "web": ("starlette", "jinja2", "uvicorn", "argon2", "multipart"),
+    "otel": ("opentelemetry",),
 }
 """Each extra and the top-level modules it installs (pyproject.toml's ``optional-dependencies``)."""
 

@@ -279,6 +279,13 @@ class ProxySettings(_Section):
     trusted: list[str] = Field(min_length=1)
 
 
+class TracingSettings(_Section):
+    """OpenTelemetry spans (the ``otel`` extra, docs/how-to/tracing.md)."""
+
+    enabled: bool = False
+    """``statebook run`` sends spans to OpenTelemetry's global tracer provider"""
+
+
 class WebSettings(_Section):
     """The web console and the responders' pages (``statebook web``, docs/console.md)."""
 
@@ -336,6 +343,7 @@ class Settings(BaseSettings):
     notifications: NotificationSettings = NotificationSettings()
     audit: AuditSettings = AuditSettings()
     web: WebSettings = WebSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, *_: Any, **__: Any):  # type: ignore[override]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from . import tracing
 from .book import Book
 from .codec import new_id
 from .errors import (
@@ -216,6 +217,24 @@ async def apply_many(
 
 async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"],
                  seen: Mapping[str, Head | Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
+    tracer = tracing.active()
+    if tracer is None:
+        return await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises)
+    kind = getattr(commands[0], "entity_type", "")
+    attributes = {"statebook.entity.type": kind, "statebook.transition.count": len(commands)}
+    targets = {getattr(c, "target", "") for c in commands}
+    if len(targets) == 1:  # a batch may move its entities to different statuses (a pass's outcomes)
+        attributes["statebook.transition.target"] = targets.pop()
+    if len(commands) == 1:
+        attributes["statebook.entity.id"] = getattr(commands[0], "entity_id", "")
+    with tracer.span(f"transition {kind}", "internal", attributes) as span:
+        outcomes = await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises)
+        span.set("statebook.transition.applied", sum(1 for o in outcomes if o.applied))
+        return outcomes
+
+
+async def _apply_commands(book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"],
+                          seen: Mapping[str, Head | Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
     for c in commands:
         if not isinstance(c, Command):
             raise InvalidArgument(f"commands: expected Command, got {type(c).__name__}", argument="commands",

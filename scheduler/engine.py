@@ -18,7 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, Clock, Reason
+from statebook.lifecycle import Actor, Book, Clock, Reason, tracing
 from statebook.lifecycle.inputs import KEY_CHARS, text, timestamp
 
 from . import admission as gates
@@ -306,7 +306,12 @@ class SchedulerEngine:
                 if context.get("leader_epoch") is not None and not self.leader.holds(self.book.clock.now()):
                     await self._not_launched(s, run_id, context["leader_epoch"])
                     return
-                await self.executor.run_chain(s, run_id, context)
+                tracer = tracing.active()
+                if tracer is None:
+                    await self.executor.run_chain(s, run_id, context)
+                else:
+                    with tracer.span(f"fire {s['name']}", "internal", _fire_attributes(s, run_id, context)):
+                        await self.executor.run_chain(s, run_id, context)
             except asyncio.CancelledError:
                 me = asyncio.current_task()
                 if self._stopping or me not in self._operator_tasks:
@@ -370,3 +375,9 @@ class SchedulerEngine:
             log.warning("%s", exc)
             self._was_leader = False
         return len(due)
+
+
+def _fire_attributes(s: Mapping[str, Any], run_id: str, context: Mapping[str, Any]) -> dict[str, str]:
+    """A fire span's attributes: which schedule, which run, which trigger (never the command or its env)."""
+    return {"statebook.schedule.id": s["id"], "statebook.schedule.name": s["name"], "statebook.schedule_run.id": run_id,
+            "statebook.schedule.trigger": str(context.get("trigger", ""))}

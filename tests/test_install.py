@@ -65,11 +65,41 @@ def test_the_cli_runs_on_sqlite_without_any_extra(tmp_path):
         assert result.returncode == 0, (args, result.stdout, result.stderr)
 
 
+UNTRACED = """import asyncio, sys, tempfile
+from statebook.adapters.db import open_book
+from statebook.lifecycle import tracing
+from statebook.outbox import CallableTransport, TransportResult, deliver_due_dispatches, enqueue_dispatch
+
+async def ok(deliver_to, payload):
+    return TransportResult(True)
+
+async def main():
+    book = await open_book(f"sqlite:///{tempfile.mkdtemp()}/t.db")
+    await enqueue_dispatch(book, kind="k", deliver_to="seat")
+    counts = await deliver_due_dispatches(book, transport=CallableTransport(ok))
+    await book.engine.dispose()
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry" and sys.modules[m] is not None)
+    print(counts["delivered"], tracing.active(), loaded)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("hidden", [(), ("opentelemetry",)], ids=["otel-installed", "otel-missing"])
+def test_an_enqueue_and_its_delivery_import_no_opentelemetry_unless_tracing_is_enabled(tmp_path, hidden):
+    """Tracing is off by default: the hot paths read the port's empty slot and never import the otel extra."""
+    result = subprocess.run([sys.executable, "-c", UNTRACED], cwd=tmp_path, env=child_env(tmp_path, hidden),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1 None []", result.stdout
+
+
 SECTIONS = {
     "slack": '[notifications.slack]\nwebhook_url = { env = "SLACK_WEBHOOK_URL" }\n',
     "email": '[notifications.email]\nhost = "smtp.example.org"\nsender = "a@example.org"\nto = "{recipient}@example.org"\n',
     "websocket": '[notifications.websocket]\nport = 8765\ntokens = { env = "WS_TOKENS" }\n',
     "apprise": '[notifications.apprise]\nurls = { env = "APPRISE_URLS" }\n',
+    "tracing": "[tracing]\nenabled = true\n",
 }
 
 
@@ -93,6 +123,7 @@ MISSING = {
     "audit-keygen": ("audit", "cryptography", None, ["checkpoint", "keygen", "--out", "key.pem"], "keygen"),
     "audit-sign": ("audit", "cryptography", None, ["checkpoint", "--sign", "key.pem"], "--sign"),
     "apprise": ("apprise", "apprise", "apprise", ["channels", "test", "apprise", "--to", "ops"], "apprise"),
+    "otel": ("otel", "opentelemetry", "tracing", ["run", "--for", "0"], "tracing"),
 }
 NEEDS_DB = {"audit-sign"}
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from statebook.lifecycle import tracing
 from statebook.lifecycle.clock import SYSTEM_CLOCK, Clock
 from statebook.lifecycle.codec import dumps, loads
 from statebook.outbox.notifications import Guard, Observation, ProviderOutcome
@@ -264,7 +265,15 @@ class HttpSender:
     async def post_once(self, outgoing: Outgoing, *, timeout: float) -> Answer:
         """One unguarded POST within ``timeout`` seconds (for dispatch transports: the outbox retries).
         Raises ``TimeoutError`` or an ``httpx.HTTPError`` — describe it with :func:`failure`, never ``str()``."""
-        return await self._exchange(outgoing, timeout, None)
+        tracer = tracing.active()
+        if tracer is None:
+            return await self._exchange(outgoing, timeout, None)
+        with tracer.span("POST", "client", client_attributes(outgoing.url)) as span:
+            answer = await self._exchange(outgoing, timeout, None)
+            span.set("http.response.status_code", answer.status)
+            if answer.status >= 400:
+                span.fail(str(answer.status))
+            return answer
 
     async def post(self, guard: Guard, make: Callable[[], Outgoing], judge: Callable[[Answer], Observation | None]) -> Observation:
         """POST ``make()`` behind the guard, retrying while ``judge`` answers None (retry) or the
@@ -305,6 +314,14 @@ class HttpSender:
             return Observation(ProviderOutcome.UNKNOWN, f"{last}; no definitive answer ({counted})",
                                retries=admission.sent - 1)
         return Observation(ProviderOutcome.NOT_STARTED, f"{last}; nothing was sent ({counted})")
+
+
+def client_attributes(url: str) -> dict[str, str | int]:
+    """An HTTP client span's attributes: the method, host and port only — a webhook URL's path (and a
+    query) may be the secret, so ``url.full`` is never set."""
+    parsed = httpx.URL(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    return {"http.request.method": "POST", "server.address": parsed.host, "server.port": port}
 
 
 def failure(exc: BaseException, *, sent: bool) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_many
+from statebook.lifecycle import Actor, Book, NewEntity, Reason, create, create_many, tracing
 from statebook.lifecycle.codec import dumps, new_id
 from statebook.lifecycle.inputs import KEY_CHARS, Limits
 
@@ -24,7 +24,7 @@ from .errors import DispatchInvalid
 from .offers import offer_created
 from .policy import NOTIFY_CHANNEL
 from .schema import dispatch_outbox
-from .signal import dispatch_envelope
+from .signal import TRACEPARENT_BYTES, dispatch_envelope
 
 DEFAULT_MAX_ATTEMPTS = 8
 REVIVAL_TTL_SECONDS = 3600.0
@@ -41,7 +41,7 @@ _ENQUEUE_ARGS = frozenset(
 
 def _validate(
     limits: Limits, *, kind: Any, deliver_to: Any, body: Any, dedup_key: Any, ack_required: Any, max_attempts: Any,
-    expires_at: Any, session_id: Any, schedule_run_id: Any,
+    expires_at: Any, session_id: Any, schedule_run_id: Any, traceparent: str | None = None,
 ) -> tuple[dict[str, Any], float | None]:
     """Check every argument that does not need the database (O4, O22); returns the body and the expiry
     (POSIX seconds) to store."""
@@ -60,7 +60,9 @@ def _validate(
         text = dumps(body)
         # A copy: the row (and an offer serialised later) must not see the caller change its dict.
         stored, size = json.loads(text), len(text.encode())
-    _check_payload(limits, kind, deliver_to, ack_required, size, max_attempts)
+    # A traceparent (tracing on) is part of the envelope: the body must leave room for it.
+    _check_payload(limits, kind, deliver_to, ack_required, size + (TRACEPARENT_BYTES if traceparent else 0),
+                   max_attempts)
     return stored, expires
 
 
@@ -127,6 +129,7 @@ def _new_row(args: dict[str, Any], now: float) -> dict[str, Any]:
     payload = dispatch_envelope(
         created_at=now, dispatch_id=dispatch_id, kind=args["kind"], deliver_to=args["deliver_to"], ack_token=token,
         body=args["body"],  # already checked and JSON-normalised by _validate (callers run it first)
+        traceparent=args.get("traceparent"),
     )
     return {
         "id": dispatch_id,
@@ -288,8 +291,29 @@ async def enqueue_dispatch(
         "schedule_run_id": schedule_run_id,
     }
     checks.book_arg(book)
+    tracer = tracing.active()
+    if tracer is None:
+        return await _enqueue_single(book, args)
+    with tracer.span("send dispatch", "producer", _send_attributes(kind)) as span:
+        args["traceparent"] = span.traceparent()  # the delivery's process span is its child (the envelope carries it)
+        dispatch_id = await _enqueue_single(book, args)
+        span.set("messaging.message.id", dispatch_id)
+        return dispatch_id
+
+
+def _send_attributes(kind: object) -> dict[str, str]:
+    """A send span's attributes (messaging semantic conventions; no route, body or token: they may be secret)."""
+    attributes = {"messaging.system": "statebook", "messaging.operation.name": "send",
+                  "messaging.operation.type": "send", "messaging.destination.name": "dispatch"}
+    if isinstance(kind, str):
+        attributes["statebook.dispatch.kind"] = kind
+    return attributes
+
+
+async def _enqueue_single(book: Book, args: dict[str, Any]) -> str:
+    """Check and store one dispatch (:func:`enqueue_dispatch` without its span)."""
     args["body"], args["expires_at"] = _validate(book.limits, **args)
-    if dedup_key is None and book.conn is None:
+    if args["dedup_key"] is None and book.conn is None:
         # No dedup lookup: the create is the only statement (on PostgreSQL one autocommit round trip).
         dispatch_id, _ = await _enqueue_one(book, args, offer=True)
         return dispatch_id
@@ -306,6 +330,18 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
     exist — 128 random bits make that practically impossible — that one item is retried alone.)
     """
     checks.book_arg(book)
+    tracer = tracing.active()
+    if tracer is None:
+        return await _enqueue_items(book, items, None)
+    # One send span for the batch: its context is the creation context of every item (no create spans).
+    with tracer.span("send dispatch", "producer", _send_attributes(None)) as span:
+        ids = await _enqueue_items(book, items, span.traceparent())
+        if len(ids) != 1:
+            span.set("messaging.batch.message_count", len(ids))
+        return ids
+
+
+async def _enqueue_items(book: Book, items: Sequence[Mapping[str, Any]], traceparent: str | None) -> list[str]:
     if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
         raise DispatchInvalid(f"items: expected a list of mappings of enqueue_dispatch's arguments, got "
                               f"{type(items).__name__}", argument="items", rule="type")
@@ -328,9 +364,10 @@ async def enqueue_dispatches(book: Book, items: Sequence[Mapping[str, Any]]) -> 
             "expires_at": None, "session_id": None, "schedule_run_id": None, **item,
         }
         try:
-            args["body"], args["expires_at"] = _validate(limits, **args)
+            args["body"], args["expires_at"] = _validate(limits, traceparent=traceparent, **args)
         except DispatchInvalid as exc:
             raise checks.in_item(exc, index) from None
+        args["traceparent"] = traceparent
         prepared.append(args)
     if not prepared:
         return []

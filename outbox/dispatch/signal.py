@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from statebook.lifecycle.codec import dumps, loads, new_id
+from statebook.lifecycle.tracing import TRACEPARENT_PATTERN, is_traceparent
 
 from .errors import DispatchInvalid
 
@@ -65,6 +66,15 @@ class DispatchSignal(Signal):
     attempt: int = 0
     ack_token: str | None = None
     body: dict[str, Any] = Field(default_factory=dict)
+    traceparent: str | None = Field(None, pattern=f"^{TRACEPARENT_PATTERN}$")
+    """The W3C trace context of the enqueue's span; absent from the JSON when tracing was off."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The envelope as JSON-mode values, without ``traceparent`` when it is None (as enqueue stores it)."""
+        data = self.model_dump(mode="json")
+        if data["traceparent"] is None:
+            del data["traceparent"]
+        return data
 
 
 def _refusal(exc: ValidationError) -> DispatchInvalid:
@@ -79,18 +89,49 @@ def _refusal(exc: ValidationError) -> DispatchInvalid:
 
 
 def dispatch_envelope(
-    *, created_at: float, dispatch_id: str, kind: str, deliver_to: str, ack_token: str | None, body: dict[str, Any]
+    *, created_at: float, dispatch_id: str, kind: str, deliver_to: str, ack_token: str | None, body: dict[str, Any],
+    traceparent: str | None = None,
 ) -> dict[str, Any]:
     """``DispatchSignal(...).to_json()`` for already-validated values, without building the model.
 
     The enqueue hot path uses it; ``body`` must already be JSON-normalised (``enqueue`` checks it).
     A test keeps it equal to the model's output field for field.
     """
-    return {
+    envelope = {
         "id": new_id(), "created_at": float(created_at), "metadata": {}, "data": None,
         "emitter_role": None, "schema_version": SIGNAL_SCHEMA_VERSION, "dispatch_id": dispatch_id, "kind": kind,
         "deliver_to": deliver_to, "attempt": 0, "ack_token": ack_token, "body": body,
     }
+    if traceparent is not None:
+        envelope["traceparent"] = traceparent
+    return envelope
+
+
+TRACEPARENT_BYTES = len(',"traceparent":""') + 55
+"""What a ``traceparent`` adds to the stored envelope's canonical JSON (a W3C version-00 value is 55 characters)."""
+_TRACEPARENT_KEY = '"traceparent":"'
+
+
+def traceparent_of(stored: str) -> str | None:
+    """The ``traceparent`` a stored envelope carries, or None.
+
+    Canonical JSON sorts ``traceparent`` last, so it is looked for at the text's end; text in another
+    form is decoded. A value of another shape is ignored (a receiver's trace is never broken by it).
+
+    >>> traceparent_of('{"body":{},"traceparent":"00-' + "1" * 32 + '-' + "2" * 16 + '-01"}')[:6]
+    '00-111'
+    """
+    tail = stored[-(len(_TRACEPARENT_KEY) + 57):]
+    if tail.startswith(_TRACEPARENT_KEY) and tail.endswith('"}'):
+        value: object = tail[len(_TRACEPARENT_KEY):-2]
+    elif _TRACEPARENT_KEY not in stored:
+        return None
+    else:
+        try:
+            value = loads(stored).get("traceparent")
+        except (ValueError, AttributeError):
+            return None
+    return value if isinstance(value, str) and is_traceparent(value) else None
 
 
 _STORED_ATTEMPT = ',"attempt":0,'

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from statebook.lifecycle import Actor, Book, Command, EntityNotFound, apply_many
+from statebook.lifecycle import Actor, Book, Command, EntityNotFound, apply_many, tracing
 from statebook.lifecycle.engine import apply
 
 from .attempts import (
@@ -26,7 +26,7 @@ from .attempts import (
     release_command,
     settle_command,
 )
-from .signal import with_attempt
+from .signal import traceparent_of, with_attempt
 from .transport import NOTIFY_TIMEOUT_SECONDS, Transport, TransportResult
 
 __all__ = ["claim", "execute", "expire", "finalize", "release", "settle"]
@@ -90,6 +90,24 @@ async def execute(lease: Lease, transport: Transport, *, now: float | None = Non
     Given ``now`` (the clock when the send would start), a lease with less than its transport
     timeout left is not sent — None — and a send is cut when it outlives the lease (O21).
     """
+    tracer = tracing.active()
+    if tracer is None:
+        return await _execute(lease, transport, now)
+    attributes = {"messaging.system": "statebook", "messaging.operation.name": "process",
+                  "messaging.operation.type": "process", "messaging.destination.name": "dispatch",
+                  "messaging.message.id": lease.dispatch_id, "statebook.dispatch.kind": lease.kind,
+                  "statebook.dispatch.attempt": lease.attempt}
+    # The parent is the enqueue's send span, carried in the envelope (tracing may have been off then).
+    with tracer.span("process dispatch", "consumer", attributes, parent=traceparent_of(lease.payload)) as span:
+        result = await _execute(lease, transport, now)
+        if result is None:
+            span.set("statebook.dispatch.sent", False)  # released: less than the transport timeout was left
+        elif not result.ok:
+            span.fail("timeout" if result.evidence.get("timed_out") else "transport_failed")
+        return result
+
+
+async def _execute(lease: Lease, transport: Transport, now: float | None) -> TransportResult | None:
     try:
         if now is None:
             result = await transport.send(lease.deliver_to, with_attempt(lease.payload, lease.attempt))

@@ -17,7 +17,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from statebook.lifecycle import Book, Command, Head, Reason, apply_many, create
+from statebook.lifecycle import Book, Command, Head, Reason, apply_many, create, tracing
 from statebook.lifecycle.codec import new_id
 from statebook.lifecycle.inputs import shown
 
@@ -241,6 +241,22 @@ async def attempt_channel(book: Book, lease: Lease, channel: Channel, *, deadlin
     """One guarded channel call and its recorded observation (N4-N7). Raises :class:`LeaseLost` when
     the lease was lost before or during the call (the observation, if any, is recorded first) and
     :class:`EvidenceLost` when the observation could not be stored."""
+    tracer = tracing.active()
+    if tracer is None:
+        return await _attempt_channel(book, lease, channel, deadline, duplicate_risk)
+    attributes = {"statebook.channel.name": channel.name, "statebook.notification.id": lease.notification_id,
+                  "statebook.notification.attempt": lease.attempt}
+    with tracer.span(f"attempt {channel.name}", "client", attributes) as span:
+        recorded = await _attempt_channel(book, lease, channel, deadline, duplicate_risk)
+        outcome = recorded.observation.outcome.value
+        span.set("statebook.channel.outcome", outcome)
+        if recorded.observation.outcome is not ProviderOutcome.SUCCESS:
+            span.fail(outcome)  # the outcome's name, never its detail (a provider may echo a secret)
+        return recorded
+
+
+async def _attempt_channel(book: Book, lease: Lease, channel: Channel, deadline: float,
+                           duplicate_risk: bool) -> Recorded:
     clock = book.clock
     start = clock.now()
     if lease.lease_until - start < deadline:
