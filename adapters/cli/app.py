@@ -106,12 +106,13 @@ class LazyGroup(FunnelGroup):
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         """The command, importing the module that defines it first (once)."""
         found = super().get_command(ctx, cmd_name)
-        if found is not None or cmd_name not in COMMANDS:
-            return found
-        importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")
-        found = typer.main.get_group(app).commands.get(cmd_name)  # what the module registered on ``app``
+        if found is None and cmd_name in COMMANDS:
+            importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")
+            found = typer.main.get_group(app).commands.get(cmd_name)  # what the module registered on ``app``
+            if found is not None:
+                self.add_command(found, cmd_name)
         if found is not None:
-            self.add_command(found, cmd_name)
+            take_global_options(found)  # typer builds the commands afresh for each run: each gets them
         return found
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
@@ -128,7 +129,11 @@ app = typer.Typer(
     cls=LazyGroup,
     rich_markup_mode=None,  # the root's help is plain click (rich's help renderer alone costs ~150 ms)
     name="statebook",
-    help="Durable operational state: lifecycles, the dispatch outbox and the scheduler.",
+    help="Durable operational state: lifecycles, the dispatch outbox and the scheduler.\n\n"
+         "--db, --app and --config go before or after the command (statebook --db URL dispatch ls, or "
+         "statebook dispatch ls --db URL); given in both places with different values, they are an error. "
+         "Without --config (or $STATEBOOK_CONFIG), a command that reads settings reads ./statebook.toml when "
+         "there is one and says so on standard error.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -172,7 +177,7 @@ APP_HELP = (
 
 
 CONFIG_HELP = ("Settings file (TOML) for every command: its [audit] chain_key keys the facts writers append; "
-               "default ./statebook.toml when there is one (a command's own --config wins)")
+               "default $STATEBOOK_CONFIG, else ./statebook.toml when there is one (named on standard error)")
 DEFAULT_SETTINGS = "statebook.toml"
 """The settings file a command reads from the working directory when no --config names one."""
 
@@ -186,9 +191,81 @@ class Context:
     config: Path | None = None
     debug: bool = False
     _registry: Registry | None = None
+    given: dict[str, tuple[str, str]] = {}
+    """option -> (its value, the command path it followed) for the global options typed on the command line"""
+    default_named: bool = False
+    """whether the ./statebook.toml line was printed (once per command)"""
 
 
 ctx_state = Context()
+
+GLOBAL_OPTIONS = {"--db": ("db_url", DB_HELP), "--app": ("app", APP_HELP), "--config": ("config", CONFIG_HELP)}
+"""The root options a command also takes after its name: option -> (the ``Context`` field it sets, its help)."""
+
+
+def take_global(option: str, value: str, where: str) -> None:
+    """Record a global option typed after ``where`` (a command path); a different value typed at another place
+    is an error naming both."""
+    earlier = ctx_state.given.get(option)
+    if earlier is not None and earlier[0] != value:
+        raise fail(f"{option} is given twice with different values: {earlier[0]!r} after '{earlier[1]}' and "
+                   f"{value!r} after '{where}'; give it once")
+    ctx_state.given[option] = (value, where)
+    field = GLOBAL_OPTIONS[option][0]
+    setattr(ctx_state, field, Path(value) if option == "--config" else value)
+    if option == "--app":
+        ctx_state._registry = None
+
+
+def _global_after_command(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> None:
+    if value is not None and not ctx.resilient_parsing:
+        take_global(param.opts[0], value, ctx.command_path)
+
+
+AFTER = " (a global option: it may also come before the command)"
+
+
+@functools.cache
+def _global_params() -> dict[str, Any]:
+    """The global options as parameters a command can take, made by typer itself (its parameter classes
+    differ between versions): option -> parameter."""
+    carrier = typer.Typer(add_completion=False)
+
+    @carrier.command()
+    def _carry(
+        db: str = typer.Option(None, "--db", metavar="URL", expose_value=False, callback=_global_after_command,
+                               help=DB_HELP + AFTER),
+        app_: str = typer.Option(None, "--app", metavar="MODULE:ATTR", expose_value=False,
+                                 callback=_global_after_command, help=APP_HELP + AFTER),
+        config: str = typer.Option(None, "--config", metavar="FILE", expose_value=False,
+                                   callback=_global_after_command, help=CONFIG_HELP + AFTER),
+    ) -> None:
+        """Carries the global options."""
+
+    return {param.opts[0]: param for param in typer.main.get_command(carrier).params if param.opts[0] in GLOBAL_OPTIONS}
+
+
+def take_global_options(command: Any) -> None:
+    """Give ``command`` (and, for a group, each command below it) the global options it does not define itself,
+    so they may follow the command's name. A command's own ``--db`` (``demo``, ``check``) or ``--config`` keeps its
+    meaning; :func:`own_or_global` reconciles it with the global one."""
+    taken = {name for param in command.params for name in getattr(param, "opts", ())}
+    command.params.extend(param for option, param in _global_params().items() if option not in taken)
+    for sub in getattr(command, "commands", {}).values():
+        take_global_options(sub)
+
+
+def own_or_global(option: str, own: str | Path | None, where: str) -> str | None:
+    """A command's own ``option`` (``own``) or else the global one; both typed with different values is an error
+    naming both."""
+    earlier = ctx_state.given.get(option)
+    if own is not None and earlier is not None and earlier[0] != str(own):
+        raise fail(f"{option} is given twice with different values: {earlier[0]!r} after '{earlier[1]}' and "
+                   f"{str(own)!r} after '{where}'; give it once")
+    if own is not None:
+        return str(own)
+    value = getattr(ctx_state, GLOBAL_OPTIONS[option][0])
+    return None if value is None else str(value)
 
 
 def _version(value: bool) -> None:
@@ -201,11 +278,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
                                  help="Print statebook's version and exit."),
     db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP),
     app_: str = typer.Option(None, "--app", "-a", envvar="STATEBOOK_APP", metavar="MODULE:ATTR", help=APP_HELP),
-    config: Path = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
+    config: Path = typer.Option(None, "--config", envvar="STATEBOOK_CONFIG", metavar="FILE", help=CONFIG_HELP),
     debug: bool = typer.Option(False, "--debug", envvar="STATEBOOK_DEBUG",
                                help="On an error, print the traceback too (for a bug report)."),
 ) -> None:
@@ -214,16 +292,38 @@ def _root(
     ctx_state.config = config
     ctx_state.debug = debug
     ctx_state._registry = None
+    ctx_state.given = {}
+    ctx_state.default_named = False
+    for option, name, value in (("--db", "db", db), ("--app", "app_", app_), ("--config", "config", config)):
+        source = ctx.get_parameter_source(name)
+        if value is not None and getattr(source, "name", "") == "COMMANDLINE":
+            ctx_state.given[option] = (str(value), ctx.command_path)
 
 
 def settings_file(given: str | Path | None = None) -> Path | None:
-    """The settings file a command reads: its own ``--config`` (``given``), else the global ``--config``, else
-    ``./statebook.toml`` when it exists, else none (the environment and the defaults only)."""
-    if given is not None:
-        return Path(given)
-    if ctx_state.config is not None:
-        return ctx_state.config
-    return Path(DEFAULT_SETTINGS) if Path(DEFAULT_SETTINGS).is_file() else None
+    """The settings file a command reads: its own ``--config`` (``given``), else the global ``--config`` (or
+    ``$STATEBOOK_CONFIG``), else ``./statebook.toml`` when it exists (named on standard error, once), else none
+    (the environment and the defaults only). The command's own and the global one typed differently is an
+    error."""
+    chosen = own_or_global("--config", given, _command_path())
+    if chosen is not None:
+        return Path(chosen)
+    if not Path(DEFAULT_SETTINGS).is_file():
+        return None
+    if not ctx_state.default_named:
+        ctx_state.default_named = True  # standard error: a --json listing on standard output stays JSON
+        typer.echo(f"statebook: settings read from ./{DEFAULT_SETTINGS} (no --config given)", err=True)
+    return Path(DEFAULT_SETTINGS)
+
+
+def _command_path() -> str:
+    """The running command's path (``statebook run``), for an error naming where an option was typed."""
+    try:  # typer >= 0.29 vendors click: ask typer's own context
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+    current = get_current_context(silent=True)
+    return current.command_path if current is not None else "statebook"
 
 
 def debug_enabled() -> bool:
