@@ -12,7 +12,6 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from statebook.lifecycle.errors import InvalidArgument
@@ -272,6 +271,8 @@ class CreateScheduleRequest(BaseModel):
             if not (self.action_flow_yaml and self.action_flow_yaml.strip()):
                 raise _refuse("action_flow_yaml", "required", "action kind 'flow_yaml' needs non-empty "
                               "action_flow_yaml")
+            import yaml  # only a flow_yaml action needs it: importing the scheduler stays without it
+
             try:
                 yaml.safe_load(self.action_flow_yaml)
             except Exception as exc:  # noqa: BLE001 - a YAML error, or a RecursionError on deep nesting

@@ -94,10 +94,34 @@ def _usage(exc: Any) -> BaseException:
     return fail(f"{exc.format_message()}{where}", getattr(exc, "exit_code", 2) or 2)
 
 
+class _AsText:
+    """typer >= 0.29 converts every option's value through a pydantic TypeAdapter, importing pydantic on the first
+    one (20-60 ms of a command's start); the global options are text and need no conversion."""
+
+    @staticmethod
+    def coerce(value: Any, param: Any = None, ctx: Any = None) -> Any:
+        """The value as typed (text, or None when absent)."""
+        return value
+
+
+def as_text(param: Any) -> Any:
+    """``param`` with typer's conversion replaced by :class:`_AsText` where typer has one (a no-op before 0.29)."""
+    if hasattr(param, "_runtime_param"):
+        param._runtime_param = _AsText()
+    return param
+
+
 class LazyGroup(FunnelGroup):
     """The root group: lists commands from ``COMMANDS`` and imports a command's module only when the
     command is looked up to run (or to show its own help). Commands registered on ``app`` some other way
     (a module imported already) are found as before."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Parse the root's options: the global ones are text, taken as typed, and ``--help`` a flag."""
+        for param in self.get_params(ctx):
+            if param.name in ("db", "app_", "config", "help"):
+                as_text(param)
+        return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: Any) -> list[str]:
         """Every command: the table's, in its order, then any registered outside it."""
@@ -112,7 +136,7 @@ class LazyGroup(FunnelGroup):
             if found is not None:
                 self.add_command(found, cmd_name)
         if found is not None:
-            take_global_options(found)  # typer builds the commands afresh for each run: each gets them
+            take_global_options(found, ctx)  # typer builds the commands afresh for each run: each gets them
         return found
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
@@ -242,17 +266,21 @@ def _global_params() -> dict[str, Any]:
     ) -> None:
         """Carries the global options."""
 
-    return {param.opts[0]: param for param in typer.main.get_command(carrier).params if param.opts[0] in GLOBAL_OPTIONS}
+    return {param.opts[0]: as_text(param) for param in typer.main.get_command(carrier).params
+            if param.opts[0] in GLOBAL_OPTIONS}
 
 
-def take_global_options(command: Any) -> None:
+def take_global_options(command: Any, ctx: Any) -> None:
     """Give ``command`` (and, for a group, each command below it) the global options it does not define itself,
     so they may follow the command's name. A command's own ``--db`` (``demo``, ``check``) or ``--config`` keeps its
-    meaning; :func:`own_or_global` reconciles it with the global one."""
+    meaning; :func:`own_or_global` reconciles it with the global one. Its ``--help`` is a flag (:func:`as_text`)."""
     taken = {name for param in command.params for name in getattr(param, "opts", ())}
     command.params.extend(param for option, param in _global_params().items() if option not in taken)
+    help_option = command.get_help_option(ctx)
+    if help_option is not None:
+        as_text(help_option)
     for sub in getattr(command, "commands", {}).values():
-        take_global_options(sub)
+        take_global_options(sub, ctx)
 
 
 def own_or_global(option: str, own: str | Path | None, where: str) -> str | None:
@@ -283,13 +311,13 @@ def _root(
                                  help="Print statebook's version and exit."),
     db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP),
     app_: str = typer.Option(None, "--app", "-a", envvar="STATEBOOK_APP", metavar="MODULE:ATTR", help=APP_HELP),
-    config: Path = typer.Option(None, "--config", envvar="STATEBOOK_CONFIG", metavar="FILE", help=CONFIG_HELP),
+    config: str = typer.Option(None, "--config", envvar="STATEBOOK_CONFIG", metavar="FILE", help=CONFIG_HELP),
     debug: bool = typer.Option(False, "--debug", envvar="STATEBOOK_DEBUG",
                                help="On an error, print the traceback too (for a bug report)."),
 ) -> None:
     ctx_state.db_url = db
     ctx_state.app = app_
-    ctx_state.config = config
+    ctx_state.config = None if config is None else Path(config)
     ctx_state.debug = debug
     ctx_state._registry = None
     ctx_state.given = {}
