@@ -149,9 +149,9 @@ class NotificationSettings(_Section):
     """channel name (slack, email, pagerduty, websocket) -> ``module:attr`` naming its adapter (a Channel, or
     a callable returning one); ``statebook run`` delivers notifications only when at least one is named"""
 
-    order: list[str] = ["slack", "email", "pagerduty", "webhook", "apprise"]
-    """the fallback order: configured persistent channels, each once; the others follow in the default order, so
-    the loaded value names every persistent channel once (N40)"""
+    order: list[str] | None = None
+    """the fallback order as written: configured persistent channels, each once; None: the default order
+    (:attr:`fallback_order` is what delivery runs)"""
     rate_limits: dict[str, RateLimit] = {}
     """channel name -> its bucket, e.g. ``slack = { capacity = 20, refill_per_second = 1 }``"""
     slack: dict[str, Any] | None = None
@@ -195,9 +195,9 @@ class NotificationSettings(_Section):
 
     @model_validator(mode="after")
     def _order_names_configured_channels(self) -> NotificationSettings:
-        from statebook.outbox.notifications.channels import PERSISTENT_ORDER, check_order
+        from statebook.outbox.notifications.channels import PERSISTENT_ORDER
 
-        if "order" not in self.model_fields_set:
+        if self.order is None:
             return self
         configured = [name for name in PERSISTENT_ORDER if name in self.channels or getattr(self, name) is not None]
         listed = f"the configured persistent channels are: {', '.join(configured) or 'none'}"
@@ -209,9 +209,16 @@ class NotificationSettings(_Section):
                 raise ValueError(f"notifications.order names {name!r}, which is not configured; {listed}")
             if name in self.order[:at]:
                 raise ValueError(f"notifications.order names {name!r} twice; {listed}")
-        # the delivery takes every persistent channel once: the unconfigured ones (never run) keep the default order
-        self.order = list(check_order([*self.order, *(n for n in PERSISTENT_ORDER if n not in self.order)]))
         return self
+
+    @property
+    def fallback_order(self) -> tuple[str, ...]:
+        """Every persistent channel once, as delivery takes it (N40): :attr:`order`'s channels first, then the others
+        (unconfigured ones never run) in the default order."""
+        from statebook.outbox.notifications.channels import PERSISTENT_ORDER, check_order
+
+        written = self.order or []
+        return check_order([*written, *(name for name in PERSISTENT_ORDER if name not in written)])
 
     @field_validator("rate_limits")
     @classmethod

@@ -19,7 +19,8 @@ import typer
 from statebook.lifecycle import Lifecycle, Registry
 from statebook.lifecycle.errors import PolicyError
 
-from .app import app, fail, own_or_global, run
+from .app import app, fail, run
+from .options import own_or_global
 
 PURGED_SEGMENT = "purged"
 """The status segment of a purge's reason code (``<domain>.purged.<cause>``): a purge leaves no status."""

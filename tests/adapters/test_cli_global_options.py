@@ -14,7 +14,8 @@ import typer
 from typer.testing import CliRunner
 
 from statebook.adapters.cli import app
-from statebook.adapters.cli.app import COMMANDS, GLOBAL_OPTIONS
+from statebook.adapters.cli.app import COMMANDS
+from statebook.adapters.cli.options import GLOBAL_OPTIONS
 
 ENV = {"STATEBOOK_DB": None, "STATEBOOK_APP": None, "STATEBOOK_CONFIG": None, "STATEBOOK_DEBUG": None}
 

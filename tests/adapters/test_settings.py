@@ -126,13 +126,13 @@ def test_limits_reach_the_book(tmp_path):
 def test_the_fallback_order_and_rate_limits_are_read():
     """N40, N8: the order defaults to Slack, email, PagerDuty, webhook, Apprise and is the settings' when set (the
     configured channels it names first, then the others in the default order)."""
-    assert load_settings(environ={}).notifications.order == ["slack", "email", "pagerduty", "webhook", "apprise"]
+    assert load_settings(environ={}).notifications.fallback_order == ("slack", "email", "pagerduty", "webhook", "apprise")
     n = load_settings(environ={"STATEBOOK_NOTIFICATIONS__ORDER": '["webhook", "pagerduty"]',
                                "STATEBOOK_NOTIFICATIONS__WEBHOOK": '{"url": {"env": "U"}, "secret": {"env": "S"}}',
                                "STATEBOOK_NOTIFICATIONS__PAGERDUTY": '{"routing_key": {"env": "K"}}',
                                "STATEBOOK_NOTIFICATIONS__RATE_LIMITS": '{"slack": {"capacity": 5, "refill_per_second": 0.5}}'}
                       ).notifications
-    assert n.order == ["webhook", "pagerduty", "slack", "email", "apprise"] and n.rate_limits["slack"].capacity == 5.0
+    assert n.fallback_order == ("webhook", "pagerduty", "slack", "email", "apprise") and n.rate_limits["slack"].capacity == 5.0
 
 
 def test_notification_budgets_default_to_the_seed_s_and_are_read():

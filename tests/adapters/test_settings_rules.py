@@ -115,10 +115,13 @@ def test_an_order_names_only_configured_persistent_channels(tmp_path, order, sec
 
 
 def test_an_order_of_configured_channels_runs_them_first_then_the_rest_in_the_default_order(tmp_path):
-    """C17, N40: the loaded order names every persistent channel once (what delivery takes): the configured ones as
-    written, the others after them; a custom adapter in `channels` counts as configured."""
+    """C17, N40: `fallback_order` names every persistent channel once (what delivery takes): the configured ones as
+    written, the others after them; a custom adapter in `channels` counts as configured; a dump validates again."""
     toml = tmp_path / "s.toml"
     toml.write_text('[notifications]\norder = ["webhook", "email", "slack"]\nchannels = { email = "mine:email" }\n'
                     + SLACK + WEBHOOK)
-    assert load_settings(toml, environ={}).notifications.order == ["webhook", "email", "slack", "pagerduty", "apprise"]
-    assert load_settings(environ={}).notifications.order == ["slack", "email", "pagerduty", "webhook", "apprise"]
+    loaded = load_settings(toml, environ={})
+    assert loaded.notifications.fallback_order == ("webhook", "email", "slack", "pagerduty", "apprise")
+    assert load_settings(environ={}).notifications.fallback_order == ("slack", "email", "pagerduty", "webhook", "apprise")
+    again = type(loaded).model_validate(loaded.model_dump())  # the daemon re-validates a dump (resolve_settings)
+    assert again.notifications.fallback_order == loaded.notifications.fallback_order
