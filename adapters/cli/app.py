@@ -190,7 +190,7 @@ def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
                                  help="Print statebook's version and exit."),
-    db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP),
+    db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", metavar="URL", help=DB_HELP),
     app_: str = typer.Option(None, "--app", "-a", envvar="STATEBOOK_APP", metavar="MODULE:ATTR", help=APP_HELP),
     config: str = typer.Option(None, "--config", envvar="STATEBOOK_CONFIG", metavar="FILE", help=CONFIG_HELP),
     debug: bool = typer.Option(False, "--debug", envvar="STATEBOOK_DEBUG",
