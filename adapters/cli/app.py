@@ -141,7 +141,7 @@ app = typer.Typer(
          "--db, --app and --config go before or after the command (statebook --db URL dispatch ls, or "
          "statebook dispatch ls --db URL); given in both places with different values, they are an error. "
          "Without --config (or $STATEBOOK_CONFIG), a command that reads settings reads ./statebook.toml when "
-         "there is one and says so on standard error.",
+         "there is one and says so on standard error (a terminal).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

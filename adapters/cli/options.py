@@ -41,7 +41,7 @@ APP_HELP = (
 
 
 CONFIG_HELP = ("Settings file (TOML) for every command: its [audit] chain_key keys the facts writers append; "
-               "default $STATEBOOK_CONFIG, else ./statebook.toml when there is one (named on standard error)")
+               "default $STATEBOOK_CONFIG, else ./statebook.toml when there is one (named on a terminal)")
 DEFAULT_SETTINGS = "statebook.toml"
 """The settings file a command reads from the working directory when no --config names one."""
 
@@ -142,7 +142,8 @@ def own_or_global(option: str, own: str | Path | None, where: str) -> str | None
 
 def settings_file(given: str | Path | None = None) -> Path | None:
     """The settings file a command reads: its own ``--config`` (``given``), else the global ``--config`` (or
-    ``$STATEBOOK_CONFIG``), else ``./statebook.toml`` when it exists (named on standard error, once), else none
+    ``$STATEBOOK_CONFIG``), else ``./statebook.toml`` when it exists (named on standard error when that is a
+    terminal, once), else none
     (the environment and the defaults only). The command's own and the global one typed differently is an
     error."""
     chosen = own_or_global("--config", given, _command_path())
@@ -150,10 +151,22 @@ def settings_file(given: str | Path | None = None) -> Path | None:
         return Path(chosen)
     if not Path(DEFAULT_SETTINGS).is_file():
         return None
-    if not ctx_state.default_named:
-        ctx_state.default_named = True  # standard error: a --json listing on standard output stays JSON
+    if not ctx_state.default_named and stderr_is_terminal():
+        # for the person at the terminal, on standard error (a --json listing on standard output stays JSON); off a
+        # terminal an error stays the one line of standard error scripts read (C4)
+        ctx_state.default_named = True
         typer.echo(f"statebook: settings read from ./{DEFAULT_SETTINGS} (no --config given)", err=True)
     return Path(DEFAULT_SETTINGS)
+
+
+def stderr_is_terminal() -> bool:
+    """Whether standard error is a terminal, where a person reads notices (tests replace this)."""
+    import sys
+
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
 
 
 def _command_path() -> str:

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from statebook.adapters.cli import app
 from statebook.adapters.cli.app import COMMANDS
+from statebook.adapters.cli import options
 from statebook.adapters.cli.options import GLOBAL_OPTIONS
 
 ENV = {"STATEBOOK_DB": None, "STATEBOOK_APP": None, "STATEBOOK_CONFIG": None, "STATEBOOK_DEBUG": None}
@@ -128,8 +129,9 @@ def test_every_command_takes_the_global_options_after_its_name():
 
 
 def test_statebook_toml_in_the_working_directory_is_read_and_named_on_stderr(tmp_path, monkeypatch):
-    """C16: with no --config and no $STATEBOOK_CONFIG, ./statebook.toml is read and one line on standard error names
-    it; standard output stays the command's JSON. A file named by --config or $STATEBOOK_CONFIG is not announced."""
+    """C16: with no --config and no $STATEBOOK_CONFIG, ./statebook.toml is read and, on a terminal, one line on
+    standard error names it; standard output stays the command's JSON. A file named by --config or
+    $STATEBOOK_CONFIG is not announced; off a terminal nothing is (an error stays standard error's one line)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "statebook.toml").write_text('[notifications.webhook]\nurl = { env = "HOOK_URL" }\n'
                                              'secret = { env = "HOOK_SECRET" }\n')
@@ -138,6 +140,9 @@ def test_statebook_toml_in_the_working_directory_is_read_and_named_on_stderr(tmp
         assert result.exit_code == 0, result.output
         return [row["channel"] for row in json.loads(result.stdout)["channels"] if row["configured"]]
 
+    piped = invoke("channels", "ls", "--json")
+    assert configured(piped) == ["webhook"] and piped.stderr == ""
+    monkeypatch.setattr(options, "stderr_is_terminal", lambda: True)
     shown = invoke("channels", "ls", "--json")
     assert configured(shown) == ["webhook"]
     assert shown.stderr.strip().splitlines() == ["statebook: settings read from ./statebook.toml (no --config given)"]
