@@ -15,14 +15,15 @@ PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; t
 venv: $(VENV)/.stamp
 
 # Reinstall only when pyproject.toml changed since the last successful install.
-# Says what it is doing first: the first install takes about a minute and pip itself stays quiet.
+# Says what it is doing first, and pip names each package as it installs it: the first install takes about a
+# minute, and a minute of silence looks like a hang.
 $(VENV)/.stamp: pyproject.toml
 	@test -x $(VENV)/bin/python || { $(PY_OK) $(PYTHON) && \
 		echo "installing statebook into $(VENV) (first run, about a minute; later runs skip this)" && \
 		$(PYTHON) -m venv $(VENV); }
 	@$(PY_OK) $(VENV)/bin/python
 	@test ! -f $@ || echo "pyproject.toml changed: reinstalling statebook into $(VENV)"
-	@$(VENV)/bin/pip install -q --disable-pip-version-check -e ".[test]"
+	@$(VENV)/bin/pip install --disable-pip-version-check -e ".[test]"
 	@echo "statebook installed into $(VENV)"
 	@touch $@
 
@@ -45,13 +46,15 @@ test-deep: venv
 BASELINE ?=
 BENCH_ARGS ?=
 bench: venv
-	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
+	@echo "installing the bench extra into $(VENV) (pip names each package)"
+	$(VENV)/bin/pip install -e ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/run.py $(if $(BASELINE),--baseline $(BASELINE)) $(BENCH_ARGS)
 
 # W1-W3 on a throwaway cluster with fsync, synchronous_commit and full_page_writes on, and the floor's SQLite at
 # synchronous=FULL (tests/bench/run.py --durable; writes tests/bench/results-durable.json). BENCH_ARGS as above.
 bench-durable: venv
-	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
+	@echo "installing the bench extra into $(VENV) (pip names each package)"
+	$(VENV)/bin/pip install -e ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/run.py --durable --only W1,W2,W3 $(BENCH_ARGS)
 
 # The console's pages on 100,000 entities and 1,000,000 facts, SQLite and PostgreSQL (tests/bench/web.py, a few
@@ -65,7 +68,8 @@ bench-web: venv
 # minutes): a table, specs/performance-growth.png and tests/bench/growth.json. GROWTH_ARGS, e.g. --quick.
 GROWTH_ARGS ?=
 growth: venv
-	$(VENV)/bin/pip install -q -e ".[test,bench]" && \
+	@echo "installing the bench extra into $(VENV) (pip names each package)"
+	$(VENV)/bin/pip install -e ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/growth.py $(GROWTH_ARGS)
 
 # The console's screenshots in docs/img/ (console-overview.png, console-entity.png, console-respond.png), taken
@@ -77,8 +81,10 @@ screenshots: venv
 # The documentation site (mkdocs.yml, docs/): installs the `docs` extra, builds site/ with --strict.
 # (The extra is installed again only when pyproject.toml changed.)
 docs: venv $(VENV)/.docs-stamp
+	@echo "building the documentation site into site/ (mkdocs --strict)"
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 $(VENV)/.docs-stamp: pyproject.toml
-	$(VENV)/bin/pip install -q -e ".[test,docs]"
+	@echo "installing the docs extra (mkdocs and its plugins) into $(VENV); pip names each package"
+	$(VENV)/bin/pip install -e ".[test,docs]"
 	@touch $@

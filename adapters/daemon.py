@@ -219,7 +219,7 @@ class NotificationDelivery(_InTask):
         self.worker = NotificationWorker(
             book, {**built.channels, **load_channels(n.channels)}, batch_size=n.batch_size,
             concurrency=n.concurrency, lease_seconds=n.lease_seconds, deadline=n.deadline_seconds,
-            tick_seconds=settings.scheduler.tick_seconds, extra_wakeups=wakeups, order=n.order,
+            tick_seconds=settings.scheduler.tick_seconds, extra_wakeups=wakeups, order=n.fallback_order,
             links=response_links(settings, book),
         )
 

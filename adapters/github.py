@@ -70,8 +70,16 @@ class GitHubPoller:
 
     @classmethod
     def from_settings(cls, scheduler: Any) -> GitHubPoller:
-        """A poller built from the scheduler settings' GitHub API URL and token."""
-        return cls(scheduler.github_api_url, scheduler.github_token)
+        """A poller built from the scheduler settings' GitHub API URL and token (read now; ConfigError naming where
+        it was looked for)."""
+        from .channels.secrets import SecretError
+        from .errors import ConfigError
+
+        try:
+            token = None if scheduler.github_token is None else scheduler.github_token.reveal()
+        except SecretError as exc:
+            raise ConfigError(f"scheduler.github_token: {exc}") from None
+        return cls(scheduler.github_api_url, token)
 
     async def fetch(self, repo: str, *, etag: str | None, cursor: str | None) -> PollResult:
         """Fetch ``repo``'s events newer than ``cursor`` (conditional on ``etag``) in a worker thread; see

@@ -113,7 +113,8 @@ class SchedulerSettings(_Section):
     max_chain_depth: int = Field(10, ge=0, le=1_000)
     deferred_record_every: int = Field(10, ge=1, le=1_000_000)
     github_api_url: str = "https://api.github.com"
-    github_token: str | None = None
+    github_token: SecretRef | None = None
+    """the token GitHub polls send, ``{ env = "VAR" }`` or ``{ file = "path" }``"""
     schedules: list[dict[str, Any]] = []
     """schedules upserted by name when the daemon starts (``[[scheduler.schedules]]`` tables)"""
 
@@ -148,8 +149,9 @@ class NotificationSettings(_Section):
     """channel name (slack, email, pagerduty, websocket) -> ``module:attr`` naming its adapter (a Channel, or
     a callable returning one); ``statebook run`` delivers notifications only when at least one is named"""
 
-    order: list[str] = ["slack", "email", "pagerduty", "webhook", "apprise"]
-    """the fallback order of the persistent channels: every one of them, once (N40)"""
+    order: list[str] | None = None
+    """the fallback order as written: configured persistent channels, each once; None: the default order
+    (:attr:`fallback_order` is what delivery runs)"""
     rate_limits: dict[str, RateLimit] = {}
     """channel name -> its bucket, e.g. ``slack = { capacity = 20, refill_per_second = 1 }``"""
     slack: dict[str, Any] | None = None
@@ -191,12 +193,32 @@ class NotificationSettings(_Section):
                 raise ValueError(f"channel {name!r}: expected module:attr naming its adapter, not {spec!r}")
         return value
 
-    @field_validator("order")
-    @classmethod
-    def _order_is_a_permutation(cls, value: list[str]) -> list[str]:
-        from statebook.outbox.notifications.channels import check_order
+    @model_validator(mode="after")
+    def _order_names_configured_channels(self) -> NotificationSettings:
+        from statebook.outbox.notifications.channels import PERSISTENT_ORDER
 
-        return list(check_order(value))
+        if self.order is None:
+            return self
+        configured = [name for name in PERSISTENT_ORDER if name in self.channels or getattr(self, name) is not None]
+        listed = f"the configured persistent channels are: {', '.join(configured) or 'none'}"
+        for at, name in enumerate(self.order):
+            if name not in PERSISTENT_ORDER:
+                raise ValueError(f"notifications.order names {name!r}, which is not a persistent channel "
+                                 f"({', '.join(PERSISTENT_ORDER)}); {listed}")
+            if name not in configured:
+                raise ValueError(f"notifications.order names {name!r}, which is not configured; {listed}")
+            if name in self.order[:at]:
+                raise ValueError(f"notifications.order names {name!r} twice; {listed}")
+        return self
+
+    @property
+    def fallback_order(self) -> tuple[str, ...]:
+        """Every persistent channel once, as delivery takes it (N40): :attr:`order`'s channels first, then the others
+        (unconfigured ones never run) in the default order."""
+        from statebook.outbox.notifications.channels import PERSISTENT_ORDER, check_order
+
+        written = self.order or []
+        return check_order([*written, *(name for name in PERSISTENT_ORDER if name not in written)])
 
     @field_validator("rate_limits")
     @classmethod
@@ -555,6 +577,7 @@ def load_settings(path: str | Path | None = None, *, environ: Mapping[str, str] 
     merged: dict[str, Any] = {}
     for _label, data in reversed(layers):
         merged = _deep_merge(merged, data)
+    _check_secrets(merged, layers)
     try:
         return Settings(**merged)
     except ValidationError as exc:
@@ -575,6 +598,38 @@ def _first_problem(exc: ValidationError, layers: list[tuple[str, Mapping[str, An
         return f"unknown setting {where!r}{_origin(loc, layers)}; {_nearest(str(loc[-1]), known)}{more}"
     message = first["msg"].removeprefix("Value error, ")
     origin = _origin(loc, layers)
+    if message.startswith(f"{where}."):  # the rule names its setting itself (notifications.order ...)
+        return f"{message}{origin}{more}"
     if first["type"] in ("list_type", "dict_type") and "environment" in origin:
         message += " (the environment takes JSON here, e.g. '[\"a\", \"b\"]' or '{\"key\": \"value\"}')"
     return f"invalid setting {where}{origin}: {message}{more}"
+
+
+def _check_secrets(data: Mapping[str, Any], layers: list[tuple[str, Mapping[str, Any]]]) -> None:
+    """A secret written as a value (a string, a number) instead of where to read it is refused in our words, naming
+    the setting and never the value: every ``SecretRef`` field of the sections and of the built-in channels'."""
+    from .channels.configure import BUILTINS, config_model
+    from .extras import MissingExtra
+
+    places: list[tuple[type[BaseModel], Any, tuple[str, ...]]] = [
+        (model, data.get(name), (name,)) for name, model in SECTIONS.items()]
+    notifications = data.get("notifications")
+    for name in BUILTINS if isinstance(notifications, Mapping) else ():
+        try:
+            places.append((config_model(name), notifications.get(name), ("notifications", name)))
+        except MissingExtra:  # its section is checked where the channel is used
+            continue
+    while places:
+        model, node, loc = places.pop()
+        if not isinstance(node, Mapping):
+            continue
+        for field_name, field in model.model_fields.items():
+            value, inner = node.get(field_name), _model_of(field.annotation)
+            if inner is None or value is None:
+                continue
+            if not issubclass(inner, SecretRef):
+                places.append((inner, value, (*loc, field_name)))
+            elif not isinstance(value, (Mapping, SecretRef)):
+                where = (*loc, field_name)
+                raise ConfigError(f"{'.'.join(where)} is a secret: write {{ env = \"VAR\" }} or {{ file = \"path\" }}"
+                                  f"{_origin(where, layers)}")

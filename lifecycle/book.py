@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import PendingRollbackError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .clock import SYSTEM_CLOCK, Clock
 from .chain import write_refusal
@@ -24,6 +24,9 @@ from .errors import StorageUnavailable
 from .inputs import DEFAULT_LIMITS, Limits
 from .policy import Lifecycle, Registry
 from .store import Reads, Store, Upkeep, reads_for, store_for, upkeep_for
+
+if TYPE_CHECKING:  # sqlalchemy.ext.asyncio pulls in the ORM (~60 ms): the engine's opener imports it
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 log = logging.getLogger("statebook.lifecycle")
 

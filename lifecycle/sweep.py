@@ -25,12 +25,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .book import Book
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection
 from .errors import StorageError
 from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table, stored_column
 from .policy import Lifecycle

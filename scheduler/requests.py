@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from statebook.lifecycle.errors import InvalidArgument
@@ -274,6 +273,8 @@ class CreateScheduleRequest(BaseModel):
             if not (self.action_flow_yaml and self.action_flow_yaml.strip()):
                 raise _refuse("action_flow_yaml", "required", "action kind 'flow_yaml' needs non-empty "
                               "action_flow_yaml")
+            import yaml  # only a flow_yaml action needs it: importing the scheduler stays without it
+
             try:
                 yaml.safe_load(self.action_flow_yaml)
             except Exception as exc:  # noqa: BLE001 - a YAML error, or a RecursionError on deep nesting

@@ -56,6 +56,28 @@ def test_a_core_import_loads_no_extra(tmp_path, module):
     assert result.stdout.strip() == "", f"importing {module} loaded {result.stdout.strip()}"
 
 
+STARTUP_HEAVY = ("sqlalchemy.ext.asyncio", "sqlalchemy.orm", "pydantic", "pydantic_settings", "rich", "alembic", "yaml",
+                 "aiosqlite", "asyncpg", "typer")
+"""What a start that does not need them must not import: the ORM sqlalchemy.ext.asyncio pulls in, settings,
+rich, migrations, YAML, the database drivers, the command line."""
+LIGHT = {
+    "statebook.lifecycle": STARTUP_HEAVY,
+    "statebook.adapters.cli": tuple(m for m in STARTUP_HEAVY if m != "typer") + ("sqlalchemy", "statebook.lifecycle"),
+}
+"""Module -> what importing it alone must not import (issue 30: the CLI's entry point and the core start light)."""
+
+
+@pytest.mark.parametrize("module", sorted(LIGHT))
+def test_the_core_and_the_cli_entry_point_import_no_heavy_module(tmp_path, module):
+    """specs/cli.md C10: ``import statebook.lifecycle`` and the console script's module load none of LIGHT's names."""
+    code = (f"import importlib, sys; importlib.import_module({module!r}); "
+            f"print(','.join(sorted(m for m in sys.modules if m.startswith({LIGHT[module]!r}))))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(tmp_path), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"importing {module} loaded {result.stdout.strip()}"
+
+
 def test_the_cli_runs_on_sqlite_without_any_extra(tmp_path):
     db = f"sqlite:///{tmp_path / 'light.db'}"
     for args in (["--help"], ["--db", db, "lifecycle", "ls"], ["--db", db, "db", "upgrade"], ["--db", db, "verify"],

@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 
 from ..masking import mask
 from .funnel import classify
+from .options import APP_HELP, CONFIG_HELP, DB_HELP, as_text, ctx_state, settings_file, take_global_options
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -99,6 +100,13 @@ class LazyGroup(FunnelGroup):
     command is looked up to run (or to show its own help). Commands registered on ``app`` some other way
     (a module imported already) are found as before."""
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Parse the root's options: the global ones are text, taken as typed, and ``--help`` a flag."""
+        for param in self.get_params(ctx):
+            if param.name in ("db", "app_", "config", "help"):
+                as_text(param)
+        return super().parse_args(ctx, args)
+
     def list_commands(self, ctx: Any) -> list[str]:
         """Every command: the table's, in its order, then any registered outside it."""
         return list(COMMANDS) + [name for name in super().list_commands(ctx) if name not in COMMANDS]
@@ -106,12 +114,13 @@ class LazyGroup(FunnelGroup):
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         """The command, importing the module that defines it first (once)."""
         found = super().get_command(ctx, cmd_name)
-        if found is not None or cmd_name not in COMMANDS:
-            return found
-        importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")
-        found = typer.main.get_group(app).commands.get(cmd_name)  # what the module registered on ``app``
+        if found is None and cmd_name in COMMANDS:
+            importlib.import_module(f"{__package__}.{COMMANDS[cmd_name][0]}")
+            found = typer.main.get_group(app).commands.get(cmd_name)  # what the module registered on ``app``
+            if found is not None:
+                self.add_command(found, cmd_name)
         if found is not None:
-            self.add_command(found, cmd_name)
+            take_global_options(found, ctx)  # typer builds the commands afresh for each run: each gets them
         return found
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
@@ -128,7 +137,11 @@ app = typer.Typer(
     cls=LazyGroup,
     rich_markup_mode=None,  # the root's help is plain click (rich's help renderer alone costs ~150 ms)
     name="statebook",
-    help="Durable operational state: lifecycles, the dispatch outbox and the scheduler.",
+    help="Durable operational state: lifecycles, the dispatch outbox and the scheduler.\n\n"
+         "--db, --app and --config go before or after the command (statebook --db URL dispatch ls, or "
+         "statebook dispatch ls --db URL); given in both places with different values, they are an error. "
+         "Without --config (or $STATEBOOK_CONFIG), a command that reads settings reads ./statebook.toml when "
+         "there is one and says so on standard error (a terminal).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -164,33 +177,6 @@ def _is_tty(stream: Any) -> bool:
         return False
 
 
-DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
-APP_HELP = (
-    "The application's registry as module:attr (a Registry, or a callable returning one), e.g. "
-    "myapp.lifecycles:registry; default $STATEBOOK_APP, then the settings' app key, then the built-in lifecycles"
-)
-
-
-CONFIG_HELP = ("Settings file (TOML) for every command: its [audit] chain_key keys the facts writers append; "
-               "default ./statebook.toml when there is one (a command's own --config wins)")
-DEFAULT_SETTINGS = "statebook.toml"
-"""The settings file a command reads from the working directory when no --config names one."""
-
-
-class Context:
-    """The root options of the running command (``--db``, ``--app``, ``--config``, ``--debug``) and its registry,
-    once loaded."""
-
-    db_url: str | None = None
-    app: str | None = None
-    config: Path | None = None
-    debug: bool = False
-    _registry: Registry | None = None
-
-
-ctx_state = Context()
-
-
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -201,29 +187,26 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
                                  help="Print statebook's version and exit."),
-    db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", help=DB_HELP),
+    db: str = typer.Option(None, "--db", envvar="STATEBOOK_DB", metavar="URL", help=DB_HELP),
     app_: str = typer.Option(None, "--app", "-a", envvar="STATEBOOK_APP", metavar="MODULE:ATTR", help=APP_HELP),
-    config: Path = typer.Option(None, "--config", metavar="FILE", help=CONFIG_HELP),
+    config: str = typer.Option(None, "--config", envvar="STATEBOOK_CONFIG", metavar="FILE", help=CONFIG_HELP),
     debug: bool = typer.Option(False, "--debug", envvar="STATEBOOK_DEBUG",
                                help="On an error, print the traceback too (for a bug report)."),
 ) -> None:
     ctx_state.db_url = db
     ctx_state.app = app_
-    ctx_state.config = config
+    ctx_state.config = None if config is None else Path(config)
     ctx_state.debug = debug
     ctx_state._registry = None
-
-
-def settings_file(given: str | Path | None = None) -> Path | None:
-    """The settings file a command reads: its own ``--config`` (``given``), else the global ``--config``, else
-    ``./statebook.toml`` when it exists, else none (the environment and the defaults only)."""
-    if given is not None:
-        return Path(given)
-    if ctx_state.config is not None:
-        return ctx_state.config
-    return Path(DEFAULT_SETTINGS) if Path(DEFAULT_SETTINGS).is_file() else None
+    ctx_state.given = {}
+    ctx_state.default_named = False
+    for option, name, value in (("--db", "db", db), ("--app", "app_", app_), ("--config", "config", config)):
+        source = ctx.get_parameter_source(name)
+        if value is not None and getattr(source, "name", "") == "COMMANDLINE":
+            ctx_state.given[option] = (str(value), ctx.command_path)
 
 
 def debug_enabled() -> bool:

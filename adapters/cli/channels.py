@@ -109,7 +109,7 @@ def ls_cmd(
     if ctx_state.db_url is None and settings.db is not None:
         ctx_state.db_url = settings.db
     buckets = run(_buckets(list(CHANNEL_NAMES)))
-    order = settings.notifications.order
+    order = settings.notifications.fallback_order
     limits = settings.notifications.rate_limits
     rows = []
     for name in CHANNEL_NAMES:

@@ -19,7 +19,8 @@ import typer
 from statebook.lifecycle import Lifecycle, Registry
 from statebook.lifecycle.errors import PolicyError
 
-from .app import app, ctx_state, fail, run
+from .app import app, fail, run
+from .options import own_or_global
 
 PURGED_SEGMENT = "purged"
 """The status segment of a purge's reason code (``<domain>.purged.<cause>``): a purge leaves no status."""
@@ -144,11 +145,11 @@ def check_cmd(
 
     Findings: registration_refused, unused_reason, gated_exit; with --db, unaccepted_policy and
     unknown_entity_type. Exit 0 when every finding is accepted or there is none, 2 on bad input."""
-    spec = app_spec or ctx_state.app
+    spec = own_or_global("--app", app_spec, "statebook check")
     if not spec:
         raise fail("check needs --app module:attr (the registry to check), e.g. statebook check --app myapp:registry")
     registry, findings = load_app(spec)
-    url = db or ctx_state.db_url
+    url = own_or_global("--db", db, "statebook check")
     if registry is not None:
         findings += static_findings(registry)
         if url:

@@ -1,4 +1,8 @@
-"""Lifecycle commands: inspect declarations (no database), read history, replay, verify, demo."""
+"""Lifecycle commands: inspect declarations (no database), read history, replay, verify, demo.
+
+Imports only typer at the top: rich and statebook's parts are imported by the command that uses them, so
+``statebook verify --help`` and ``statebook lifecycle ls --json`` start without them (specs/cli.md C10).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,35 @@ import json
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from statebook.adapters.errors import DamagedHistory
-from statebook.lifecycle import Book, EntityNotFound, Fact, Lifecycle, StatebookError, history, verify
-from statebook.lifecycle.replay import Report, check_entity, fold
-from statebook.lifecycle.schema import row_defaults
-from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
+from .app import _console, app, cli_registry, fail, parse_time, print_table, run, with_book
 
-from .app import app, cli_registry, console, err_console, fail, parse_time, print_table, run, with_book
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from statebook.lifecycle import Book, Fact, Lifecycle
+    from statebook.lifecycle.replay import Report
+
+LAZY = ("history", "verify")
+"""Names of statebook.lifecycle this module reads on first use (tests replace them here)."""
+
+
+def _lazy(name: str) -> Any:
+    if name not in globals():
+        import statebook.lifecycle as lifecycle
+
+        globals()[name] = getattr(lifecycle, name)
+    return globals()[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        return _lazy(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 lifecycle_app = typer.Typer(help="Inspect the declared lifecycles (works without a database).", no_args_is_help=True)
 app.add_typer(lifecycle_app, name="lifecycle")
@@ -45,6 +64,9 @@ def _dump(value: Any, *, indent: int | None = None) -> str:
 
 def history_table(facts: list[Fact], title: str = "") -> Table:
     """One row per fact: version, time, move, reason, actor, patched columns."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(title=title or None, title_justify="left")
     for name in ("v", "at (UTC)", "move", "actor"):
         table.add_column(name, no_wrap=name in ("v", "at (UTC)"), overflow="fold")
@@ -73,6 +95,10 @@ def report_summary(report: Report) -> str:
 
 def print_report(report: Report) -> None:
     """A verify report: its summary line, a table of findings, its notes."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = _console("console")
     console.print(report_summary(report), style="green" if report.ok else "red", highlight=False)
     if report.findings:
         table = Table()
@@ -96,6 +122,8 @@ def lifecycle_ls(as_json: bool = typer.Option(False, "--json", help="Print JSON 
         typer.echo(_dump([{"type": lc.entity_type, "table": lc.table_name, "statuses": list(lc.statuses),
                            "fingerprint": lc.fingerprint} for lc in lifecycles], indent=2))
         return
+    from rich.table import Table
+
     table = Table()
     for name in ("type", "table", "statuses", "fingerprint"):
         table.add_column(name, no_wrap=True)
@@ -110,6 +138,11 @@ def lifecycle_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Statuses, edges, patch fields and reason codes of one lifecycle."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements
+
     lc = _policy(entity_type)
     if as_json:
         typer.echo(_dump({
@@ -121,6 +154,7 @@ def lifecycle_show(
             "patch_fields": sorted(lc.patch_fields), "reasons": sorted(lc.reasons),
         }, indent=2))
         return
+    console = _console("console")
     console.print(f"[bold]{lc.entity_type}[/bold] (table {lc.table_name}, fingerprint {lc.fingerprint})")
     if lc.description:
         console.print(escape(lc.description), highlight=False)
@@ -148,6 +182,8 @@ def lifecycle_graph(
     format: GraphFormat = typer.Option(GraphFormat.mermaid, "--format", "-f", help="mermaid or text"),
 ) -> None:
     """Print the lifecycle's graph; Mermaid goes to stdout as is, ready to pipe."""
+    from statebook.lifecycle.diagram import accepted_edges, is_implicit, requirements, to_mermaid, trigger_name
+
     lc = _policy(entity_type)
     if format is GraphFormat.mermaid:
         typer.echo(to_mermaid(lc), nl=False)
@@ -170,8 +206,11 @@ CHAIN_DAMAGE = ("malformed_fact", "broken_chain", "hash_mismatch", "status_disco
 
 
 async def _facts(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
+    from statebook.adapters.errors import DamagedHistory
+    from statebook.lifecycle import EntityNotFound, StatebookError
+
     try:
-        facts = await history(book, entity_type, entity_id)
+        facts = await _lazy("history")(book, entity_type, entity_id)
     except StatebookError:
         raise
     except (ValueError, TypeError, UnicodeDecodeError) as exc:  # a stored value no fact was written with
@@ -186,6 +225,7 @@ async def _damage(book: Book, entity_type: str, entity_id: str, facts: list[Fact
     """The first chain finding of these facts (the checks verify runs), or None when they chain. On a
     keyed chain the facts after the switch-over are checked for their links only (no key here)."""
     from statebook.lifecycle.chain import Rule, read_switch
+    from statebook.lifecycle.replay import check_entity
 
     switch = await read_switch(book)
     rule = Rule() if switch is None else Rule(None, switch.keyed_after)
@@ -219,6 +259,10 @@ def history_cmd(
 
 
 async def _replay(book: Book, entity_type: str, entity_id: str, when: float | None) -> dict[str, Any] | None:
+    from statebook.adapters.errors import DamagedHistory
+    from statebook.lifecycle.replay import fold
+    from statebook.lifecycle.schema import row_defaults
+
     facts = await _facts(book, entity_type, entity_id)
     damage = await _damage(book, entity_type, entity_id, facts)
     if damage:
@@ -239,7 +283,7 @@ def replay_cmd(
     when = None if as_of_ is None else parse_time(as_of_, "--as-of")
     state = run(with_book(_replay)(entity_type, entity_id, when))
     if state is None:
-        err_console.print("no state: the entity did not exist yet or was purged at that time", highlight=False)
+        _console("err_console").print("no state: the entity did not exist yet or was purged at that time", highlight=False)
     typer.echo(_dump(state, indent=2))
 
 
@@ -249,11 +293,14 @@ PROGRESS_FROM_FACTS = 5000
 
 async def _verify(book: Book, entity_type: str | None, show_progress: bool, checkpoint: Any = None,
                   key: Any = None) -> Report:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    verify = _lazy("verify")
     book = book.with_chain_key(key)
     if not show_progress:
         return await verify(book, entity_type, checkpoint=checkpoint)
     columns = (TextColumn("verifying facts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    bar = Progress(*columns, console=err_console, transient=True)
+    bar = Progress(*columns, console=_console("err_console"), transient=True)
     task = bar.add_task("verify", total=None)
 
     def tick(done: int, total: int) -> None:
@@ -288,7 +335,7 @@ def verify_cmd(
     With the chain key configured ([audit] chain_key) keyed hashes are checked; --checkpoint FILE checks
     the history it covers (specs/audit.md)."""
     from statebook.adapters.audit import read_checkpoint
-    from statebook.lifecycle.replay import Finding
+    from statebook.lifecycle.replay import Finding, Report
 
     from .audit import chain_key
 
@@ -299,7 +346,8 @@ def verify_cmd(
     if problems:
         report = Report(findings=[Finding("bad_checkpoint", "", "", p) for p in problems])
     else:
-        report = run(with_book(_verify)(entity_type, err_console.is_terminal and not as_json, body, key))
+        show_progress = _console("err_console").is_terminal and not as_json
+        report = run(with_book(_verify)(entity_type, show_progress, body, key))
     report.notes += notes
     if as_json:
         typer.echo(_dump(report.to_json(), indent=2))
@@ -319,6 +367,6 @@ def demo_cmd(
     """Walk a small example lifecycle through statebook on an embedded SQLite database."""
     from statebook.adapters.demo import run_demo
 
-    report = run(run_demo(db, console))
+    report = run(run_demo(db, _console("console")))
     if not report.ok:
         raise typer.Exit(1)

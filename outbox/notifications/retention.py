@@ -34,10 +34,9 @@ import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from statebook.lifecycle import Actor, Book, Reason, create, transition
 from statebook.lifecycle.codec import new_id
@@ -51,6 +50,9 @@ from statebook.outbox.core.retention import PURGE_BATCH, RETENTION_ACTOR, Progre
 from .errors import checked, refused
 from .policy import ATTEMPT_RESULTS
 from .schema import channel_attempts, dedup_claims, notification_responses, notifications
+
+if TYPE_CHECKING:  # sqlalchemy.ext.asyncio loads the ORM: importing the package stays without it
+    from sqlalchemy.ext.asyncio import AsyncConnection
 
 __all__ = ["RETENTION_ACTOR", "RetentionReport", "apply_notification_retention"]
 

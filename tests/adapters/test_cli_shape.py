@@ -78,6 +78,30 @@ def test_root_help_and_version_import_no_command_module_nor_sqlalchemy_or_pydant
             assert f"\n  {name} " in out, name
 
 
+COMMAND_HEAVY = {
+    "verify --help": ("sqlalchemy", "pydantic", "rich", "statebook.lifecycle", "statebook.outbox", "alembic"),
+    "lifecycle ls --json": ("rich", "sqlalchemy.orm", "sqlalchemy.ext.asyncio", "alembic", "pydantic_settings", "yaml",
+                            "aiosqlite", "asyncpg"),
+    "dispatch ls": ("alembic", "pydantic_settings", "yaml", "asyncpg"),
+}
+"""A command -> what it must not import to start (issue 30: each within 300 ms on an idle machine; the figures are
+tests/bench/cli_startup.py's)."""
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_HEAVY))
+def test_the_everyday_commands_import_only_what_they_use(tmp_path, command):
+    """C10: `verify --help` imports no SQLAlchemy, pydantic, rich or statebook part; `lifecycle ls --json` no rich,
+    ORM, migrations, settings or driver; `dispatch ls` on SQLite no migrations, settings, YAML or PostgreSQL
+    driver."""
+    db = f"sqlite:///{tmp_path / 'small.db'}"
+    assert invoke("--db", db, "db", "upgrade").exit_code == 0
+    done = python("-c", MODULES_AFTER, json.dumps(["--db", db, *command.split()]))
+    assert done.returncode == 0, done.stderr
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    heavy = COMMAND_HEAVY[command]
+    assert [m for m in modules if m.startswith(heavy)] == [], command
+
+
 SHORT_HELP = """
 import json, sys
 import typer

@@ -86,9 +86,10 @@ def test_other_statebook_variables_are_left_alone():
     ("[scheduler\n", "is not valid TOML"),
     ("[notifications]\ndeadline_seconds = 60\n", "must be shorter than notifications.lease_seconds"),
     ("[notifications]\nlease_seconds = 5\n", "must be shorter than notifications.lease_seconds"),
-    ("[notifications]\norder = [\"slack\", \"email\"]\n", "names every persistent channel exactly once"),
+    ("[notifications]\norder = [\"slack\", \"email\"]\n",
+     "notifications.order names 'slack', which is not configured; the configured persistent channels are: none"),
     ("[notifications]\norder = [\"slack\", \"email\", \"pagerduty\", \"webhook\", \"websocket\"]\n",
-     "names every persistent channel exactly once"),
+     "notifications.order names 'slack', which is not configured"),
     ("[notifications.rate_limits]\nsms = { capacity = 1, refill_per_second = 1 }\n", "unknown channel 'sms'"),
     ("[notifications.rate_limits]\nslack = { capacity = 0, refill_per_second = 1 }\n", "capacity"),
 ])
@@ -123,12 +124,15 @@ def test_limits_reach_the_book(tmp_path):
 
 
 def test_the_fallback_order_and_rate_limits_are_read():
-    """N40, N8: the order defaults to Slack, email, PagerDuty, webhook, Apprise and is the file's when set."""
-    assert load_settings(environ={}).notifications.order == ["slack", "email", "pagerduty", "webhook", "apprise"]
-    n = load_settings(environ={"STATEBOOK_NOTIFICATIONS__ORDER": '["webhook", "pagerduty", "slack", "email", "apprise"]',
+    """N40, N8: the order defaults to Slack, email, PagerDuty, webhook, Apprise and is the settings' when set (the
+    configured channels it names first, then the others in the default order)."""
+    assert load_settings(environ={}).notifications.fallback_order == ("slack", "email", "pagerduty", "webhook", "apprise")
+    n = load_settings(environ={"STATEBOOK_NOTIFICATIONS__ORDER": '["webhook", "pagerduty"]',
+                               "STATEBOOK_NOTIFICATIONS__WEBHOOK": '{"url": {"env": "U"}, "secret": {"env": "S"}}',
+                               "STATEBOOK_NOTIFICATIONS__PAGERDUTY": '{"routing_key": {"env": "K"}}',
                                "STATEBOOK_NOTIFICATIONS__RATE_LIMITS": '{"slack": {"capacity": 5, "refill_per_second": 0.5}}'}
                       ).notifications
-    assert n.order[0] == "webhook" and n.rate_limits["slack"].capacity == 5.0
+    assert n.fallback_order == ("webhook", "pagerduty", "slack", "email", "apprise") and n.rate_limits["slack"].capacity == 5.0
 
 
 def test_notification_budgets_default_to_the_seed_s_and_are_read():

@@ -51,7 +51,7 @@ def settings(tmp_path, url: str) -> str:
     (tmp_path / "signing.key").write_text(SIGNING)
     toml = tmp_path / "s.toml"
     toml.write_text(f'db = "sqlite:///{tmp_path / "c.db"}"\n'
-                    '[notifications]\norder = ["webhook", "slack", "email", "pagerduty", "apprise"]\n'
+                    '[notifications]\norder = ["webhook", "slack"]\n'
                     'rate_limits = { webhook = { capacity = 4, refill_per_second = 0.5 } }\n'
                     f'[notifications.webhook]\nurl = {{ env = "CLI_HOOK_URL" }}\nsecret = {{ file = "{tmp_path / "signing.key"}" }}\n'
                     '[notifications.slack]\nbot_token = { env = "CLI_UNSET_SLACK_TOKEN" }\nchannel = "#ops"\n')

@@ -1,0 +1,179 @@
+"""The global options ``--db``, ``--app`` and ``--config`` (specs/cli.md C16): the state they set for the running
+command, the parameters that let a command take them after its name, and the settings file a command reads.
+
+Light like the root: typer only (``statebook --help`` imports this module).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from statebook.lifecycle import Registry
+
+
+class _AsText:
+    """typer >= 0.29 converts every option's value through a pydantic TypeAdapter, importing pydantic on the first
+    one (20-60 ms of a command's start); the global options are text and need no conversion."""
+
+    @staticmethod
+    def coerce(value: Any, param: Any = None, ctx: Any = None) -> Any:
+        """The value as typed (text, or None when absent)."""
+        return value
+
+
+def as_text(param: Any) -> Any:
+    """``param`` with typer's conversion replaced by :class:`_AsText` where typer has one (a no-op before 0.29)."""
+    if hasattr(param, "_runtime_param"):
+        param._runtime_param = _AsText()
+    return param
+
+
+DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
+APP_HELP = (
+    "The application's registry as module:attr (a Registry, or a callable returning one), e.g. "
+    "myapp.lifecycles:registry; default $STATEBOOK_APP, then the settings' app key, then the built-in lifecycles"
+)
+
+
+CONFIG_HELP = ("Settings file (TOML) for every command: its [audit] chain_key keys the facts writers append; "
+               "default $STATEBOOK_CONFIG, else ./statebook.toml when there is one (named on a terminal)")
+DEFAULT_SETTINGS = "statebook.toml"
+"""The settings file a command reads from the working directory when no --config names one."""
+
+
+class Context:
+    """The root options of the running command (``--db``, ``--app``, ``--config``, ``--debug``) and its registry,
+    once loaded."""
+
+    db_url: str | None = None
+    app: str | None = None
+    config: Path | None = None
+    debug: bool = False
+    _registry: Registry | None = None
+    given: dict[str, tuple[str, str]] = {}
+    """option -> (its value, the command path it followed) for the global options typed on the command line"""
+    default_named: bool = False
+    """whether the ./statebook.toml line was printed (once per command)"""
+
+
+ctx_state = Context()
+
+GLOBAL_OPTIONS = {"--db": ("db_url", DB_HELP), "--app": ("app", APP_HELP), "--config": ("config", CONFIG_HELP)}
+"""The root options a command also takes after its name: option -> (the ``Context`` field it sets, its help)."""
+
+
+def take_global(option: str, value: str, where: str) -> None:
+    """Record a global option typed after ``where`` (a command path); a different value typed at another place
+    is an error naming both."""
+    _refuse_conflict(option, value, where)
+    ctx_state.given[option] = (value, where)
+    field = GLOBAL_OPTIONS[option][0]
+    setattr(ctx_state, field, Path(value) if option == "--config" else value)
+    if option == "--app":
+        ctx_state._registry = None
+
+
+def _refuse_conflict(option: str, value: str, where: str) -> None:
+    """One line naming both places when ``option`` was typed earlier with another value."""
+    from .app import fail
+
+    earlier = ctx_state.given.get(option)
+    if earlier is not None and earlier[0] != value:
+        raise fail(f"{option} is given twice with different values: {earlier[0]!r} after '{earlier[1]}' and "
+                   f"{value!r} after '{where}'; give it once")
+
+
+def _global_after_command(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> None:
+    if value is not None and not ctx.resilient_parsing:
+        take_global(param.opts[0], value, ctx.command_path)
+
+
+AFTER = " (a global option: it may also come before the command)"
+
+
+@functools.cache
+def _global_params() -> dict[str, Any]:
+    """The global options as parameters a command can take, made by typer itself (its parameter classes
+    differ between versions): option -> parameter."""
+    carrier = typer.Typer(add_completion=False)
+
+    @carrier.command()
+    def _carry(
+        db: str = typer.Option(None, "--db", metavar="URL", expose_value=False, callback=_global_after_command,
+                               help=DB_HELP + AFTER),
+        app_: str = typer.Option(None, "--app", metavar="MODULE:ATTR", expose_value=False,
+                                 callback=_global_after_command, help=APP_HELP + AFTER),
+        config: str = typer.Option(None, "--config", metavar="FILE", expose_value=False,
+                                   callback=_global_after_command, help=CONFIG_HELP + AFTER),
+    ) -> None:
+        """Carries the global options."""
+
+    return {param.opts[0]: as_text(param) for param in typer.main.get_command(carrier).params
+            if param.opts[0] in GLOBAL_OPTIONS}
+
+
+def take_global_options(command: Any, ctx: Any) -> None:
+    """Give ``command`` (and, for a group, each command below it) the global options it does not define itself,
+    so they may follow the command's name. A command's own ``--db`` (``demo``, ``check``) or ``--config`` keeps its
+    meaning; :func:`own_or_global` reconciles it with the global one. Its ``--help`` is a flag (:func:`as_text`)."""
+    taken = {name for param in command.params for name in getattr(param, "opts", ())}
+    command.params.extend(param for option, param in _global_params().items() if option not in taken)
+    help_option = command.get_help_option(ctx)
+    if help_option is not None:
+        as_text(help_option)
+    for sub in getattr(command, "commands", {}).values():
+        take_global_options(sub, ctx)
+
+
+def own_or_global(option: str, own: str | Path | None, where: str) -> str | None:
+    """A command's own ``option`` (``own``) or else the global one; both typed with different values is an error
+    naming both."""
+    if own is not None:
+        _refuse_conflict(option, str(own), where)
+        return str(own)
+    value = getattr(ctx_state, GLOBAL_OPTIONS[option][0])
+    return None if value is None else str(value)
+
+
+def settings_file(given: str | Path | None = None) -> Path | None:
+    """The settings file a command reads: its own ``--config`` (``given``), else the global ``--config`` (or
+    ``$STATEBOOK_CONFIG``), else ``./statebook.toml`` when it exists (named on standard error when that is a
+    terminal, once), else none
+    (the environment and the defaults only). The command's own and the global one typed differently is an
+    error."""
+    chosen = own_or_global("--config", given, _command_path())
+    if chosen is not None:
+        return Path(chosen)
+    if not Path(DEFAULT_SETTINGS).is_file():
+        return None
+    if not ctx_state.default_named and stderr_is_terminal():
+        # for the person at the terminal, on standard error (a --json listing on standard output stays JSON); off a
+        # terminal an error stays the one line of standard error scripts read (C4)
+        ctx_state.default_named = True
+        typer.echo(f"statebook: settings read from ./{DEFAULT_SETTINGS} (no --config given)", err=True)
+    return Path(DEFAULT_SETTINGS)
+
+
+def stderr_is_terminal() -> bool:
+    """Whether standard error is a terminal, where a person reads notices (tests replace this)."""
+    import sys
+
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # no stream, or a closed one
+        return False
+
+
+def _command_path() -> str:
+    """The running command's path (``statebook run``), for an error naming where an option was typed."""
+    try:  # typer >= 0.29 vendors click: ask typer's own context
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+    current = get_current_context(silent=True)
+    return current.command_path if current is not None else "statebook"
