@@ -23,7 +23,7 @@ from typer.core import TyperGroup
 
 from ..masking import mask
 from .funnel import classify
-from .options import APP_HELP, CONFIG_HELP, DB_HELP, as_text, ctx_state, settings_file, take_global_options
+from .options import APP_HELP, CONFIG_HELP, DB_HELP, ctx_state, settings_file, take_global_options
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -99,13 +99,6 @@ class LazyGroup(FunnelGroup):
     """The root group: lists commands from ``COMMANDS`` and imports a command's module only when the
     command is looked up to run (or to show its own help). Commands registered on ``app`` some other way
     (a module imported already) are found as before."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        """Parse the root's options: the global ones are text, taken as typed, and ``--help`` a flag."""
-        for param in self.get_params(ctx):
-            if param.name in ("db", "app_", "config", "help"):
-                as_text(param)
-        return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: Any) -> list[str]:
         """Every command: the table's, in its order, then any registered outside it."""

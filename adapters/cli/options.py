@@ -16,23 +16,6 @@ if TYPE_CHECKING:
     from statebook.lifecycle import Registry
 
 
-class _AsText:
-    """typer >= 0.29 converts every option's value through a pydantic TypeAdapter, importing pydantic on the first
-    one (20-60 ms of a command's start); the global options are text and need no conversion."""
-
-    @staticmethod
-    def coerce(value: Any, param: Any = None, ctx: Any = None) -> Any:
-        """The value as typed (text, or None when absent)."""
-        return value
-
-
-def as_text(param: Any) -> Any:
-    """``param`` with typer's conversion replaced by :class:`_AsText` where typer has one (a no-op before 0.29)."""
-    if hasattr(param, "_runtime_param"):
-        param._runtime_param = _AsText()
-    return param
-
-
 DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
 APP_HELP = (
     "The application's registry as module:attr (a Registry, or a callable returning one), e.g. "
@@ -113,19 +96,16 @@ def _global_params() -> dict[str, Any]:
     ) -> None:
         """Carries the global options."""
 
-    return {param.opts[0]: as_text(param) for param in typer.main.get_command(carrier).params
+    return {param.opts[0]: param for param in typer.main.get_command(carrier).params
             if param.opts[0] in GLOBAL_OPTIONS}
 
 
 def take_global_options(command: Any, ctx: Any) -> None:
     """Give ``command`` (and, for a group, each command below it) the global options it does not define itself,
     so they may follow the command's name. A command's own ``--db`` (``demo``, ``check``) or ``--config`` keeps its
-    meaning; :func:`own_or_global` reconciles it with the global one. Its ``--help`` is a flag (:func:`as_text`)."""
+    meaning; :func:`own_or_global` reconciles it with the global one."""
     taken = {name for param in command.params for name in getattr(param, "opts", ())}
     command.params.extend(param for option, param in _global_params().items() if option not in taken)
-    help_option = command.get_help_option(ctx)
-    if help_option is not None:
-        as_text(help_option)
     for sub in getattr(command, "commands", {}).values():
         take_global_options(sub, ctx)
 
