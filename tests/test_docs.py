@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
 TESTED = ("tutorial.md", "how-to/extend.md", "how-to/outbox.md",  # how-to/testing.md: tests/test_readme_kit.py
-          "how-to/fastapi.md")
+          "how-to/fastapi.md", "how-to/sync.md")
 
 
 def blocks(page: Path) -> list[tuple[str, str, str]]:
