@@ -15,7 +15,10 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -258,3 +261,15 @@ async def test_the_console_mounts_under_the_given_path_for_the_lifespan_only(tmp
                 overview = await http.get("/ops/")
                 assert overview.status_code == 200 and 'href="/ops/lifecycles"' in overview.text
         assert not [r for r in app.router.routes if getattr(r, "path", None) == "/ops"]
+
+
+def test_without_the_web_extra_the_import_is_one_line_naming_it(tmp_path: Path) -> None:
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import sys\nsys.modules['starlette'] = None\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STATEBOOK_", "PYTHON"))} | {"PYTHONPATH": str(shim)}
+    code = ("from statebook.adapters.extras import MissingExtra\ntry:\n    import statebook.adapters.asgi\n"
+            "except MissingExtra as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == ("statebook.adapters.asgi (FastAPI and Starlette): the 'web' extra is not installed "
+                                   "(no module starlette): pip install 'statebook[web]'"), done.stderr

@@ -249,3 +249,14 @@ def test_a_forked_child_runs_a_loop_of_its_own(tmp_path: Path) -> None:
         assert sync.replay(parent, "ticket", "T-child") is not None
     finally:
         sync.close(parent)
+
+
+def test_importing_it_loads_no_extra(tmp_path: Path) -> None:
+    """statebook.sync is core: no HTTP client, web framework, metrics or crypto library comes with it."""
+    from statebook.adapters.extras import EXTRAS
+
+    modules = sorted({m for names in EXTRAS.values() for m in names})
+    code = f"import sys, statebook.sync; print(','.join(m for m in {modules!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("STATEBOOK_")})
+    assert done.returncode == 0 and done.stdout.strip() == "", (done.stdout, done.stderr)
