@@ -14,8 +14,9 @@ statebook's own event loop, in a thread of its own (docs/how-to/sync.md)::
 The rules:
 
 - **One loop thread per process**, started by the first call. At exit, before Python waits for other threads, the
-  books still open are closed and the loop stopped; a forked child starts a loop of its own (open its books after
-  the fork). A book opened here belongs to that loop: use it through these functions (or :func:`run`) only.
+  books still open are closed and the loop stopped. A forked child starts a loop of its own, where the books the
+  parent had open get connections of their own. A book opened here belongs to that loop: use it through these
+  functions (or :func:`run`) only.
 - **Any number of threads** may call at once: each call waits for its own operation, and the operations run
   side by side on the loop, as many at a time as the book's connection pool allows.
 - **Errors come out in the calling thread**: the operation's own exception, with its traceback (the loop's
@@ -113,6 +114,8 @@ class _LoopThread:
 
 _lock = threading.Lock()
 _current: _LoopThread | None = None
+_inherited: list[Book] = []
+"""In a forked child: the books the parent had open, to be given fresh connections on the child's loop."""
 
 
 def _the_loop() -> _LoopThread:
@@ -120,6 +123,11 @@ def _the_loop() -> _LoopThread:
     with _lock:
         if _current is None or _current.pid != os.getpid() or not _current.thread.is_alive():
             _current = _LoopThread()
+            for book in _inherited:  # the parent's connections are the parent's: drop them unclosed, as the
+                # pool's fork recipe says, so the child's first use opens its own
+                asyncio.run_coroutine_threadsafe(book.engine.dispose(close=False), _current.loop).result()
+                _current.books[id(book.engine)] = book
+            _inherited.clear()
         return _current
 
 
@@ -132,6 +140,8 @@ def _at_exit() -> None:
 def _after_fork() -> None:
     # The parent's loop thread does not exist in the child, and its lock may have been held mid-fork.
     global _lock, _current
+    if _current is not None:
+        _inherited[:] = _current.books.values()
     _lock, _current = threading.Lock(), None
 
 

@@ -230,25 +230,24 @@ def test_the_process_exits_cleanly_with_books_left_open(backend_name: str, tmp_p
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
-def test_a_forked_child_runs_a_loop_of_its_own(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'fork.db'}"
-    parent = sync.open_book(url, registry=make_registry())
-    try:
-        file(parent, "T-parent")
-        pid = os.fork()
-        if pid == 0:  # the child: its own loop and book
-            code = 1
-            try:
-                child = sync.open_book(url, registry=make_registry())
-                file(child, "T-child")
-                code = 0 if len(loop_threads()) == 1 and sync.verify(child).ok else 1
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert sync.replay(parent, "ticket", "T-child") is not None
-    finally:
-        sync.close(parent)
+def test_a_forked_child_runs_a_loop_of_its_own(book: Book, db_url: str) -> None:
+    parent, mine, inherited, again = book, new_id(), new_id(), new_id()
+    file(parent, new_id())
+    pid = os.fork()
+    if pid == 0:  # the child: its own loop, a book of its own and the parent's with fresh connections
+        code = 1
+        try:
+            child = sync.open_book(db_url, registry=make_registry())
+            file(child, mine)
+            file(parent, inherited)
+            code = 0 if len(loop_threads()) == 1 and sync.verify(child).ok else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sync.replay(parent, "ticket", mine) is not None and sync.replay(parent, "ticket", inherited) is not None
+    file(parent, again)  # the parent's own connections are untouched by the child's
+    assert sync.verify(parent).ok
 
 
 def test_importing_it_loads_no_extra(tmp_path: Path) -> None:
