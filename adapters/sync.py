@@ -142,6 +142,10 @@ def _after_fork() -> None:
     global _lock, _current
     if _current is not None:
         _inherited[:] = _current.books.values()
+        # The parent's loop, copied here, shares the parent's epoll instance: a parent's connection collected in the
+        # child would unregister its socket there, and the parent's reads would never wake. Marked closed, the copy
+        # touches nothing of the parent's (asyncio and asyncpg both check it before they unregister).
+        _current.loop._closed = True  # type: ignore[attr-defined]
     _lock, _current = threading.Lock(), None
 
 

@@ -88,15 +88,23 @@ def load_example(monkeypatch: pytest.MonkeyPatch, db_url: str) -> ModuleType:
 
 
 @pytest.fixture
-async def clean_db(db_url: str, backend: str) -> str:
-    """The test's database, emptied first on PostgreSQL (a dispatch left pending by another test would be sent)."""
+async def clean_db(db_url: str, backend: str) -> AsyncIterator[str]:
+    """The test's database, emptied first on PostgreSQL (a dispatch left pending by another test would be sent);
+    the example's table is dropped after it, so no later test's verify finds it unregistered."""
     if backend == "postgres":
         book = await open_book(db_url)
         try:
             await reset_schema(book.engine)
         finally:
             await book.engine.dispose()
-    return db_url
+    yield db_url
+    if backend == "postgres":
+        engine = connect(db_url)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(sa.text("DROP TABLE IF EXISTS helpdesk_tickets"))
+        finally:
+            await engine.dispose()
 
 
 def client(app: Any) -> httpx.AsyncClient:
