@@ -17,12 +17,13 @@ import importlib
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from statebook.lifecycle import Book, Registry
 from statebook.lifecycle.errors import InvalidArgument
-from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, RoutingTransport
+from statebook.outbox import ArgvTransport, DeliveryWorker, Retention, RoutingTransport, Transport
 from statebook.outbox.notifications import (
     CallbackTransport, Channel, LinkHook, NotificationInvalid, NotificationWorker, ResponseTimeoutWorker,
     ensure_bucket, register_timeout_callback,
@@ -40,7 +41,7 @@ from .channels.secrets import SecretError
 from .db import open_book
 from .errors import ConfigError
 from .github import GitHubPoller
-from .leader import leadership_for
+from .leader import LeaseLeader, leadership_for
 from .pgnotify import listen
 from .registry import require_builtins, resolve_registry
 from .settings import Settings
@@ -101,14 +102,25 @@ async def seed_schedules(book: Book, settings: Settings) -> list[str]:
 
 
 class _InTask:
-    """A worker (a :class:`~statebook.outbox.core.passes.PassWorker`) in a task of its own."""
+    """A worker (a :class:`~statebook.outbox.core.passes.PassWorker`) in a task of its own. A task that ends with
+    an error (a pass's own errors are logged and retried by the worker) is logged at once and kept in ``failure``.
+    """
 
     worker: Any
     task_name = "statebook-worker"
     _task: asyncio.Task[Any] | None = None
+    failure: BaseException | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.worker.run_until_stopped(), name=self.task_name)
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.failure = task.exception()
+        log.error("%s stopped with an error; it runs no more passes in this process", self.task_name,
+                  exc_info=self.failure)
 
     async def stop(self) -> None:
         """Stop the delivery worker and wait for its loop to end."""
@@ -249,15 +261,95 @@ def status_line(engine: SchedulerEngine) -> str:
             f"skipped {st['skipped']} | deferred {st['deferred']} | next fire in {wait}")
 
 
-def _process_counters(engine: SchedulerEngine, delivery: Delivery, notifying: list[_InTask],
-                      leader: Any) -> dict[str, Any]:
-    """The in-process counters ``/metrics`` shows beside the snapshot (read from memory only)."""
-    deliveries = {"dispatch": dict(delivery.worker.totals)}
-    for part in notifying:
-        if isinstance(part, NotificationDelivery):
-            deliveries["notification"] = dict(part.worker.totals)
-    return {"scheduler": dict(engine.stats), "deliveries": deliveries,
-            "leader": getattr(leader, "epoch", None) is not None}
+class Daemon:
+    """What ``statebook run`` runs, in this process: scheduler leadership and the engine, dispatch delivery,
+    and notification delivery with response timeouts when channels are configured. :func:`run_daemon` runs one;
+    an application runs one inside its own process (:mod:`.asgi`).
+
+    ``scheduler=False`` leaves leadership and the engine out (delivery is safe in any number of processes: its
+    claims are leased); ``delivery=False`` leaves the workers out. ``transports`` (route prefix -> transport) are
+    tried before the argv transport. :meth:`prepare` builds the parts, :meth:`start` starts them, :meth:`stop`
+    stops them, :meth:`close` releases the lease and the channels' clients (after a failed prepare too).
+    """
+
+    def __init__(self, book: Book, settings: Settings, *, scheduler: bool = True, delivery: bool = True,
+                 transports: Mapping[str, Transport] | None = None, daemon_id: str | None = None) -> None:
+        self.book = book
+        self.settings = settings
+        self.daemon_id = daemon_id or new_daemon_id()
+        self.leader: LeaseLeader | None = None
+        self.engine: SchedulerEngine | None = None
+        self.delivery: Delivery | None = None
+        self.notifying: list[_InTask] = []
+        self.built = Built()
+        self._scheduler, self._delivery, self._transports = scheduler, delivery, dict(transports or {})
+
+    async def prepare(self) -> None:
+        """Take the liveness signal, create the settings' schedules, load callbacks and channels, build the
+        parts; nothing runs yet. ConfigError (one line) on what the settings or the registry lack."""
+        book, settings = self.book, self.settings
+        if self._scheduler:
+            self.leader = leadership_for(book, self.daemon_id, lease_seconds=settings.scheduler.lease_seconds)
+            await seed_schedules(book, settings)
+        if self._delivery:
+            load_callbacks(settings.notifications.callbacks)
+            self.built = build_channels(settings.notifications, clock=book.clock)
+            self.delivery = Delivery(book, settings, {**self.built.transports, **self._transports})
+            if settings.notifications.channels or self.built.channels:
+                missing = [t for t in ("notification", "channel_attempt", "rate_bucket", "notification_response")
+                           if t not in book.registry]
+                if missing:
+                    raise ConfigError(f"notification channels are configured, but the registry lacks "
+                                      f"{', '.join(missing)}; start it from builtin_registry(seal=False)")
+                notifier = NotificationDelivery(book, settings, self.built)
+                await notifier.begin()
+                self.notifying = [notifier, ResponseTimeouts(book, settings)]
+        if self._scheduler:
+            self.engine = SchedulerEngine(book, settings, leader=self.leader, daemon_id=self.daemon_id,
+                                          poller=GitHubPoller.from_settings(settings.scheduler))
+
+    async def start(self) -> None:
+        """Start the engine (recovery and missed fires first) and the workers, each in a task of its own."""
+        if self.engine is not None:
+            await self.engine.start()
+            assert self.leader is not None
+            self.leader.watch(self.engine.wake)  # a standby wakes the moment the leader's liveness ends
+        for part in self._workers():
+            part.start()
+
+    async def stop(self) -> None:
+        """Stop the engine (its runs in flight are cancelled), then the workers; the dispatch worker last, after
+        one more pass, so what the others enqueued on the way out is sent."""
+        if self.engine is not None:
+            await self.engine.stop()
+        for part in self.notifying:
+            await part.stop()
+        if self.delivery is not None:
+            await self.delivery.stop()
+
+    async def close(self) -> None:
+        """Close the channels' clients and give the scheduler lease and the liveness signal up."""
+        await self.built.aclose()
+        if self.leader is not None:
+            await self.leader.release()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error a worker's task ended with (already logged), or None."""
+        return next((part.failure for part in self._workers() if part.failure is not None), None)
+
+    def _workers(self) -> list[_InTask]:
+        return [*([self.delivery] if self.delivery is not None else []), *self.notifying]
+
+    def counters(self) -> dict[str, Any]:
+        """The in-process counters ``/metrics`` shows beside the snapshot (read from memory only)."""
+        deliveries = {"dispatch": dict(self.delivery.worker.totals)} if self.delivery is not None else {}
+        for part in self.notifying:
+            if isinstance(part, NotificationDelivery):
+                deliveries["notification"] = dict(part.worker.totals)
+        engine = dict(self.engine.stats) if self.engine is not None else {}
+        return {"scheduler": engine, "deliveries": deliveries,
+                "leader": getattr(self.leader, "epoch", None) is not None}
 
 
 async def run_daemon(settings: Settings, *, config_path: str | None = None, run_for: float | None = None,
@@ -295,30 +387,14 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     book = await open_book(settings.db, registry=registry, limits=settings.book_limits(),
                            chain_key=settings.audit.key(), app=settings.app or "",
                            idle_transaction_seconds=settings.scheduler.lease_seconds)
-    leader = None
-    built = Built()
+    daemon = Daemon(book, settings)
     metrics: Metrics | None = None
     refresher: asyncio.Task[None] | None = None
     verifier: asyncio.Task[None] | None = None
     try:
-        daemon_id = new_daemon_id()
-        leader = leadership_for(book, daemon_id, lease_seconds=settings.scheduler.lease_seconds)
-        await seed_schedules(book, settings)
-        load_callbacks(settings.notifications.callbacks)
-        built = build_channels(settings.notifications, clock=book.clock)
-        delivery = Delivery(book, settings, built.transports)
-        notifying: list[_InTask] = []
-        if settings.notifications.channels or built.channels:
-            missing = [t for t in ("notification", "channel_attempt", "rate_bucket", "notification_response")
-                       if t not in registry]
-            if missing:
-                raise ConfigError(f"notification channels are configured, but the registry lacks {', '.join(missing)}; "
-                                  "start it from builtin_registry(seal=False)")
-            notifier = NotificationDelivery(book, settings, built)
-            await notifier.begin()
-            notifying = [notifier, ResponseTimeouts(book, settings)]
-        engine = SchedulerEngine(book, settings, leader=leader, daemon_id=daemon_id,
-                                 poller=GitHubPoller.from_settings(settings.scheduler))
+        await daemon.prepare()
+        engine = daemon.engine
+        assert engine is not None
         if tty:
             engine.on_tick = lambda e: print("\r" + status_line(e).ljust(100), end="", flush=True)
         stop = asyncio.Event()
@@ -328,7 +404,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
         log.info("daemon %s started on %s (tick %gs, %d slots)", engine.daemon_id, book.engine.url.render_as_string(),
                  settings.scheduler.tick_seconds, settings.scheduler.max_concurrent)
         if metrics_port is not None:
-            metrics = Metrics(book, lambda: _process_counters(engine, delivery, notifying, leader))
+            metrics = Metrics(book, daemon.counters)
             await metrics.refresh()  # the first scrape already has figures
             metrics.serve(metrics_host, metrics_port)
             refresher = asyncio.create_task(metrics.refresh_every(metrics_every), name="statebook-metrics")
@@ -338,11 +414,7 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
             url = await web.enter_async_context(serving(book, settings, settings.web.host, web_port))
             print(f"web console on {url}/", flush=True)
         started_at = book.clock.now()
-        await engine.start()
-        leader.watch(engine.wake)  # a standby wakes the moment the leader's liveness ends, not on its next tick
-        delivery.start()
-        for part in notifying:
-            part.start()
+        await daemon.start()
         try:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), run_for)
@@ -358,15 +430,13 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
                     await asyncio.gather(task, return_exceptions=True)
             if metrics is not None:
                 await asyncio.to_thread(metrics.close)  # shutdown waits for the server's poll: not on the loop
-            await engine.stop()
-            for part in notifying:
-                await part.stop()
-            await delivery.stop()  # after the timeout pass: the callbacks it enqueued on the way out are sent
+            await daemon.stop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             if tty:
                 print()
-        counts = _process_counters(engine, delivery, notifying, leader)
+        counts = daemon.counters()
+        daemon_id = daemon.daemon_id
         this_run = await run_summary(book, daemon_id, started_at=started_at, scheduler=counts["scheduler"],
                                      deliveries=counts["deliveries"])
         log.info("run of daemon %s ended: fired %d, skipped %d, deferred %d", daemon_id, this_run["scheduler"]["fired"],
@@ -377,7 +447,5 @@ async def run_daemon(settings: Settings, *, config_path: str | None = None, run_
     finally:
         if metrics is not None:
             metrics.close()
-        await built.aclose()  # the channels' and follow-ups' clients, after the last dispatch pass
-        if leader is not None:
-            await leader.release()
+        await daemon.close()  # the channels' and follow-ups' clients, after the last dispatch pass; the lease
         await book.engine.dispose()

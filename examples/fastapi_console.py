@@ -3,28 +3,13 @@
     uvicorn examples.fastapi_console:app        # STATEBOOK_DB names the database (default ./statebook.db)
 """
 
-import contextlib
-from collections.abc import AsyncIterator
-
 from fastapi import FastAPI
 
-from statebook.adapters.db import open_book
-from statebook.adapters.settings import load_settings
-from statebook.adapters.web import create_app
+from statebook.adapters.asgi import lifespan
 
-
-@contextlib.asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings = load_settings()  # STATEBOOK_* environment variables; pass a TOML path to read a file too
-    book = await open_book(settings.db, limits=settings.book_limits(), chain_key=settings.audit.key())
-    console = create_app(book, settings)
-    app.mount("/ops", console)
-    async with console.router.lifespan_context(console):  # the console's live-update hub
-        yield
-    await book.engine.dispose()
-
-
-app = FastAPI(lifespan=lifespan)
+# At start: the book from the settings (STATEBOOK_* variables; lifespan(config="statebook.toml") reads a file
+# too), the console mounted under /ops and its live-update hub started; at shutdown all of it stopped and closed.
+app = FastAPI(lifespan=lifespan(console="/ops"))
 
 
 @app.get("/")
