@@ -39,7 +39,7 @@ LIFECYCLE_COLUMNS: tuple[str, ...] = (
 """Columns owned by the transition engine. Nothing else writes them."""
 
 
-def lifecycle_columns() -> list[sa.Column]:
+def lifecycle_columns() -> list[sa.Column[Any]]:
     """The columns :func:`managed_table` adds to a lifecycle's data columns: status, version, reason, chain head,
     times.
     """
@@ -96,7 +96,7 @@ def status_index(name: str, *columns: str | sa.ColumnElement[Any], where: Status
 
 def managed_table(
     name: str,
-    *columns: sa.Column | sa.Constraint | sa.Index,
+    *columns: sa.Column[Any] | sa.Constraint | sa.Index,
     statuses: Iterable[str] | None = None,
     meta: sa.MetaData = metadata,
 ) -> sa.Table:

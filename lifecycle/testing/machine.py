@@ -121,7 +121,8 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
     See the module docstring for how to subclass it.
     """
 
-    registry: ClassVar[Registry | None] = None
+    registry: ClassVar[Registry]
+    """Your sealed registry (required: a subclass sets it)."""
     entity_types: ClassVar[tuple[str, ...] | None] = None
     actors: ClassVar[tuple[Actor, ...] | None] = None
     max_entities: ClassVar[int] = 10
@@ -131,7 +132,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        if self.registry is None:
+        if getattr(self, "registry", None) is None:
             raise TypeError(f"{type(self).__name__}: set the class attribute `registry` to your sealed Registry")
         self.runner = asyncio.Runner()
         try:
