@@ -17,7 +17,7 @@ import asyncio
 import os
 import sqlite3
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -196,7 +196,7 @@ class SQLiteStore(SQLStore):
         return sqlite_screen.undecodable(exc)
 
     async def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
-                      ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+                      ) -> AsyncGenerator[Sequence[Sequence[Any]], None]:
         """Straight from aiosqlite: no result objects."""
         cursor = await (await conn.get_raw_connection()).driver_connection.execute(*standalone(query))
         try:

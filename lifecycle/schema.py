@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from .errors import PolicyError, SchemaMismatch
 
@@ -286,7 +287,8 @@ def column_default(column: sa.Column[Any]) -> Any:
     if column.computed is not None or column.identity is not None:
         return UNKNOWN
     if column.default is not None:
-        return column.default.arg if column.default.is_scalar else UNKNOWN
+        default = column.default
+        return default.arg if isinstance(default, ScalarElementColumnDefault) else UNKNOWN
     server = column.server_default
     if server is None:
         return None
