@@ -262,7 +262,7 @@ class SQLStore:
                      lock: Lock = None) -> list[dict[str, Any]]:
         """Run an arbitrary select in the unit of work and return its rows as dicts, locked as ``lock`` says."""
         stmt = self.cached(("select", id(query), lock), lambda: (query, lock_rows(query, lock)))[1]
-        names = [c.key for c in query.selected_columns]
+        names = [str(c.key) for c in query.selected_columns]  # every selected column of a statebook query is named
         return [dict(zip(names, r)) for r in await unit.handle.fetch(stmt, params or {})]
 
     # -- upkeep (lifecycle.store.Upkeep) and the reads' tail ---------------------------------------
