@@ -320,10 +320,11 @@ class AtomicityCases:
                            "chain_hash": first.hash}
         assert (await verify(book)).ok
 
-    async def test_applied_transition_appends_a_fact_and_projects_the_row(self, book: Book, clock: FakeClock
-                                                                         ) -> None:
+    async def test_applied_transition_appends_a_fact_and_projects_the_row(self, book: Book) -> None:
         """L6 / L7: an applied transition bumps the version, patches declared columns and records why."""
         await new_task(book, "t1")
+        clock = book.clock
+        assert isinstance(clock, FakeClock), "the cases' books run on the clock fixture"
         clock.advance(5)
         outcome = await transition(book, "task", "t1", "working", expected="open", guards={"attempt": 0},
                                    patch={"attempt": 1, "owner": "bob"}, reason=STARTED, actor=SYSTEM,
