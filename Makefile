@@ -14,18 +14,34 @@ PY_OK = sh -c 'if "$$0" -c "import sys; sys.exit(sys.version_info < (3, 11))"; t
 
 venv: $(VENV)/.stamp
 
-# Reinstall only when pyproject.toml changed since the last successful install.
+# The editable install is a tree of links (setuptools' strict mode, under build/) that mypy and pyright follow:
+# the default mode serves pyproject's package-dir mapping through an import hook they cannot see. The tree holds
+# the files present at install time, so a new module needs a reinstall: $(FILES) lists them, and a changed list
+# reinstalls like a changed pyproject.toml. (Outside make: pip install -e . --config-settings editable_mode=strict.)
+EDITABLE := --config-settings editable_mode=strict -e
+FILES := $(VENV)/.files
+
+# Reinstall only when pyproject.toml or the list of package files changed since the last successful install.
 # Says what it is doing first, and pip names each package as it installs it: the first install takes about a
 # minute, and a minute of silence looks like a hang.
-$(VENV)/.stamp: pyproject.toml
+$(VENV)/.stamp: pyproject.toml $(FILES)
 	@test -x $(VENV)/bin/python || { $(PY_OK) $(PYTHON) && \
 		echo "installing statebook into $(VENV) (first run, about a minute; later runs skip this)" && \
 		$(PYTHON) -m venv $(VENV); }
 	@$(PY_OK) $(VENV)/bin/python
-	@test ! -f $@ || echo "pyproject.toml changed: reinstalling statebook into $(VENV)"
-	@$(VENV)/bin/pip install --disable-pip-version-check -e ".[test]"
+	@test ! -f $@ || echo "pyproject.toml or the package's files changed: reinstalling statebook into $(VENV)"
+	@$(VENV)/bin/pip install --disable-pip-version-check $(EDITABLE) ".[test]"
 	@echo "statebook installed into $(VENV)"
 	@touch $@
+
+# Rewritten only when a file was added, removed or renamed, so the stamp above stays older otherwise.
+$(FILES): FORCE
+	@mkdir -p $(VENV)
+	@find lifecycle outbox scheduler adapters -name __pycache__ -prune -o -type f -print | LC_ALL=C sort > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+.PHONY: FORCE
+FORCE:
 
 run: venv
 	$(VENV)/bin/statebook run --config examples/statebook.toml --for $(RUN_SECONDS) --web-port $(WEB_PORT)
@@ -47,14 +63,14 @@ BASELINE ?=
 BENCH_ARGS ?=
 bench: venv
 	@echo "installing the bench extra into $(VENV) (pip names each package)"
-	$(VENV)/bin/pip install -e ".[test,bench]" && \
+	$(VENV)/bin/pip install $(EDITABLE) ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/run.py $(if $(BASELINE),--baseline $(BASELINE)) $(BENCH_ARGS)
 
 # W1-W3 on a throwaway cluster with fsync, synchronous_commit and full_page_writes on, and the floor's SQLite at
 # synchronous=FULL (tests/bench/run.py --durable; writes tests/bench/results-durable.json). BENCH_ARGS as above.
 bench-durable: venv
 	@echo "installing the bench extra into $(VENV) (pip names each package)"
-	$(VENV)/bin/pip install -e ".[test,bench]" && \
+	$(VENV)/bin/pip install $(EDITABLE) ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/run.py --durable --only W1,W2,W3 $(BENCH_ARGS)
 
 # The console's pages on 100,000 entities and 1,000,000 facts, SQLite and PostgreSQL (tests/bench/web.py, a few
@@ -69,7 +85,7 @@ bench-web: venv
 GROWTH_ARGS ?=
 growth: venv
 	@echo "installing the bench extra into $(VENV) (pip names each package)"
-	$(VENV)/bin/pip install -e ".[test,bench]" && \
+	$(VENV)/bin/pip install $(EDITABLE) ".[test,bench]" && \
 	$(VENV)/bin/python tests/bench/growth.py $(GROWTH_ARGS)
 
 # The console's screenshots in docs/img/ (console-overview.png, console-entity.png, console-respond.png), taken
@@ -86,5 +102,5 @@ docs: venv $(VENV)/.docs-stamp
 
 $(VENV)/.docs-stamp: pyproject.toml
 	@echo "installing the docs extra (mkdocs and its plugins) into $(VENV); pip names each package"
-	$(VENV)/bin/pip install -e ".[test,docs]"
+	$(VENV)/bin/pip install $(EDITABLE) ".[test,docs]"
 	@touch $@

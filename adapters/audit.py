@@ -140,6 +140,7 @@ def read_checkpoint(path: Path, public_key: Path | None) -> tuple[dict[str, Any]
     problems = checkpoint_problems(body)
     if problems:
         return None, problems, []
+    assert isinstance(body, dict)  # checkpoint_problems refuses anything else
     problems = signature_problems(body, document.get("signature"), public_key, "checkpoint")
     notes = [] if public_key is not None else [
         "the checkpoint's signature was not checked: give --public-key" if document.get("signature") else
@@ -291,9 +292,11 @@ def verify_bundle(directory: Path, public_key: Path | None = None) -> BundleRepo
     if public_key is None:
         report.notes.append("no --public-key: the bundle was checked for consistency only; anyone could have "
                             "rewritten all of it consistently")
-    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    listed = manifest.get("files")
+    files: dict[str, Any] = listed if isinstance(listed, dict) else {}
     for name in (FACTS_FILE, CHECKPOINT_FILE):
-        expected = files.get(name) if isinstance(files.get(name), dict) else {}
+        entry = files.get(name)
+        expected: dict[str, Any] = entry if isinstance(entry, dict) else {}
         try:
             digest, lines = _digest(directory / name)
         except OSError as exc:

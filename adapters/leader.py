@@ -140,6 +140,7 @@ class LeaseLeader:
                 if self._postgres:  # a fence of a frozen leader holds the row: try again next tick
                     await tx.conn.execute(sa.text(f"SET LOCAL lock_timeout = {TAKEOVER_LOCK_TIMEOUT_MS}"))
                 row = (await tx.conn.execute(sa.select(lease).where(lease.c.name == self.name))).first()
+                why: str | None
                 if row is None:
                     epoch, why = 1, FIRST
                     await tx.conn.execute(sa.insert(lease).values(

@@ -68,7 +68,7 @@ class TextFormatter(logging.Formatter):
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever ``sys.stderr`` is when a record comes (a test runner swaps it, then closes the old one)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         """The current ``sys.stderr``."""
         return sys.stderr

@@ -14,7 +14,7 @@ SQLAlchemy's execution context, which dominated statebook's CPU per operation (s
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -262,7 +262,7 @@ class SQLStore:
                      lock: Lock = None) -> list[dict[str, Any]]:
         """Run an arbitrary select in the unit of work and return its rows as dicts, locked as ``lock`` says."""
         stmt = self.cached(("select", id(query), lock), lambda: (query, lock_rows(query, lock)))[1]
-        names = [c.key for c in query.selected_columns]
+        names = [str(c.key) for c in query.selected_columns]  # every selected column of a statebook query is named
         return [dict(zip(names, r)) for r in await unit.handle.fetch(stmt, params or {})]
 
     # -- upkeep (lifecycle.store.Upkeep) and the reads' tail ---------------------------------------
@@ -304,7 +304,7 @@ class SQLStore:
         return False
 
     async def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
-                      ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+                      ) -> AsyncGenerator[Sequence[Sequence[Any]], None]:
         """Through a server-side cursor of SQLAlchemy's."""
         result = await conn.stream(query.execution_options(yield_per=size))
         async for part in result.partitions(size):

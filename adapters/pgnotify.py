@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from sqlalchemy.engine import make_url
 
@@ -36,7 +36,7 @@ def asyncpg_dsn(target: Book | str) -> str:
 
 async def listen(
     target: Book | str, channel: str = NOTIFY_CHANNEL, *, reconnect_seconds: float = RECONNECT_SECONDS
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Yield each notification's payload on ``channel`` (and :data:`CONNECTED` after connecting).
 
     Reconnects after ``reconnect_seconds`` when the connection drops. Close the generator (or

@@ -50,7 +50,8 @@ class PostgresStore(SQLStore):
 
     # -- driver --------------------------------------------------------------------------------------
     async def driver_fetch(self, raw: Any, sql: str, args: list[Any]) -> list[Any]:
-        return await raw.fetch(sql, *args)
+        rows: list[Any] = await raw.fetch(sql, *args)
+        return rows
 
     async def driver_execute(self, raw: Any, sql: str, args: list[Any]) -> int:
         status = await raw.execute(sql, *args)  # e.g. "INSERT 0 1", "UPDATE 3", "SET"
@@ -283,7 +284,9 @@ class PostgresStore(SQLStore):
 @compiles(IdsIn, "postgresql")
 def _ids_in(element: IdsIn, compiler: Any, **kw: Any) -> str:
     """``queries.ids_in`` as ``= ANY(:ids)`` of one text array: one statement for every list length."""
-    return compiler.process(element.column == sa.any_(sa.bindparam(element.name, type_=postgresql.ARRAY(sa.Text))), **kw)
+    text: str = compiler.process(
+        element.column == sa.any_(sa.bindparam(element.name, type_=postgresql.ARRAY(sa.Text))), **kw)
+    return text
 
 
 class _json_text(FunctionElement[Any]):
@@ -306,6 +309,7 @@ for _ddl in (
     "ALTER TABLE status_transitions ALTER COLUMN tx_id SET DEFAULT (pg_current_xact_id()::text::bigint)",
     "CREATE INDEX ix_fact_tail ON status_transitions (tx_id, seq)",
 ):
-    sa.event.listen(facts_table, "after_create", sa.DDL(_ddl).execute_if(dialect="postgresql"))
+    # SQLAlchemy's DDL __init__ is unannotated.
+    sa.event.listen(facts_table, "after_create", sa.DDL(_ddl).execute_if(dialect="postgresql"))  # type: ignore[no-untyped-call]
 
 register_backend("postgresql", PostgresStore)

@@ -44,7 +44,7 @@ def fact_columns(writes: Sequence[RowWrite]) -> dict[str, list[Any]]:
 
 
 def _pg_type(column: sa.Column[Any]) -> str:
-    return column.type.compile(dialect=postgresql.dialect())
+    return column.type.compile(dialect=postgresql.dialect())  # type: ignore[no-untyped-call]  # SQLAlchemy's dialect __init__ is unannotated
 
 
 class _JSONArray(sa.types.TypeDecorator[list[Any]]):
@@ -131,7 +131,8 @@ def _source(prefix: str, alias: str, columns: list[sa.Column[Any]], *, json_as_t
 
 
 def _q(name: str) -> str:
-    return postgresql.dialect().identifier_preparer.quote(name)
+    quoted: str = postgresql.dialect().identifier_preparer.quote(name)  # type: ignore[no-untyped-call]  # as above
+    return quoted
 
 
 def _tail_key(refs: Mapping[str, str]) -> str:

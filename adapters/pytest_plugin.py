@@ -188,4 +188,5 @@ async def empty_tables(book: Book) -> None:
 @pytest.fixture(params=["sqlite", "postgres"])
 def statebook_book(request: pytest.FixtureRequest) -> Book:
     """``statebook_sqlite_book``, then ``statebook_pg_book`` (skipped without a PostgreSQL URL)."""
-    return request.getfixturevalue("statebook_sqlite_book" if request.param == "sqlite" else "statebook_pg_book")
+    book: Book = request.getfixturevalue("statebook_sqlite_book" if request.param == "sqlite" else "statebook_pg_book")
+    return book

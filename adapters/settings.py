@@ -71,20 +71,20 @@ class DispatchSettings(_Section):
     """``[dispatch]``: how the daemon delivers dispatches (the argv transport, batch size, retries)."""
     notify_template: list[str] | None = None
     """argv template; must contain an exact ``{deliver_to}`` element. None: deliveries fail visibly."""
-    batch_size: int = Field(100, ge=1, le=10_000)
-    concurrency: int = Field(8, ge=1, le=1_000)
-    transport_timeout_seconds: float = Field(10.0, gt=0, le=CENTURY_SECONDS)
+    batch_size: int = Field(default=100, ge=1, le=10_000)
+    concurrency: int = Field(default=8, ge=1, le=1_000)
+    transport_timeout_seconds: float = Field(default=10.0, gt=0, le=CENTURY_SECONDS)
     """a send running longer is killed; claims lease each row for this plus 5 s (specs/outbox.md O21)"""
-    max_payload_bytes: int | None = Field(None, ge=1, le=2**30)
+    max_payload_bytes: int | None = Field(default=None, ge=1, le=2**30)
     """the largest payload enqueue accepts; None: sized to what the template's transport can carry"""
 
 
 class RetentionSettings(_Section):
     """``[retention]``: after how many days settled dispatches are purged (a tombstone fact each)."""
     enabled: bool = True
-    delivered_days: float = Field(7, gt=0, le=CENTURY_DAYS)
+    delivered_days: float = Field(default=7, gt=0, le=CENTURY_DAYS)
     """delivered and acked dispatches are purged after this many days"""
-    failed_days: float = Field(30, gt=0, le=CENTURY_DAYS)
+    failed_days: float = Field(default=30, gt=0, le=CENTURY_DAYS)
     """dead_letter and expired dispatches are purged after this many days"""
 
 
@@ -102,16 +102,16 @@ class LauncherSettings(_Section):
 class SchedulerSettings(_Section):
     """``[scheduler]``: the tick, the leadership lease, the slots, and the schedules to create at start."""
     timezone: str = "UTC"
-    tick_seconds: float = Field(30, gt=0, le=CENTURY_SECONDS)
-    lease_seconds: float = Field(90, gt=0, le=CENTURY_SECONDS)
+    tick_seconds: float = Field(default=30, gt=0, le=CENTURY_SECONDS)
+    lease_seconds: float = Field(default=90, gt=0, le=CENTURY_SECONDS)
     """scheduler leadership: a standby takes over once the leader's heartbeat (renewed every tick) is
     this old; runs of a daemon whose heartbeat is this old are reaped (specs/scheduler.md S14-S17)"""
-    max_concurrent: int = Field(4, ge=1, le=1_000)
-    invocation_deadline_seconds: float = Field(7200, gt=0, le=CENTURY_SECONDS)
-    reaper_interval_seconds: float = Field(300, gt=0, le=CENTURY_SECONDS)
-    checkpoint_interval_seconds: float = Field(3600, gt=0, le=CENTURY_SECONDS)
-    max_chain_depth: int = Field(10, ge=0, le=1_000)
-    deferred_record_every: int = Field(10, ge=1, le=1_000_000)
+    max_concurrent: int = Field(default=4, ge=1, le=1_000)
+    invocation_deadline_seconds: float = Field(default=7200, gt=0, le=CENTURY_SECONDS)
+    reaper_interval_seconds: float = Field(default=300, gt=0, le=CENTURY_SECONDS)
+    checkpoint_interval_seconds: float = Field(default=3600, gt=0, le=CENTURY_SECONDS)
+    max_chain_depth: int = Field(default=10, ge=0, le=1_000)
+    deferred_record_every: int = Field(default=10, ge=1, le=1_000_000)
     github_api_url: str = "https://api.github.com"
     github_token: SecretRef | None = None
     """the token GitHub polls send, ``{ env = "VAR" }`` or ``{ file = "path" }``"""
@@ -139,12 +139,12 @@ class RateLimit(_Section):
 class NotificationSettings(_Section):
     """How notifications are delivered (specs/notifications.md N3, N40-N45)."""
 
-    lease_seconds: float = Field(60.0, gt=0, le=CENTURY_SECONDS)
+    lease_seconds: float = Field(default=60.0, gt=0, le=CENTURY_SECONDS)
     """how long a claim owns its notification"""
-    deadline_seconds: float = Field(10.0, gt=0, le=CENTURY_SECONDS)
+    deadline_seconds: float = Field(default=10.0, gt=0, le=CENTURY_SECONDS)
     """how long one channel call may take, provider-local retries included; shorter than the lease"""
-    batch_size: int = Field(100, ge=1, le=10_000)
-    concurrency: int = Field(8, ge=1, le=1_000)
+    batch_size: int = Field(default=100, ge=1, le=10_000)
+    concurrency: int = Field(default=8, ge=1, le=1_000)
     channels: dict[str, str] = {}
     """channel name (slack, email, pagerduty, websocket) -> ``module:attr`` naming its adapter (a Channel, or
     a callable returning one); ``statebook run`` delivers notifications only when at least one is named"""
@@ -251,8 +251,8 @@ class NotificationSettings(_Section):
 class LimitsSettings(_Section):
     """Bounds on the JSON a command may store; the book enforces them (lifecycle/inputs.py)."""
 
-    json_depth: int = Field(Limits.json_depth, ge=1, le=1000)
-    json_bytes: int = Field(Limits.json_bytes, ge=2, le=2**30)
+    json_depth: int = Field(default=Limits.json_depth, ge=1, le=1000)
+    json_bytes: int = Field(default=Limits.json_bytes, ge=2, le=2**30)
 
     def to_limits(self) -> Limits:
         """The :class:`~statebook.lifecycle.inputs.Limits` these settings give."""
@@ -312,20 +312,20 @@ class WebSettings(_Section):
     """The web console and the responders' pages (``statebook web``, docs/console.md)."""
 
     host: str = "127.0.0.1"
-    port: int = Field(8780, ge=0, le=65535)
+    port: int = Field(default=8780, ge=0, le=65535)
     public_url: str | None = None
     """the console's address as responders reach it (https://...); links in notifications start with it"""
     link_key: SecretRef | None = None
     """HMAC key that signs responders' links; required with public_url"""
-    link_ttl_seconds: float = Field(7 * 86400.0, gt=0, le=CENTURY_SECONDS)
+    link_ttl_seconds: float = Field(default=7 * 86400.0, gt=0, le=CENTURY_SECONDS)
     session_key: SecretRef | None = None
     """signs session cookies; when unset, a random key per process (sign-ins end at a restart)"""
-    session_seconds: float = Field(8 * 3600.0, gt=0, le=CENTURY_SECONDS)
+    session_seconds: float = Field(default=8 * 3600.0, gt=0, le=CENTURY_SECONDS)
     users: dict[str, WebUser] = {}
     proxy: ProxySettings | None = None
     slack_signing_secret: SecretRef | None = None
     pagerduty_signing_secret: SecretRef | None = None
-    replay_window_seconds: float = Field(300.0, gt=0, le=86400.0)
+    replay_window_seconds: float = Field(default=300.0, gt=0, le=86400.0)
 
     @field_validator("public_url")
     @classmethod
@@ -368,7 +368,8 @@ class Settings(BaseSettings):
     tracing: TracingSettings = TracingSettings()
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any, *_: Any, **__: Any):  # type: ignore[override]
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   *_: Any, **__: Any) -> tuple[PydanticBaseSettingsSource, ...]:
         # ``Settings(...)`` is exactly its arguments; load_settings() names the file and the environment.
         return (init_settings,)
 
@@ -513,6 +514,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
             if part not in known:
                 hint = _nearest(part, known) if known else f"{where} has no settings below it"
                 raise ConfigError(f"unknown setting '{where}.{part}' ({name}); {hint}")
+            assert model is not None  # without one nothing is known, and the check above refused the part
             model, where = _model_of(model.model_fields[part].annotation), f"{where}.{part}"
 
 

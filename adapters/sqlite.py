@@ -17,7 +17,7 @@ import asyncio
 import os
 import sqlite3
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -57,7 +57,8 @@ class SQLiteStore(SQLStore):
 
     async def driver_execute(self, raw: Any, sql: str, args: list[Any]) -> int:
         cursor = await raw.execute(sql, args)
-        return cursor.rowcount
+        count: int = cursor.rowcount
+        return count
 
     def closed(self, raw: Any) -> bool:
         try:
@@ -175,7 +176,7 @@ class SQLiteStore(SQLStore):
         """Checkpoint and truncate the WAL (outside any transaction)."""
         fairy = await self.engine.raw_connection()
         try:
-            await fairy.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            await _driver(fairy).execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             await self.release(fairy)
 
@@ -184,7 +185,7 @@ class SQLiteStore(SQLStore):
     @asynccontextmanager
     async def lenient(self, conn: AsyncConnection) -> AsyncIterator[None]:
         """The connection's own text factory is restored after (only damage stores such text, L12b)."""
-        raw = (await conn.get_raw_connection()).driver_connection
+        raw = _driver(await conn.get_raw_connection())
         saved = raw.text_factory
         raw.text_factory = sqlite_screen.lenient_text
         try:
@@ -196,9 +197,9 @@ class SQLiteStore(SQLStore):
         return sqlite_screen.undecodable(exc)
 
     async def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
-                      ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+                      ) -> AsyncGenerator[Sequence[Sequence[Any]], None]:
         """Straight from aiosqlite: no result objects."""
-        cursor = await (await conn.get_raw_connection()).driver_connection.execute(*standalone(query))
+        cursor = await _driver(await conn.get_raw_connection()).execute(*standalone(query))
         try:
             while batch := await cursor.fetchmany(size):
                 yield batch
@@ -216,7 +217,7 @@ class SQLiteFile:
     """verify's view of a database file: ranges screened by :func:`.sqlite_screen.screen_file` on a
     read-only connection of their own, in a thread here or in a worker process (``FileScreen``)."""
 
-    worker = (sqlite_screen.WORKER, (os.path.dirname(os.path.abspath(sqlite_screen.__file__)),))
+    worker: tuple[str, tuple[str, ...]] = (sqlite_screen.WORKER, (os.path.dirname(os.path.abspath(sqlite_screen.__file__)),))
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -301,8 +302,10 @@ class _IdList(sa.types.TypeDecorator[Any]):
 def _ids_in(element: IdsIn, compiler: Any, **kw: Any) -> str:
     """``queries.ids_in`` as ``IN (SELECT value FROM json_each(:ids))``: SQLite has no array parameter, and an
     expanded ``IN (?, ?, ...)`` would compile one statement per list length."""
-    listed = sa.select(sa.column("value")).select_from(sa.func.json_each(sa.bindparam(element.name, type_=_IdList())))
-    return compiler.process(element.column.in_(listed), **kw)
+    listed: sa.Select[Any] = sa.select(sa.column("value")).select_from(
+        sa.func.json_each(sa.bindparam(element.name, type_=_IdList())))
+    text: str = compiler.process(element.column.in_(listed), **kw)
+    return text
 
 
 def _insert(table: sa.Table, columns: tuple[str, ...], if_absent: bool) -> Any:
@@ -332,6 +335,13 @@ def _update_params(w: RowWrite) -> dict[str, Any]:
     params.update({f"b_{k}": v for k, v in w.expect.items()})
     params["b_id"] = w.entity_id
     return params
+
+
+def _driver(fairy: Any) -> Any:
+    """aiosqlite's connection under a pooled one (SQLAlchemy types it Optional: None once it is closed)."""
+    driver = fairy.driver_connection
+    assert driver is not None, "the connection was closed"
+    return driver
 
 
 register_backend("sqlite", SQLiteStore)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-if __package__:
+if __package__ or TYPE_CHECKING:
     from statebook.lifecycle.screen import BATCH, Merge, Screen, Suspect
 else:  # imported by a worker process (lifecycle/screen.py run as a script), from this directory
     from screen import BATCH, Merge, Screen, Suspect

@@ -190,8 +190,8 @@ def _status_parts(lc: Lifecycle) -> list[tuple[str, ...]] | None:
     return [lc.active, terminal]
 
 
-def _entities_query(book: Book) -> sa.CompoundSelect | sa.Select[Any]:
-    parts = []
+def _entities_query(book: Book) -> sa.CompoundSelect[str, str, int] | sa.Select[str, str, int]:
+    parts: list[sa.Select[str, str, int]] = []
     for lc in book.registry:
         t = lc.table
         query = sa.select(sa.literal(lc.entity_type, sa.Text).label("lifecycle"), t.c.status,
@@ -204,7 +204,7 @@ def _entities_query(book: Book) -> sa.CompoundSelect | sa.Select[Any]:
     return parts[0] if len(parts) == 1 else sa.union_all(*parts)
 
 
-def _due_query(book: Book) -> sa.CompoundSelect | sa.Select[Any]:
+def _due_query(book: Book) -> sa.CompoundSelect[str, int, Any] | sa.Select[str, int, Any]:
     now = sa.bindparam("b_now", type_=sa.Float)
     d = dispatch_outbox
     parts = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -98,24 +98,24 @@ class Book:
         return replace(self, clock=clock)
 
     @asynccontextmanager
-    async def begin(self) -> AsyncIterator[Book]:
+    async def begin(self) -> AsyncIterator[BoundBook]:
         """A book bound to one transaction; joins the current one when already bound.
 
         ``on_commit`` runs once the transaction has committed, for each entity type it wrote.
         """
         if self.conn is not None:
             if self.conn.in_transaction():
-                yield self
+                yield self.bound(self.conn)
                 return
             async with self.conn.begin():
-                yield self
+                yield self.bound(self.conn)
             return
         touched: set[str] = set()
         try:
             async with self.store.begin() as conn:
                 conn.info[TOUCHED] = touched
                 try:
-                    yield replace(self, conn=conn)
+                    yield self.bound(conn)
                 finally:
                     if not conn.invalidated:  # a statement cancelled mid-flight invalidates the connection,
                         conn.info.pop(TOUCHED, None)  # and touching its info would reconnect (outside any greenlet)
@@ -125,6 +125,12 @@ class Book:
                                      "retry", orig=exc) from exc
         for entity_type in touched:
             self.committed(entity_type)
+
+    def bound(self, conn: AsyncConnection) -> BoundBook:
+        """This book bound to ``conn`` (an open transaction's connection); ``begin()`` is the usual way."""
+        if isinstance(self, BoundBook) and self.conn is conn:
+            return self
+        return BoundBook(**{name: getattr(self, name) for name in _UNBOUND}, conn=conn)
 
     def committed(self, entity_type: str) -> None:
         """Run the ``on_commit`` callbacks for a committed write of ``entity_type``."""
@@ -143,3 +149,14 @@ class Book:
         async with self.engine.connect() as conn:
             await conn.execution_options(**{READ_ONLY_OPTION: True})
             yield conn
+
+
+@dataclass(frozen=True)
+class BoundBook(Book):
+    """A book bound to one open transaction, as ``async with book.begin() as tx`` gives it: ``tx.conn`` is
+    that transaction's SQLAlchemy connection (never None), for the application's own rows."""
+
+    conn: AsyncConnection = field(kw_only=True)
+
+
+_UNBOUND = tuple(f.name for f in fields(Book) if f.init and f.name != "conn")

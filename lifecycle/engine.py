@@ -259,6 +259,7 @@ async def _apply_commands(book: Book, commands: Sequence[Command], *, lock: Lite
     async with store.unit(book.conn, one_statement=whole) as unit:
         current: dict[str, Head | Mapping[str, Any]] = dict(seen)
         guard_cols = sorted({g for c in commands for g in c.guards})
+        row: Head | Mapping[str, Any] | None
         for chunk in _chunks(unseen):
             for row in await store.rows(unit, lc.table, ("id", *HEAD, *guard_cols), chunk, lock=lock):
                 current[row["id"]] = row
@@ -275,6 +276,7 @@ async def _apply_commands(book: Book, commands: Sequence[Command], *, lock: Lite
             if not matches(c, row):
                 outcomes[c.entity_id] = conflict(entity_type, c.entity_id, row)
                 continue
+            # matches() is False for a missing row, so row is not None here.
             writes.append((c, plan_transition(lc, c, row, at, book.chain_secret)))  # type: ignore[arg-type]
         trusted = set(unseen)
         for group in _groups(writes, lambda cw: _update_shape(cw[1])):
@@ -421,6 +423,7 @@ async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, rea
     outcomes: dict[str, Outcome] = {}
     async with store.unit(book.conn) as unit:
         current: dict[str, Mapping[str, Any]] = {}
+        row: Mapping[str, Any] | None
         for chunk in _chunks(list(entity_ids)):
             for row in await store.rows(unit, lc.table, ("id", *HEAD), chunk, lock="wait"):
                 current[row["id"]] = row

@@ -201,7 +201,7 @@ def insert_values(content: dict[str, Any], prev_hash: str) -> dict[str, Any]:
     return {**content, "prev_hash": prev_hash, "hash": fact_hash(content, prev_hash)}
 
 
-_EMPTY = {list: "[]", dict: "{}"}
+_EMPTY: dict[type, str] = {list: "[]", dict: "{}"}
 """The canonical text of an empty list and dict (most facts' evidence and metadata), without encoding."""
 
 

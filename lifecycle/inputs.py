@@ -119,7 +119,8 @@ def duration(argument: str, value: Any, *, low: float = 0.0, high: float = 100 *
     number(argument, value, low=low, high=high)
     if positive and value <= 0:
         raise _refuse(argument, "range", f"{shown(value)} must be more than 0 seconds")
-    return value
+    seconds: float = value
+    return seconds
 
 
 def flag(argument: str, value: Any, *, optional: bool = False) -> bool | None:
@@ -246,7 +247,7 @@ DEFAULT_LIMITS = Limits()
 
 
 # -- columns ----------------------------------------------------------------------------------------
-_rules: dict[sa.Table, dict[str, tuple[str, Any, Any]]] = {}
+_rules: dict[sa.Table, dict[str, tuple[str, Any, Any] | None]] = {}
 
 
 def check_columns(table: sa.Table, values: Mapping[str, Any], limits: Limits, *, what: str = "") -> None:

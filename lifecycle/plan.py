@@ -196,7 +196,10 @@ def matches(cmd: Command, row: Head | Mapping[str, Any] | None) -> bool:
     if row is None:
         return False
     # A Head is read through its attributes and its dict (its ``[]`` is a Python call, for every row of a pass).
-    status, values = (row.status, row.guarded) if type(row) is Head else (row["status"], row)
+    if isinstance(row, Head):
+        status, values = row.status, row.guarded
+    else:
+        status, values = row["status"], row
     if status not in cmd.expected:
         return False
     for g, v in cmd.guards.items():  # a loop, not all() over a generator
@@ -212,7 +215,7 @@ def applied(cmd: Command, write: RowWrite) -> Outcome:
                    chain_hash=fact["hash"])
 
 
-def conflict(entity_type: str, entity_id: str, row: Mapping[str, Any] | None = None) -> Outcome:
+def conflict(entity_type: str, entity_id: str, row: Head | Mapping[str, Any] | None = None) -> Outcome:
     """A ``conflict`` outcome for the entity, with the status and version it has now when ``row`` is given."""
     return Outcome("conflict", entity_type, entity_id, None if row is None else row["status"],
                    None if row is None else row["version"])

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Literal
 
 import sqlalchemy as sa
 
@@ -33,7 +33,7 @@ def _fs(values: Iterable[str] | str | None) -> frozenset[str]:
     return frozenset(values)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Edge:
     """One allowed move. Empty ``actors`` means any actor type may take it."""
 
@@ -42,6 +42,16 @@ class Edge:
     actors: frozenset[str] = frozenset()
     requires_patch: frozenset[str] = frozenset()
     requires_guard: frozenset[str] = frozenset()
+
+    # Written out so a checker accepts the sets and lists a user writes; they are stored frozen.
+    def __init__(self, source: str, target: str, actors: Iterable[str] = (), requires_patch: Iterable[str] = (),
+                 requires_guard: Iterable[str] = ()) -> None:
+        set_ = object.__setattr__
+        set_(self, "source", source)
+        set_(self, "target", target)
+        set_(self, "actors", _fs(actors))
+        set_(self, "requires_patch", _fs(requires_patch))
+        set_(self, "requires_guard", _fs(requires_guard))
 
     @property
     def gated(self) -> bool:
@@ -74,7 +84,7 @@ def edges(
     return [Edge(source, t, _fs(actors), _fs(patch), _fs(guard)) for t in targets]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Lifecycle:
     """A declared lifecycle for one entity type stored in one managed table."""
 
@@ -88,35 +98,60 @@ class Lifecycle:
     reason_prefixes: frozenset[str] = frozenset()
     reasons: frozenset[str] = frozenset()
     same_status: SameStatus = "edge"
-    purgeable: frozenset[str] | None = None
+    purgeable: frozenset[str] = frozenset()
+    """The statuses ``purge`` may remove; the terminal ones unless declared."""
     description: str = ""
     notify_channel: str | None = field(default=None, compare=False)
     """PostgreSQL only: a channel the engine NOTIFYs (payload: the entity id) in the statement that
     creates an entity, so listeners wake when it commits. Operational, not part of the fingerprint."""
-    accepts: Iterable[Lifecycle] | None = field(default=None, compare=False, repr=False)
+    accepts: tuple[Lifecycle, ...] | None = field(default=None, compare=False, repr=False)
     """Earlier declarations of this lifecycle whose facts ``verify`` still accepts (specs/lifecycle.md
     L12c), with the declarations they accepted in turn. ``None``: the history is not declared, and a fact
     written under another fingerprint is judged by the current policy. A tuple (even empty): every fact
     must be written under the current policy or an accepted one, and take a move that policy allowed."""
-    _index: Mapping[tuple[str, str], Edge] = field(default=None, init=False, repr=False, compare=False)  # type: ignore[assignment]
+    _index: Mapping[tuple[str, str], Edge] = field(init=False, repr=False, compare=False)
     _fingerprint: str = field(default="", init=False, repr=False, compare=False)
+    _allowed: set[tuple[object, ...]] = field(default_factory=set, init=False, repr=False, compare=False)
+    """Command shapes check_command accepted (it is a pure function of them)."""
 
-    def __post_init__(self) -> None:
+    # Written out so a checker accepts the sets and lists a user writes (``initial={"open"}``); every
+    # collection is stored as a tuple or a frozenset, so a declaration stays immutable and hashable.
+    def __init__(
+        self,
+        entity_type: str,
+        table: sa.Table,
+        statuses: Iterable[str],
+        initial: Iterable[str],
+        terminal: Iterable[str],
+        edges: Iterable[Edge],
+        patch_fields: Iterable[str] = (),
+        reason_prefixes: Iterable[str] = (),
+        reasons: Iterable[str] = (),
+        same_status: SameStatus = "edge",
+        purgeable: Iterable[str] | None = None,
+        description: str = "",
+        notify_channel: str | None = None,
+        accepts: Iterable[Lifecycle] | None = None,
+    ) -> None:
         set_ = object.__setattr__
-        set_(self, "statuses", tuple(self.statuses))
-        for name in ("initial", "terminal", "patch_fields", "reason_prefixes", "reasons"):
-            set_(self, name, _fs(getattr(self, name)))
-        set_(self, "edges", tuple(self.edges))
-        if self.purgeable is None:
-            set_(self, "purgeable", self.terminal)
-        else:
-            set_(self, "purgeable", _fs(self.purgeable))
+        set_(self, "entity_type", entity_type)
+        set_(self, "table", table)
+        set_(self, "statuses", tuple(statuses))
+        set_(self, "initial", _fs(initial))
+        set_(self, "terminal", _fs(terminal))
+        set_(self, "edges", tuple(edges))
+        set_(self, "patch_fields", _fs(patch_fields))
+        set_(self, "reason_prefixes", _fs(reason_prefixes))
+        set_(self, "reasons", _fs(reasons))
+        set_(self, "same_status", same_status)
+        set_(self, "purgeable", self.terminal if purgeable is None else _fs(purgeable))
+        set_(self, "description", description)
+        set_(self, "notify_channel", notify_channel)
+        set_(self, "accepts", None if accepts is None else _earlier(entity_type, accepts))
         set_(self, "_index", MappingProxyType({(e.source, e.target): e for e in self.edges}))
-        if self.accepts is not None:
-            set_(self, "accepts", _earlier(self.entity_type, self.accepts))
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         set_(self, "_fingerprint", hashlib.sha256(text.encode()).hexdigest()[:16])
-        set_(self, "_allowed", set())  # command shapes check_command accepted (it is a pure function of them)
+        set_(self, "_allowed", set())
 
     # -- reading ------------------------------------------------------------------------------
     @property
@@ -165,7 +200,7 @@ class Lifecycle:
             "reason_prefixes": sorted(self.reason_prefixes),
             "reasons": sorted(self.reasons),
             "same_status": self.same_status,
-            "purgeable": sorted(self.purgeable or ()),
+            "purgeable": sorted(self.purgeable),
         }
 
     @property
@@ -194,12 +229,18 @@ class Lifecycle:
         of each declaration it accepts, so an application's extension of an earlier built-in policy
         still verifies after the built-in one grew. A copy under another entity type has no history.
         """
-        adds = dict(statuses=statuses, initial=initial, terminal=terminal, edges=edges, patch_fields=patch_fields,
-                    reasons=reasons, reason_prefixes=reason_prefixes, table=table, description=description)
-        derived = self._extended(entity_type=entity_type, **adds)
+        statuses, initial, terminal, edges = tuple(statuses), tuple(initial), tuple(terminal), tuple(edges)
+        patch_fields, reasons, reason_prefixes = tuple(patch_fields), tuple(reasons), tuple(reason_prefixes)
+
+        def grown(lc: Lifecycle, entity_type: str | None = None) -> Lifecycle:
+            return lc._extended(statuses=statuses, initial=initial, terminal=terminal, edges=edges,
+                                patch_fields=patch_fields, reasons=reasons, reason_prefixes=reason_prefixes,
+                                table=table, entity_type=entity_type, description=description)
+
+        derived = grown(self, entity_type)
         if self.accepts is None or derived.entity_type != self.entity_type:
             return derived
-        earlier = tuple(lc._extended(**adds) for lc in self.accepted)
+        earlier = tuple(grown(lc) for lc in self.accepted)
         return replace(derived, accepts=(self, *self.accepted, *earlier))
 
     def _extended(self, *, statuses: Iterable[str] = (), initial: Iterable[str] = (), terminal: Iterable[str] = (),
@@ -218,7 +259,7 @@ class Lifecycle:
             patch_fields=self.patch_fields | _fs(patch_fields),
             reasons=self.reasons | _fs(reasons),
             reason_prefixes=self.reason_prefixes | _fs(reason_prefixes),
-            purgeable=(self.purgeable or frozenset()) | _fs(terminal),
+            purgeable=self.purgeable | _fs(terminal),
             description=self.description if description is None else description,
             accepts=None,
         )
@@ -246,7 +287,7 @@ class Lifecycle:
         """Refuse, with the rule's name, a command this policy forbids from any expected status."""
         sources, patch, guard = tuple(sources), tuple(patch), tuple(guard)
         shape = (sources, target, actor_type, patch, guard, reason_code)
-        allowed: set[Any] = self._allowed  # type: ignore[attr-defined]
+        allowed = self._allowed
         if shape in allowed:
             return
         self._check_command(sources, target, actor_type=actor_type, patch=patch, guard=guard, reason_code=reason_code)

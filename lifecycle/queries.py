@@ -42,7 +42,8 @@ class IdsIn(sa.ColumnElement[bool]):
 def _expanded(element: IdsIn, compiler: Any, **kw: Any) -> str:
     """Where no backend registered a form (``str(query)``, another dialect): SQLAlchemy's expanding IN, right
     everywhere but one statement per list length, which the backends' compiled shapes cannot hold."""
-    return compiler.process(element.column.in_(sa.bindparam(element.name, expanding=True)), **kw)
+    text: str = compiler.process(element.column.in_(sa.bindparam(element.name, expanding=True)), **kw)
+    return text
 
 
 def ids_in(column: sa.ColumnElement[Any], name: str) -> sa.ColumnElement[bool]:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from .errors import PolicyError, SchemaMismatch
 
@@ -39,7 +40,7 @@ LIFECYCLE_COLUMNS: tuple[str, ...] = (
 """Columns owned by the transition engine. Nothing else writes them."""
 
 
-def lifecycle_columns() -> list[sa.Column]:
+def lifecycle_columns() -> list[sa.Column[Any]]:
     """The columns :func:`managed_table` adds to a lifecycle's data columns: status, version, reason, chain head,
     times.
     """
@@ -96,7 +97,7 @@ def status_index(name: str, *columns: str | sa.ColumnElement[Any], where: Status
 
 def managed_table(
     name: str,
-    *columns: sa.Column | sa.Constraint | sa.Index,
+    *columns: sa.Column[Any] | sa.Constraint | sa.Index,
     statuses: Iterable[str] | None = None,
     meta: sa.MetaData = metadata,
 ) -> sa.Table:
@@ -286,7 +287,8 @@ def column_default(column: sa.Column[Any]) -> Any:
     if column.computed is not None or column.identity is not None:
         return UNKNOWN
     if column.default is not None:
-        return column.default.arg if column.default.is_scalar else UNKNOWN
+        default = column.default
+        return default.arg if isinstance(default, ScalarElementColumnDefault) else UNKNOWN
     server = column.server_default
     if server is None:
         return None

@@ -24,9 +24,9 @@ import pickle
 import sys
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-if __package__:
+if __package__ or TYPE_CHECKING:
     from .codec import dumps_tree
 else:  # run as a worker script: the package (and SQLAlchemy) is never imported
     from codec import dumps_tree
@@ -45,7 +45,8 @@ Suspect = tuple[str, list[Sequence[Any]], Sequence[Any] | None]
 
 _sha256 = hashlib.sha256
 _hmac = hmac.digest
-_scan = json.JSONDecoder().scan_once
+# scan_once is set by JSONDecoder.__init__ (the C scanner); typeshed does not declare it.
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class Screen:
@@ -330,7 +331,8 @@ def serve(requests: BinaryIO, replies: BinaryIO, run: Callable[..., Any]) -> Non
 def imported(target: str) -> Callable[..., Any]:
     """The function ``"module:name"`` names, imported with importlib."""
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    found: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return found
 
 
 class WorkerError(Exception):
@@ -360,6 +362,7 @@ class Worker:
             cls(process).kill()
             await process.wait()
             raise
+        assert process.stdin is not None  # stdin=PIPE
         process.stdin.close()
         try:
             await asyncio.wait_for(process.wait(), 5)

@@ -48,7 +48,7 @@ statement in autocommit). A backend serialises its own writers where its databas
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -156,7 +156,7 @@ class Reads(Protocol):
         """Whether ``exc`` is a read that failed on text that is not UTF-8 (read again under :meth:`lenient`)."""
 
     def batches(self, conn: AsyncConnection, query: sa.Select[Any], size: int
-                ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+                ) -> AsyncGenerator[Sequence[Sequence[Any]], None]:
         """The rows of ``query`` as tuples, about ``size`` at a time, streamed inside ``conn``'s transaction."""
 
     def in_id_order(self, column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:

@@ -72,7 +72,7 @@ async def sweep(
     async with _snapshot(book) as conn:
         t = facts_table
         async with reads.lenient(conn):  # a few rows: ids that are not UTF-8 must not stop the sweep (L12b)
-            counts = dict((await conn.execute(
+            counts: dict[str, int] = dict((await conn.execute(
                 sa.select(t.c.entity_type, sa.func.count())
                 .where(t.c.entity_type.in_([lc.entity_type for lc in lifecycles]))
                 .group_by(t.c.entity_type)
@@ -191,6 +191,7 @@ class _Run:
             helpers = []
             for _ in range(min(workers, len(todo) // 2) if self.file is not None else 0):
                 try:
+                    assert self.file is not None  # the range is empty without one
                     worker = await stack.enter_async_context(Worker.started(*self.file.worker))
                 except (OSError, NotImplementedError, RuntimeError) as exc:  # e.g. a loop without subprocesses
                     log.warning("verify: cannot start a worker process (%s); screening in this process", exc)
@@ -211,6 +212,7 @@ class _Run:
     def give(self, todo: deque[int], worker: Worker, sent: deque[int] | None = None) -> deque[int]:
         """Send chunks from the front of ``todo`` until the worker holds two; the chunks it holds."""
         sent = deque() if sent is None else sent
+        assert self.file is not None  # only a worker is given chunks, and workers need the file screen
         while todo and len(sent) < 2:
             i = todo.popleft()
             sent.append(i)

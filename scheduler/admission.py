@@ -170,11 +170,12 @@ async def _metric_values(book: Book, due: Sequence[Mapping[str, Any]], now: floa
         for (metric, window), ids in groups.items():
             since = now - window * 60
             own = [r.c.ended_at >= since, r.c.ended_at <= now]
+            q: sa.Select[str, Any]  # (schedule id, value) per run or per schedule
             if metric == "dead_letters":
                 d = dispatch_outbox
-                q = sa.select(sa.func.count()).where(d.c.status == "dead_letter", d.c.updated_at >= since,
-                                                     *settled_only(book, ["dead_letter"]))
-                total = float((await conn.execute(q)).scalar() or 0)
+                dead = sa.select(sa.func.count()).where(d.c.status == "dead_letter", d.c.updated_at >= since,
+                                                        *settled_only(book, ["dead_letter"]))
+                total = float((await conn.execute(dead)).scalar() or 0)
                 values.update(dict.fromkeys(ids, total))
                 continue
             if metric == "p95_duration":

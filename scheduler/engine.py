@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -256,7 +257,7 @@ class SchedulerEngine:
                 decided += await self._decide_timed(timed, now)
                 started, decided, timed = decided, [], []
                 self.firing.started(started)
-                await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
+                await self._isolated(f"schedule {row['name']}", partial(self.consider, row, now))
             decided += await self._decide_timed(timed, now)
             async with self.book.read() as conn:
                 self.next_due = (await conn.execute(
@@ -278,7 +279,7 @@ class SchedulerEngine:
                 self.stats["fallbacks"] += 1
                 log.warning("evaluating %d due schedules together failed; one by one", len(rows), exc_info=True)
         for row in rows:
-            await self._isolated(f"schedule {row['name']}", lambda row=row: self.consider(row, now))
+            await self._isolated(f"schedule {row['name']}", partial(self.consider, row, now))
         return []
 
     async def consider(self, s: dict[str, Any], now: datetime | float) -> str:
@@ -370,7 +371,7 @@ class SchedulerEngine:
             due = [dict(r._mapping) for r in await conn.execute(evaluation.due_query(now, limit=100_000))]
         try:
             for s in due:
-                await self._isolated(f"missed fire {s['name']}", lambda s=s: self.firing.missed(s, now))
+                await self._isolated(f"missed fire {s['name']}", partial(self.firing.missed, s, now))
         except LeadershipLost as exc:
             log.warning("%s", exc)
             self._was_leader = False

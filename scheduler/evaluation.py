@@ -58,7 +58,7 @@ class Decision:
             self.handle = None
 
 
-def due_query(now: float, limit: int = 1000) -> sa.Select:
+def due_query(now: float, limit: int = 1000) -> sa.Select[Any]:
     """Active schedules due at ``now``, in due order ``(next_fire_at, id)`` (S5: the earliest get the slots)."""
     s = schedules
     return (sa.select(s).where(s.c.status == "active", s.c.next_fire_at.is_not(None), s.c.next_fire_at <= now)
@@ -158,7 +158,7 @@ async def write(tx: Book, decisions: Sequence[Decision]) -> None:
     writes nothing and its run is not opened: the decision becomes ``conflict`` and gives its slot back.
     """
     planned = [d for d in decisions if d.command is not None]
-    outcomes = await apply_many(tx, [d.command for d in planned]) if planned else []
+    outcomes = await apply_many(tx, [d.command for d in planned if d.command is not None]) if planned else []
     lost: set[int] = set()
     for d, out in zip(planned, outcomes, strict=True):
         if out.conflict:

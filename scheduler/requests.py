@@ -127,7 +127,7 @@ class CreateScheduleRequest(BaseModel):
             raise refusal(exc) from None
 
     @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> CreateScheduleRequest:  # type: ignore[override]
+    def model_validate(cls, obj: Any, **kwargs: Any) -> CreateScheduleRequest:
         """pydantic's ``model_validate``, refusing with one :class:`InvalidSchedule` (not a ``ValidationError``)."""
         try:
             return super().model_validate(obj, **kwargs)

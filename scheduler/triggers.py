@@ -150,7 +150,8 @@ def first_fire(schedule: Mapping[str, Any], now: float, default_zone: str | None
     if kind == "cron":
         return next_cron(schedule["cron_expr"], now, zone_for(schedule, default_zone))
     if kind == "interval":
-        return now + schedule["interval_sec"]
+        interval: float = schedule["interval_sec"]
+        return now + interval
     if kind == "at":
         return float(schedule["at_time"])
     if kind == "github_poll":

@@ -149,7 +149,8 @@ def _shown_scheme(url: str) -> str:
     try:
         from apprise.manager_plugins import NotificationManager
 
-        known = set(NotificationManager().schemas())
+        # Apprise's plugin manager is unannotated.
+        known = set(NotificationManager().schemas())  # type: ignore[no-untyped-call]
     except (ImportError, AttributeError):  # an Apprise without its plugin manager: show nothing
         known = set()
     if scheme is not None and scheme.lower() in known:

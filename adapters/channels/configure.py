@@ -44,7 +44,8 @@ def config_model(name: str) -> type[BaseModel]:
     unknown name.
     """
     module, attr = BUILTINS[name]
-    return getattr(importlib.import_module(module), attr)
+    model: type[BaseModel] = getattr(importlib.import_module(module), attr)
+    return model
 
 
 def _problem(name: str, exc: ValidationError) -> str:

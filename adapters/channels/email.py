@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from email.message import EmailMessage
 from email.policy import SMTP as SMTP_POLICY
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -57,7 +57,10 @@ from ..extras import require
 from .links import with_lines
 from .secrets import SecretRef, mask, scrub
 
-aiosmtplib = require("aiosmtplib", extra="channels", feature="the email channel")
+if TYPE_CHECKING:
+    import aiosmtplib
+else:
+    aiosmtplib = require("aiosmtplib", extra="channels", feature="the email channel")
 
 __all__ = ["EmailChannel", "EmailConfig"]
 

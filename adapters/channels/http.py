@@ -26,7 +26,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statebook.lifecycle import tracing
 from statebook.lifecycle.clock import SYSTEM_CLOCK, Clock
@@ -36,7 +36,10 @@ from statebook.outbox.notifications import Guard, Observation, ProviderOutcome
 from ..extras import require
 from .secrets import scrub
 
-httpx = require("httpx", extra="channels", feature="the Slack, PagerDuty and webhook channels")
+if TYPE_CHECKING:
+    import httpx as httpx  # re-exported: pagerduty takes it from here
+else:
+    httpx = require("httpx", extra="channels", feature="the Slack, PagerDuty and webhook channels")
 
 MAX_TRIES = 4
 """Tries of one channel call by default (the first and three provider-local retries)."""
@@ -225,7 +228,7 @@ class _Admission:
 
 def backoff(retry: int) -> float:
     """The pause before provider-local retry number ``retry`` (1, 2, ...)."""
-    return min(BACKOFF_CAP, BACKOFF_SECONDS * 2 ** (retry - 1))
+    return min(BACKOFF_CAP, BACKOFF_SECONDS * 2.0 ** (retry - 1))
 
 
 class HttpSender:

@@ -83,7 +83,7 @@ class PagerDutyChannel:
         """The Events API v2 trigger for ``delivery`` (``dedup_key``: the notification id)."""
         content = dict(delivery.content)
         severity = content.get("severity") if content.get("severity") in SEVERITIES else self.severity
-        event = {"routing_key": self.routing_key, "event_action": "trigger", "dedup_key": delivery.notification_id,
+        event: dict[str, Any] = {"routing_key": self.routing_key, "event_action": "trigger", "dedup_key": delivery.notification_id,
                  "payload": {"summary": text_of(content)[:SUMMARY_CHARS], "source": self.source, "severity": severity,
                              "custom_details": {"recipient": delivery.recipient, "content": content}}}
         if links := ordered(delivery.links):
@@ -157,8 +157,8 @@ class PagerDutyConfig(BaseModel):
     url: str = EVENTS_URL
     source: str = "statebook"
     severity: Literal["critical", "error", "warning", "info"] = "critical"
-    max_tries: int = Field(MAX_TRIES, ge=1, le=10)
-    follow_timeout: float = Field(FOLLOW_TIMEOUT_SECONDS, gt=0, le=120)
+    max_tries: int = Field(default=MAX_TRIES, ge=1, le=10)
+    follow_timeout: float = Field(default=FOLLOW_TIMEOUT_SECONDS, gt=0, le=120)
     trust_env: bool = True
     """Take proxy settings from the environment (httpx's ``trust_env``)."""
 

@@ -137,7 +137,7 @@ class SlackConfig(BaseModel):
     api_url: str = SLACK_API
     channel: str | None = None
     channels: dict[str, str] = Field(default_factory=dict)
-    max_tries: int = Field(MAX_TRIES, ge=1, le=10)
+    max_tries: int = Field(default=MAX_TRIES, ge=1, le=10)
     trust_env: bool = True
     """Take proxy settings from the environment (httpx's ``trust_env``)."""
 

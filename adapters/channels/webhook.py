@@ -133,7 +133,7 @@ class WebhookConfig(BaseModel):
 
     url: SecretRef
     secret: SecretRef
-    max_tries: int = Field(MAX_TRIES, ge=1, le=10)
+    max_tries: int = Field(default=MAX_TRIES, ge=1, le=10)
     trust_env: bool = True
     """Take proxy settings from the environment (httpx's ``trust_env``)."""
 

@@ -355,14 +355,14 @@ class WebSocketConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
-    port: int = Field(8765, ge=0, le=65535)
+    port: int = Field(default=8765, ge=0, le=65535)
     path: str = "/notifications"
     tokens: SecretRef
     """A JSON object of recipient -> token (see :func:`parse_tokens`)."""
-    send_seconds: float = Field(2.0, gt=0, le=60)
+    send_seconds: float = Field(default=2.0, gt=0, le=60)
     """How long one socket may take to take a frame (within the call's deadline) before it is dropped."""
-    send_buffer_bytes: int | None = Field(None, ge=4096, le=64 * 1024 * 1024)
-    close_seconds: float = Field(1.0, gt=0, le=60)
+    send_buffer_bytes: int | None = Field(default=None, ge=4096, le=64 * 1024 * 1024)
+    close_seconds: float = Field(default=1.0, gt=0, le=60)
 
     @field_validator("path")
     @classmethod

@@ -89,7 +89,8 @@ class FunnelGroup(TyperGroup):
 def _usage(exc: Any) -> BaseException:
     """typer's usage error as one line; help shown for a command given no arguments stays as it is."""
     if type(exc).__name__ == "NoArgsIsHelpError":  # not an error: typer shows the help it carries
-        return exc
+        shown: BaseException = exc
+        return shown
     context = getattr(exc, "ctx", None)
     where = f" (see '{context.command_path} --help')" if context is not None else ""
     return fail(f"{exc.format_message()}{where}", getattr(exc, "exit_code", 2) or 2)
@@ -239,7 +240,8 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def _console(name: str) -> Console:
-    return getattr(sys.modules[__name__], name)
+    found: Console = getattr(sys.modules[__name__], name)
+    return found
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

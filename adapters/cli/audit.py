@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -52,7 +53,7 @@ def checkpoint_cmd(
     if out is not None and out.exists() and out.is_dir():
         raise fail(f"--out {out} is a directory; name a file")
 
-    async def go(book: Book) -> dict:
+    async def go(book: Book) -> dict[str, Any]:
         return await checkpoint(book.with_chain_key(chain_key(config)), entity_type)
 
     body = run(with_book(go)())
@@ -88,7 +89,7 @@ def export_cmd(
 
     when = None if as_of is None else parse_time(as_of, "--as-of")
 
-    async def go(book: Book) -> dict:
+    async def go(book: Book) -> dict[str, Any]:
         return await export_bundle(book, bundle, entity_type=entity_type, as_of=when, private_key=sign)
 
     manifest = run(with_book(go)())

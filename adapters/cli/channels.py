@@ -115,7 +115,7 @@ def ls_cmd(
     for name in CHANNEL_NAMES:
         entry = found.get(name, {})
         adapter = entry.get("adapter")
-        bucket = buckets.get(name) if isinstance(buckets, dict) else None
+        bucket: dict[str, Any] | str | None = buckets.get(name) if isinstance(buckets, dict) else None
         rows.append({
             "channel": name, "configured": name in found, "source": entry.get("source"),
             "persistent": name in order, "position": order.index(name) + 1 if name in order else None,
@@ -221,7 +221,8 @@ def test_cmd(
     took = time.monotonic() - started
     if observed is None:
         outcome = ProviderOutcome.UNKNOWN if guard.admitted else ProviderOutcome.NOT_STARTED
-        result = {"outcome": outcome.value, "detail": f"no answer within {deadline:g}s", "retries": guard.retries,
+        result: dict[str, Any] = {"outcome": outcome.value, "detail": f"no answer within {deadline:g}s",
+                                  "retries": guard.retries,
                   "retry_after": None}
     else:
         result = {"outcome": observed.outcome.value, "detail": observed.detail, "retries": observed.retries,

@@ -69,13 +69,13 @@ def _expected(registry: Registry) -> list[tuple[sa.Table, frozenset[str], dict[s
     """Each table a lifecycle of ``registry`` manages: its copy in schema_for, the CHECK's statuses and
     each status index's statuses."""
     schema = schema_for(registry)
-    out = []
+    out: list[tuple[sa.Table, frozenset[str], dict[str, frozenset[str]]]] = []
     for lc in registry:
         table = schema.tables[lc.table.name]
         roles = table.info.get("status_indexes", {})
-        indexes = {}
+        indexes: dict[str, frozenset[str]] = {}
         for index in table.indexes:
-            if index.name in roles:
+            if index.name is not None and index.name in roles:
                 where = index.dialect_options["sqlite"]["where"]
                 indexes[index.name] = _literals(str(where.compile(compile_kwargs={"literal_binds": True})))
         out.append((table, frozenset(lc.statuses), indexes))
@@ -138,7 +138,7 @@ def apply_registry_ddl(conn: sa.Connection, registry: Registry) -> list[str]:
     rebuilt: set[str] = set()
     for d in (d for d in drift if d.kind == "check"):
         table = schema.tables[d.table]
-        wanted = next(c for c in table.constraints if c.name == d.name)
+        wanted = next(c for c in table.constraints if isinstance(c, sa.CheckConstraint) and c.name == d.name)
         if conn.dialect.name == "postgresql":
             if d.found:
                 ops.drop_constraint(d.name, d.table, type_="check")

@@ -16,6 +16,8 @@ from .ddl import apply_registry_ddl, registry_drift
 from .stamp import ADVISORY_LOCK_KEY, BASELINE, HEAD, HERE, LEGACY_VERSION, read_stamp, revisions
 
 if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
+
     from statebook.lifecycle import Registry
 
 
@@ -198,7 +200,7 @@ def scripts_of() -> list[tuple[str, str | None, str]]:
     return out
 
 
-def _scripts_dir():  # type: ignore[no-untyped-def]
+def _scripts_dir() -> ScriptDirectory:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory(str(HERE))

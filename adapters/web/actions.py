@@ -106,7 +106,8 @@ def _mapping(row: Any) -> Mapping[str, Any]:
         return row._mapping  # type: ignore[no-any-return]
     if hasattr(row, "model_dump"):
         return row.model_dump()  # type: ignore[no-any-return]
-    return vars(row)
+    fields: dict[str, Any] = vars(row)
+    return fields
 
 
 # -- the calls: the CLI's, with the operator and the reason --------------------------------------------

@@ -91,7 +91,8 @@ def session_key(settings: Any) -> bytes:
     from statebook.adapters.channels.secrets import SecretError
 
     try:
-        return ref.reveal().encode()
+        key: bytes = ref.reveal().encode()
+        return key
     except SecretError as exc:
         raise ConfigError(f"[web] session_key: {exc}") from None
 

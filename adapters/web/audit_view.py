@@ -89,6 +89,7 @@ def read_document(data: bytes, name: str, public_key: bytes | None = None) -> Ch
     if problems:
         return Checkpoint(None, problems, [], name)
     signature = document.get("signature")
+    assert isinstance(body, dict)  # checkpoint_problems refuses anything else
     if public_key:
         try:
             problems = _check_signature(body, signature, public_key)

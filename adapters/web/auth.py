@@ -14,7 +14,7 @@ import getpass
 import ipaddress
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
 from starlette.exceptions import HTTPException
@@ -25,6 +25,9 @@ from starlette.routing import Route
 from . import sessions
 from .pages import root
 from .state import console
+
+if TYPE_CHECKING:
+    from argon2 import PasswordHasher
 
 Role = Literal["viewer", "operator"]
 RANK = {"viewer": 1, "operator": 2}
@@ -57,7 +60,7 @@ def is_loopback(host: str | None) -> bool:
 
 def session(request: Request) -> sessions.Session:
     """This request's session; a new anonymous one (sent back as a cookie) when it has none."""
-    cached = request.scope.setdefault("state", {}).get("statebook_session")
+    cached: sessions.Session | None = request.scope.setdefault("state", {}).get("statebook_session")
     if cached is not None:
         return cached
     c = console(request)
@@ -149,7 +152,7 @@ def safe_next(target: str | None) -> str:
 _DUMMY: str | None = None
 
 
-def _hasher():  # type: ignore[no-untyped-def]
+def _hasher() -> PasswordHasher:
     from argon2 import PasswordHasher
 
     return PasswordHasher()

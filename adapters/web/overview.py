@@ -121,7 +121,7 @@ def _ordered_entities(book: Book, found: Mapping[str, Mapping[str, int]]) -> dic
             for lc in book.registry}
 
 
-def chart_query(floor: int, start: float, end: float) -> sa.Select[tuple[float, str]]:
+def chart_query(floor: int, start: float, end: float) -> sa.Select[float, str]:
     """The delivery facts with ``seq > floor`` and a time in [start, end): a range of the primary key."""
     f = facts_table
     # No condition on entity_type: the planner would take its index and read every delivery fact.

@@ -64,7 +64,8 @@ def _secret(c: Console, name: str) -> bytes:
             cache[name] = ref.reveal().encode()
         except SecretError as exc:
             raise ConfigError(f"[web] {name}: {exc}") from None
-    return cache[name]
+    secret: bytes = cache[name]
+    return secret
 
 
 async def _body(request: Request) -> bytes:
@@ -170,15 +171,18 @@ async def pagerduty(request: Request) -> Response:
     body = await _body(request)
     _pagerduty_verified(c, request, body)
     event = _event(body)
-    data = event.get("data") if isinstance(event.get("data"), dict) else {}
+    raw = event.get("data")
+    data: dict[str, Any] = raw if isinstance(raw, dict) else {}
     key = data.get("incident_key")
     if event.get("event_type") != "incident.acknowledged" or not isinstance(key, str) or not 0 < len(key) <= KEY_CHARS:
         return JSONResponse({"outcome": "ignored", "said": "not an acknowledgement of a statebook incident"})
     notification = await get_notification(c.book, key)
     if notification is None:
         return JSONResponse({"outcome": "ignored", "said": "not a statebook incident"})
-    agent = event.get("agent") if isinstance(event.get("agent"), dict) else {}
-    by = agent.get("id") if isinstance(agent.get("id"), str) else "unknown"
+    raw = event.get("agent")
+    agent: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    who = agent.get("id")
+    by = who if isinstance(who, str) else "unknown"
     return _said(await answer(c.book, notification.id, notification.recipient, "acked",
                               note=f"via pagerduty by {by[:KEY_CHARS]}"))
 

@@ -277,7 +277,7 @@ async def counts(book: Book) -> list[LifecycleCounts]:
     async with book.read() as conn:
         for lc in sorted(book.registry, key=lambda lc: lc.entity_type):
             t = lc.table
-            found = dict((await conn.execute(sa.select(t.c.status, sa.func.count()).group_by(t.c.status))).all())
+            found: dict[str, int] = dict((await conn.execute(sa.select(t.c.status, sa.func.count()).group_by(t.c.status))).all())
             out.append(LifecycleCounts(lc.entity_type, t.name, tuple((s, int(found.get(s, 0))) for s in lc.statuses),
                                        frozenset(lc.terminal)))
     return out

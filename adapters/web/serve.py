@@ -38,7 +38,7 @@ def server(book: Book, settings: Any, host: str, port: int) -> Any:
     config = uvicorn.Config(create_app(book, settings), host=host, port=port, log_level="warning",
                             access_log=False, lifespan="on", proxy_headers=False, server_header=False)
     srv = uvicorn.Server(config)
-    srv.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the caller owns the signals
+    srv.install_signal_handlers = lambda: None  # type: ignore[attr-defined]  # the caller owns the signals
     return srv
 
 

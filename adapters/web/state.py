@@ -39,4 +39,5 @@ class Console:
 
 def console(request: Request) -> Console:
     """The :class:`Console` of the app serving ``request``."""
-    return request.app.state.console
+    served: Console = request.app.state.console
+    return served

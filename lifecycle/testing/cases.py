@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -185,6 +185,13 @@ async def row(book: Book, entity_id: str, entity_type: str = "task") -> dict[str
     return await read_row(book, entity_type, entity_id)
 
 
+async def present(book: Book, entity_id: str, entity_type: str = "task") -> dict[str, Any]:
+    """The entity's current row; fails the case when there is none."""
+    found = await read_row(book, entity_type, entity_id)
+    assert found is not None, f"{entity_type} {entity_id} does not exist"
+    return found
+
+
 async def execute(book: Book, statement: Any) -> Any:
     """Run raw SQL in its own transaction: how the cases tamper with rows and facts."""
     async with book.engine.begin() as conn:
@@ -289,7 +296,7 @@ class StorageFixtures:
 class AtomicityCases:
     """A command writes its row and its fact together, or neither; joined to the caller's transaction."""
 
-    async def test_create_writes_the_row_and_its_first_fact(self, book: Book):
+    async def test_create_writes_the_row_and_its_first_fact(self, book: Book) -> None:
         """L5 / L7 / L8: create inserts the full row and one creation fact (previous status NULL) together."""
         outcome = await new_task(book, "t1")
         assert (outcome.kind, outcome.status, outcome.version) == ("applied", "open", 1)
@@ -313,10 +320,12 @@ class AtomicityCases:
                            "chain_hash": first.hash}
         assert (await verify(book)).ok
 
-    async def test_applied_transition_appends_a_fact_and_projects_the_row(self, book: Book):
+    async def test_applied_transition_appends_a_fact_and_projects_the_row(self, book: Book) -> None:
         """L6 / L7: an applied transition bumps the version, patches declared columns and records why."""
         await new_task(book, "t1")
-        book.clock.advance(5)
+        clock = book.clock
+        assert isinstance(clock, FakeClock), "the cases' books run on the clock fixture"
+        clock.advance(5)
         outcome = await transition(book, "task", "t1", "working", expected="open", guards={"attempt": 0},
                                    patch={"attempt": 1, "owner": "bob"}, reason=STARTED, actor=SYSTEM,
                                    metadata={"host": "h1"})
@@ -326,12 +335,12 @@ class AtomicityCases:
         assert (second.previous_status, second.status, second.version) == ("open", "working", 2)
         assert second.patch == {"attempt": 1, "owner": "bob"} and second.metadata == {"host": "h1"}
         assert second.at == book.clock.now()
-        current = await row(book, "t1")
+        current = await present(book, "t1")
         assert current["attempt"] == 1 and current["owner"] == "bob" and current["score"] == 1.5
         assert current["last_fact_id"] == second.id and current["chain_hash"] == second.hash
         assert current == await replay(book, "task", "t1")
 
-    async def test_caller_transaction_that_fails_rolls_back_row_and_fact(self, book: Book):
+    async def test_caller_transaction_that_fails_rolls_back_row_and_fact(self, book: Book) -> None:
         """L5: a transition joined to the caller's transaction is undone with it, with the caller's own write."""
         await new_task(book, "t1")
         before = await row(book, "t1")
@@ -345,10 +354,10 @@ class AtomicityCases:
         async with book.begin() as tx:
             await tx.conn.execute(sa.update(tasks).where(tasks.c.id == "t1").values(score=99.0))
             await start(tx, "t1")
-        after = await row(book, "t1")
+        after = await present(book, "t1")
         assert (after["status"], after["score"]) == ("working", 99.0)
 
-    async def test_create_and_purge_roll_back_with_the_caller(self, book: Book):
+    async def test_create_and_purge_roll_back_with_the_caller(self, book: Book) -> None:
         """L5: create and purge are atomic with the caller's transaction too."""
         with pytest.raises(Boom):
             async with book.begin() as tx:
@@ -364,7 +373,7 @@ class AtomicityCases:
                 raise Boom
         assert await row(book, "t2") == before and await count_facts(book) == 2
 
-    async def test_failed_fact_append_undoes_the_row_update(self, book: Book):
+    async def test_failed_fact_append_undoes_the_row_update(self, book: Book) -> None:
         """L5 / L8: when the fact cannot be appended (a planted fork holds its chain slot), the row is not moved."""
         await new_task(book, "t1")
         (first,) = await history(book, "task", "t1")
@@ -380,7 +389,7 @@ class AtomicityCases:
 class ConflictCases:
     """L4: a compare-and-set that does not match is a conflict and writes nothing."""
 
-    async def test_wrong_expected_status_is_a_conflict_that_writes_nothing(self, book: Book):
+    async def test_wrong_expected_status_is_a_conflict_that_writes_nothing(self, book: Book) -> None:
         """L4: the compare-and-set fails when the row is not in an expected status; nothing is written."""
         await new_task(book, "t1")
         await start(book, "t1")
@@ -389,7 +398,7 @@ class ConflictCases:
         assert (outcome.kind, outcome.status, outcome.version, outcome.fact_id) == ("conflict", "working", 2, None)
         assert await row(book, "t1") == before and await count_facts(book) == facts
 
-    async def test_guard_mismatch_is_a_conflict_that_writes_nothing(self, book: Book):
+    async def test_guard_mismatch_is_a_conflict_that_writes_nothing(self, book: Book) -> None:
         """L4: every guard column must equal its expected value, or the command is a conflict."""
         await new_task(book, "t1")
         await start(book, "t1")
@@ -401,14 +410,14 @@ class ConflictCases:
         fresh = await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 1},
                                  patch={"attempt": 2}, reason=RETRIED, actor=SYSTEM)
         assert (fresh.kind, fresh.version) == ("applied", 3)
-        assert (await row(book, "t1"))["attempt"] == 2
+        assert (await present(book, "t1"))["attempt"] == 2
 
 
 
 class IdempotencyCases:
     """L9: a retried command replays its first outcome; a key reused for another command is refused."""
 
-    async def test_idempotent_replay_returns_the_original_outcome(self, book: Book):
+    async def test_idempotent_replay_returns_the_original_outcome(self, book: Book) -> None:
         """L9: the same key and command returns the first outcome (replayed) and writes nothing, even later."""
         await new_task(book, "t1")
         first = await start(book, "t1", idempotency_key="k1")
@@ -430,7 +439,7 @@ class IdempotencyCases:
          dict(expected=["open", "blocked"]), dict(target="rejected", reason=REFUSED, guards={}, patch={})],
         ids=["patch", "guard", "reason", "actor", "expected", "target"],
     )
-    async def test_reused_key_with_another_command_is_an_error(self, book: Book, change: dict[str, Any]):
+    async def test_reused_key_with_another_command_is_an_error(self, book: Book, change: dict[str, Any]) -> None:
         """L9: a key bound to one command cannot be reused for a different one; nothing is written."""
         await new_task(book, "t1")
         original: dict[str, Any] = dict(target="working", expected="open", guards={"attempt": 0},
@@ -444,7 +453,7 @@ class IdempotencyCases:
             await transition(book, "task", "t1", idempotency_key="k1", **{**original, **change})
         assert await row(book, "t1") == before and await count_facts(book) == 3
 
-    async def test_idempotency_keys_are_per_entity_and_only_bound_when_applied(self, book: Book):
+    async def test_idempotency_keys_are_per_entity_and_only_bound_when_applied(self, book: Book) -> None:
         """L9: a key is scoped to its entity, and a conflicting command does not consume it."""
         await new_task(book, "t1")
         await new_task(book, "t2")
@@ -462,24 +471,24 @@ class ClaimCases:
 
     RACERS = 20
 
-    async def test_racers_on_one_compare_and_set(self, book: Book, more_books: MoreBooks):
+    async def test_racers_on_one_compare_and_set(self, book: Book, more_books: MoreBooks) -> None:
         """L14: many concurrent identical transitions (each on its own connection): one applied, the rest conflict."""
         await new_task(book, "t1")
         racer = await more_books()
         outcomes = await asyncio.gather(*(start(racer, "t1") for _ in range(self.RACERS)))
         assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": self.RACERS - 1}
         assert len(await history(book, "task", "t1")) == 2
-        assert (await row(book, "t1"))["attempt"] == 1
+        assert (await present(book, "t1"))["attempt"] == 1
         assert (await verify(book)).ok
 
-    async def test_keyed_retry_while_the_first_is_uncommitted_replays(self, book: Book, more_books: MoreBooks):
+    async def test_keyed_retry_while_the_first_is_uncommitted_replays(self, book: Book, more_books: MoreBooks) -> None:
         """L9 / L14: a keyed command is retried on another connection while the first one's transaction is still
         open, and its target is still one of the command's expected statuses (so a re-read alone would match
         again). When the first commits, the retry is that outcome replayed — never a second fact, never an
         error from the idempotency index."""
         await new_task(book, "t1")
 
-        def keyed(on: Book):
+        def keyed(on: Book) -> Coroutine[Any, Any, Outcome]:
             return transition(on, "task", "t1", "working", expected=("open", "working"), guards={"attempt": 0},
                               reason=STARTED, actor=SYSTEM, idempotency_key="k-1")
 
@@ -496,7 +505,7 @@ class ClaimCases:
         assert len(await history(book, "task", "t1")) == 2
         assert (await verify(book)).ok
 
-    async def test_racing_creates_of_one_id(self, book: Book, more_books: MoreBooks):
+    async def test_racing_creates_of_one_id(self, book: Book, more_books: MoreBooks) -> None:
         """L14 / L5: concurrent if_absent creates of one id: one applied, the others conflict, one fact."""
         racer = await more_books()
         outcomes = await asyncio.gather(*(
@@ -512,7 +521,7 @@ class ClaimCases:
 class ChainCases:
     """L8 / L12: the history is a hash chain, and verify finds damage done behind the engine."""
 
-    async def test_facts_form_a_hash_chain(self, book: Book):
+    async def test_facts_form_a_hash_chain(self, book: Book) -> None:
         """L8: each fact links to its predecessor by id and hash; the row carries the head of the chain."""
         await walked(book, "t1")
         facts = await history(book, "task", "t1")
@@ -521,11 +530,11 @@ class ChainCases:
             assert (fact.prev_fact_id, fact.prev_hash) == (prev_id, prev_hash)
             assert fact.hash == fact_hash(fact.content(), fact.prev_hash)
             prev_id, prev_hash = fact.id, fact.hash
-        current = await row(book, "t1")
+        current = await present(book, "t1")
         assert (current["last_fact_id"], current["chain_hash"]) == (prev_id, prev_hash)
         assert len({f.hash for f in facts}) == len(facts)
 
-    async def test_clean_database_verifies(self, book: Book):
+    async def test_clean_database_verifies(self, book: Book) -> None:
         """L12: untouched histories give no findings, and the report counts what it checked."""
         await walked(book, "t1")
         await new_task(book, "t2")
@@ -536,7 +545,7 @@ class ChainCases:
         assert seen and seen[-1] == (5, 5)
         assert report.to_json()["ok"] is True
 
-    async def test_row_status_changed_behind_the_engine(self, book: Book):
+    async def test_row_status_changed_behind_the_engine(self, book: Book) -> None:
         """L12: a status written by plain SQL no longer matches the facts: row_mismatch on that entity."""
         await walked(book, "t1")
         await new_task(book, "t2")
@@ -545,7 +554,7 @@ class ChainCases:
         assert kinds_for(report, "t1") == {"row_mismatch"} and kinds_for(report, "t2") == set()
         assert any("'status'" in f.detail for f in report.findings)
 
-    async def test_fact_edited(self, book: Book):
+    async def test_fact_edited(self, book: Book) -> None:
         """L12: an edited fact (reason summary) no longer matches its hash."""
         await walked(book, "t1")
         victim = (await history(book, "task", "t1"))[1]
@@ -554,7 +563,7 @@ class ChainCases:
         report = await verify(book)
         assert [(f.kind, f.fact_id) for f in report.findings] == [("hash_mismatch", victim.id)]
 
-    async def test_middle_fact_deleted(self, book: Book):
+    async def test_middle_fact_deleted(self, book: Book) -> None:
         """L12: deleting a middle fact breaks the chain at its successor."""
         await walked(book, "t1")
         facts = await history(book, "task", "t1")

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -121,9 +121,12 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
     See the module docstring for how to subclass it.
     """
 
-    registry: ClassVar[Registry | None] = None
+    registry: ClassVar[Registry]
+    """Your sealed registry (required: a subclass sets it)."""
     entity_types: ClassVar[tuple[str, ...] | None] = None
-    actors: ClassVar[tuple[Actor, ...] | None] = None
+    actors: tuple[Actor, ...] = ()
+    """The actors the rules draw from (empty: one of each type an edge of the tracked lifecycles is gated on,
+    and a system and a user actor)."""
     max_entities: ClassVar[int] = 10
     max_moving: ClassVar[int] = 3  # few entities, so each one travels far along its lifecycle
     shared_keys: ClassVar[tuple[str, ...]] = ("kit-k1", "kit-k2")
@@ -131,7 +134,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        if self.registry is None:
+        if getattr(self, "registry", None) is None:
             raise TypeError(f"{type(self).__name__}: set the class attribute `registry` to your sealed Registry")
         self.runner = asyncio.Runner()
         try:
@@ -145,7 +148,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         self.book = book.with_clock(self.clock)
         self.model = ReferenceModel(self.registry, self.entity_types)
         self.tracked: tuple[Lifecycle, ...] = tuple(self.model.lifecycles.values())
-        if self.actors is None:
+        if not self.actors:
             self.actors = sbst.actors_of(self.tracked)
         self.views: dict[Actor, dict[Key, dict[str, Any]]] = {}
         self.ids = itertools.count(1)
@@ -351,7 +354,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         """Concurrent commands on one entity: their answers must be those of some serial order. The
         winners apply in version order; every other answer must be the model's at some point of it."""
         won = sorted(((c, o) for c, (o, e) in zip(cmds, results) if o is not None and o.kind == "applied"
-                      and not o.replayed), key=lambda co: co[1].version)
+                      and not o.replayed), key=lambda co: co[1].version or 0)  # an applied outcome has one
         rest = [(c, o, e) for c, (o, e) in zip(cmds, results) if not (o is not None and o.kind == "applied"
                                                                        and not o.replayed)]
         waiting = list(range(len(rest)))
@@ -551,6 +554,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         """L5: an operation joined to the caller's transaction rolls back with it: nothing is
         written, so redoing it afterwards applies afresh (its id and idempotency key stay unused)."""
         self._step()
+        op: Callable[[Book], Awaitable[Outcome]]
         if what == "create":
             lc = data.draw(st.sampled_from(self.tracked))
             status = data.draw(st.sampled_from(sorted(lc.initial)))

@@ -19,13 +19,13 @@ the engine, so it is an independent oracle for users' own properties::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from transitions import Machine
-from transitions.core import EventData
+from transitions.core import Condition, EventData
 
 from ..facts import Fact
 from ..policy import Edge, Lifecycle, Registry
@@ -61,13 +61,20 @@ class Gate:
         return self.edge.requires_guard <= set(kw["guards"])
 
 
-def _gates(edge: Edge) -> list[Gate]:
-    gates = [Gate("actor", edge)] if edge.actors else []
+def _gates(edge: Edge) -> list[str | Callable[..., bool | None]]:  # the type add_transition takes
+    gates: list[str | Callable[..., bool | None]] = [Gate("actor", edge)] if edge.actors else []
     if edge.requires_patch:
         gates.append(Gate("patch", edge))
     if edge.requires_guard:
         gates.append(Gate("guard", edge))
     return gates
+
+
+def _rule(condition: Condition) -> str:
+    """The rule of a condition :func:`_gates` made (every condition of the model's machines is a Gate)."""
+    gate = condition.func
+    assert isinstance(gate, Gate)
+    return gate.rule
 
 
 def build_machine(lc: Lifecycle) -> Machine:
@@ -203,7 +210,7 @@ class ReferenceModel:
         found = machine.get_transitions(trigger_name(source, target), source=source, dest=target)
         probe = EventData(None, None, machine, None, (), {"actor_type": actor_type, "patch": patch, "guards": guards})
         return bool(found) and all(
-            c.check(probe) for c in found[0].conditions if check_guards or c.func.rule != "guard"
+            c.check(probe) for c in found[0].conditions if check_guards or _rule(c) != "guard"
         )
 
     def taken(self, entity_type: str, row: Mapping[str, Any], besides: str | None = None) -> str | None:
@@ -245,7 +252,7 @@ class ReferenceModel:
             if not found:
                 rules.add("edge")
                 continue
-            rules.update(c.func.rule for c in found[0].conditions if not c.check(probe))
+            rules.update(_rule(c) for c in found[0].conditions if not c.check(probe))
         return frozenset(rules)
 
     # -- transitions --------------------------------------------------------------------------

@@ -49,7 +49,9 @@ def profile_name(profile: str | None = None) -> str:
 def machine_settings(profile: str | None = None) -> settings:
     """Settings for a lifecycle machine: ``profile`` (default ``$HYPOTHESIS_PROFILE``) from
     :data:`PROFILES`, no deadline (database round trips vary)."""
-    return settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], **PROFILES[profile_name(profile)])
+    chosen = PROFILES[profile_name(profile)]
+    return settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=chosen["max_examples"],
+                    stateful_step_count=chosen["stateful_step_count"])
 
 
 def register_profiles() -> None:
@@ -98,7 +100,7 @@ def run_machine(machine: Callable[[], RuleBasedStateMachine], profile: str | Non
         run_state_machine_as_test(machine, settings=chosen)  # type: ignore[arg-type]
         return
     corpus = Corpus()
-    failures: list[tuple[float, BaseException]] = []  # the first failure: when, and what
+    failures: list[tuple[float, Exception]] = []  # the first failure: when, and what
 
     def factory() -> RuleBasedStateMachine:
         if failures and time.monotonic() > failures[0][0] + budget:
@@ -114,6 +116,7 @@ def run_machine(machine: Callable[[], RuleBasedStateMachine], profile: str | Non
             error = sys.exc_info()[1]
             failed = isinstance(error, Exception) and not isinstance(error, HypothesisException)
             if not failures and failed and error is not ambient:
+                assert isinstance(error, Exception)  # what ``failed`` says
                 failures.append((time.monotonic(), error))
             teardown()
 

@@ -99,7 +99,8 @@ def creation_values(lc: Lifecycle, peers: Sequence[Mapping[str, Any]] = ()) -> s
     A column with a foreign key is left out when it may be (NULL or a default), else this raises
     ``ValueError`` naming it: override ``LifecycleMachine.creation_values`` for such a table.
     """
-    required, optional = [], []
+    required: list[str] = []
+    optional: list[str] = []
     for name in data_columns(lc.table):
         column = lc.table.c[name]
         if name in LIFECYCLE_COLUMNS or column.primary_key:

@@ -91,7 +91,7 @@ def unique_keys(lc: Lifecycle) -> tuple[UniqueKey, ...]:
     for constraint in table.constraints:
         if isinstance(constraint, sa.UniqueConstraint):
             columns = tuple(c.name for c in constraint.columns)
-            keys.append(UniqueKey(constraint.name or f"unique({', '.join(columns)})", columns))
+            keys.append(UniqueKey(str(constraint.name or f"unique({', '.join(columns)})"), columns))
     for index in table.indexes:
         if not index.unique:
             continue

@@ -48,4 +48,6 @@ class DueScan:
         """The earliest ``next_attempt_at`` of any row in a due status (None when idle)."""
         t = self.table
         async with book.read() as conn:
-            return (await conn.execute(sa.select(sa.func.min(t.c.next_attempt_at)).where(self.active))).scalar()
+            earliest: float | None = (
+                await conn.execute(sa.select(sa.func.min(t.c.next_attempt_at)).where(self.active))).scalar()
+            return earliest

@@ -124,5 +124,5 @@ async def run_in_slots(
     finally:
         for task in tasks:
             task.cancel()
-        for writing in records:
-            writing.cancel()
+        for pending in records:
+            pending.cancel()

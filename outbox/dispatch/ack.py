@@ -16,7 +16,7 @@ CONSUMER_ACTOR = Actor("consumer", "ack_dispatch")
 ACKABLE = ("pending", "delivering")
 
 
-async def _read(book: Book, dispatch_id: str) -> sa.Row | None:
+async def _read(book: Book, dispatch_id: str) -> sa.Row[str, int, str | None] | None:
     t = dispatch_outbox
     async with book.read() as conn:
         return (

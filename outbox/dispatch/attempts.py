@@ -174,7 +174,7 @@ async def scan_heads(
     bound transaction ends, so concurrent workers pick disjoint rows.
     """
     if limit < 1:
-        raise DispatchInvalid(f"limit must be >= 1, got {limit}")
+        raise DispatchInvalid(f"limit must be >= 1, got {limit}", argument="limit", rule="range")
     rows = await read_rows(book, SCAN, DUE.params(now, limit), lock=skip_locked)
     return [with_head(r) for r in rows]
 
@@ -273,6 +273,7 @@ def finalize_command(lease: Lease, result: TransportResult, now: float, actor: A
     a = lease.attempt
     at_bound = a >= lease.max_attempts
     patch: dict[str, Any]
+    ret: Finalized
     if result.ok and not lease.ack_required:
         target, ret, patch = "delivered", "delivered", {}
         reason = Reason("dispatch.delivered.transport_ok", f"attempt {a} succeeded")

@@ -62,10 +62,11 @@ def _refuse(argument: str, rule: str, message: str) -> DispatchInvalid:
 def book_arg(value: Any, *, unbound: str | None = None) -> Book:
     """A :class:`Book`; with ``unbound`` (what needs it) one that is not bound to a transaction."""
     _as_dispatch(inputs.book, "book", value)
-    if unbound is not None and value.conn is not None:
+    book: Book = value
+    if unbound is not None and book.conn is not None:
         raise _refuse("book", "bound", f"{unbound} runs transports outside any transaction; pass an unbound "
                                        "book, not one from book.begin()")
-    return value
+    return book
 
 
 def dispatch_id(value: Any, argument: str = "dispatch_id") -> str:
@@ -88,7 +89,7 @@ def transport_arg(value: Any, argument: str = "transport") -> None:
 
 def flag(argument: str, value: Any) -> bool:
     """Return ``value`` when it is a bool; raises ``DispatchInvalid`` naming ``argument`` otherwise."""
-    return _as_dispatch(inputs.flag, argument, value)
+    return _as_dispatch(inputs.flag, argument, value) is True  # not optional: True or False, never None
 
 
 def text_arg(argument: str, value: Any) -> str:
@@ -108,10 +109,10 @@ def with_note(summary: str, note: str | None) -> str:
 
 def name(argument: str, value: Any, *, max_chars: int = KEY_CHARS) -> str:
     """Text that is not blank (a kind, a route, a key)."""
-    _as_dispatch(text, argument, value, max_chars=max_chars)
-    if not value.strip():
+    checked = _as_dispatch(text, argument, value, max_chars=max_chars)
+    if not checked.strip():
         raise _refuse(argument, "empty", "must be a non-empty string (not blank)")
-    return value
+    return checked
 
 
 def optional_name(argument: str, value: Any) -> str | None:
@@ -122,12 +123,12 @@ def optional_name(argument: str, value: Any) -> str | None:
 def route(argument: str, value: Any, limits: Limits) -> str:
     """A route: non-blank text of at most :data:`ROUTE_CHARS`; a leading ``-`` only when the delivery
     template puts ``--`` before ``{deliver_to}`` (otherwise the command would read it as an option)."""
-    name(argument, value, max_chars=ROUTE_CHARS)
-    if value.startswith("-") and not dash_routes(limits):
+    checked = name(argument, value, max_chars=ROUTE_CHARS)
+    if checked.startswith("-") and not dash_routes(limits):
         raise _refuse(argument, "dash", "starts with '-', so the delivery command would read it as an option; "
                                         "use a route without a leading '-', or put '--' before {deliver_to} in "
                                         "the notify template (and build book.limits with dispatch_limits)")
-    return value
+    return checked
 
 
 def count(argument: str, value: Any, high: int) -> int:
@@ -147,10 +148,10 @@ def seconds(argument: str, value: Any) -> float:
 
 def days(argument: str, value: Any) -> float:
     """A retention period in days: more than 0, at most :data:`MAX_DAYS`."""
-    _as_dispatch(number, argument, value, low=0.0, high=MAX_DAYS)
-    if value <= 0:
+    checked = _as_dispatch(number, argument, value, low=0.0, high=MAX_DAYS)
+    if checked <= 0:
         raise _refuse(argument, "range", f"{value!r} must be more than 0 days")
-    return value
+    return checked
 
 
 def callback(argument: str, value: Any) -> None:

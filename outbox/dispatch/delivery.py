@@ -20,7 +20,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from statebook.lifecycle import Actor, Book, Command, Head, apply_many
 
@@ -55,6 +55,9 @@ log = logging.getLogger("statebook.outbox")
 
 COUNTERS = ("attempted", "delivered", "dead_letter", "expired", "retried")
 _COUNTED = {"delivered": "delivered", "awaiting_ack": "delivered", "retried": "retried", "dead_letter": "dead_letter"}
+
+R = TypeVar("R", bound=str)
+"""What recording a lease returns when its command applies (an outcome, or ``released``)."""
 
 
 Plan = list[tuple[Command, "str | Lease"]]
@@ -94,7 +97,7 @@ async def claim_due(
     ``dead_letter`` (lapsed last attempts). Each lease is sized for sends of ``timeout`` seconds.
     """
     if limit < 1:
-        raise DispatchInvalid(f"limit must be >= 1, got {limit}")
+        raise DispatchInvalid(f"limit must be >= 1, got {limit}", argument="limit", rule="range")
 
     async def plan(_tx: Book, rows: list[dict[str, Any]]) -> list[Planned[str | Lease]]:
         planned, seen = _plan((with_head(r) for r in rows), now, actor, timeout)
@@ -125,18 +128,19 @@ async def finalize_all(
 ) -> list[Finalized]:
     """Finalize several results in one transaction, one transition each (distinct dispatches)."""
     planned = [(lease, *finalize_command(lease, result, now, actor)) for lease, result in done]
-    return await _record_all(book, planned)  # type: ignore[return-value]
+    return await _record_all(book, planned)
 
 
 async def release_all(
     book: Book, leases: list[Lease], *, now: float, actor: Actor = DELIVERY_ACTOR
 ) -> list[Released]:
     """Release several unsent leases in one transaction, one transition each (distinct dispatches)."""
-    planned = [(lease, release_command(lease, now, actor), "released") for lease in leases]
-    return await _record_all(book, planned)  # type: ignore[return-value]
+    planned: list[tuple[Lease, Command, Literal["released"]]] = [
+        (lease, release_command(lease, now, actor), "released") for lease in leases]
+    return await _record_all(book, planned)
 
 
-async def _record_all(book: Book, planned: list[tuple[Lease, Command, str]]) -> list[str]:
+async def _record_all(book: Book, planned: list[tuple[Lease, Command, R]]) -> list[R | Literal["conflict"]]:
     """Apply each lease's command in one transaction; what each returns, or ``conflict`` where it lost."""
     heads = {lease.dispatch_id: lease.head for lease, _, _ in planned}
     seen = {k: v for k, v in heads.items() if v is not None}

@@ -44,7 +44,7 @@ class Signal(BaseModel):
             raise _refusal(exc) from None
 
     @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:
         """pydantic's ``model_validate``, refusing with :class:`DispatchInvalid` (not a ``ValidationError``)."""
         try:
             return super().model_validate(obj, **kwargs)

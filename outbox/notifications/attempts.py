@@ -193,7 +193,7 @@ def claim_command(c: Candidate, *, now: float, lease_seconds: float, record: evi
 # -- finalize -------------------------------------------------------------------------------------
 def backoff_seconds(cycle_attempt: int) -> float:
     """1 s after a cycle's first failed attempt, doubling after each further one."""
-    return BACKOFF_BASE_SECONDS * 2 ** (max(cycle_attempt, 1) - 1)
+    return BACKOFF_BASE_SECONDS * 2.0 ** (max(cycle_attempt, 1) - 1)
 
 
 def finalize_command(lease: Lease, result: AttemptResult, *, now: float) -> Command:
@@ -201,7 +201,7 @@ def finalize_command(lease: Lease, result: AttemptResult, *, now: float) -> Comm
     if result.outcome is None:
         raise ValueError("this attempt has no outcome to finalize (its lease was lost or evidence failed)")
     error = None if result.error is None else result.error[:DETAIL_CHARS]
-    cleared = {"claim_id": None, "lease_until": None}
+    cleared: dict[str, Any] = {"claim_id": None, "lease_until": None}
     if result.outcome == "delivered":
         target, code, patch = "delivered", "notification.delivered.channel_success", {
             **cleared, "delivered_channel": result.delivered_channel, "last_error": None}

@@ -155,7 +155,8 @@ async def draw(tx: Book, channel: str, scope: str, *, now: float) -> float:
         tokens, at = refilled(row, now)
         if tokens < 1 - EPSILON:
             # Nothing refills before ``refilled_at`` (a held bucket, or a clock that stepped back).
-            return max(0.0, at - now) + (1 - tokens) / row["refill_per_second"]
+            rate: float = row["refill_per_second"]
+            return max(0.0, at - now) + (1 - tokens) / rate
         patch = {"tokens": max(0.0, tokens - 1), "refilled_at": at}
         if await _move(tx, row, patch, "rate_bucket.open.drawn", f"{tokens:.6g} -> {patch['tokens']:.6g} tokens"):
             return 0.0

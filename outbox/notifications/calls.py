@@ -335,9 +335,9 @@ async def _record(book: Book, guard: LeaseGuard, observation: Observation) -> No
             seen = {guard.attempt_id: guard.started} if guard.started is not None else None
             async with book.begin() as tx:
                 [outcome] = await apply_many(tx, [command], seen=seen)  # closed by another claim meanwhile: a conflict
-                if outcome.applied and provider_wait(observation) is not None:
+                if outcome.applied and (waited := provider_wait(observation)) is not None:
                     # The provider's Retry-After holds the channel's bucket for the whole fleet (N8, N42).
-                    await hold(tx, guard.channel, DEFAULT_SCOPE, seconds=provider_wait(observation), now=now)
+                    await hold(tx, guard.channel, DEFAULT_SCOPE, seconds=waited, now=now)
         else:
             values = guard._values(new_id(), now, started=False) | {"detail": detail, "ended_at": now}
             await create(book, "channel_attempt", values=values, status=status, reason=reason, actor=DELIVERY_ACTOR,

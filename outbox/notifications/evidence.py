@@ -99,7 +99,7 @@ async def read_records(tx: Book, candidates: Iterable[Candidate], *, now: float)
         # again, so that a success written just now still settles the notification.
         again = await _read(tx, wanted, [t.c.id.in_(sorted(moved))])
         rows = [r for r in rows if r.id not in moved] + again
-    by_notification: dict[str, list] = {}
+    by_notification: dict[str, list[Any]] = {}
     for r in rows:
         by_notification.setdefault(r.notification_id, []).append(r)
     found: dict[str, Record] = {}

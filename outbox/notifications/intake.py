@@ -58,7 +58,8 @@ class Accepted:
 
 def _book(value: Any) -> Book:
     checked(inputs.book, "book", value)
-    return value
+    book: Book = value
+    return book
 
 
 def check_mode(value: Any) -> Mode:
@@ -155,7 +156,7 @@ async def send_notification(
     request = {"recipient": recipient, "content": dict(content), "mode": chosen.value, "channels": list(order),
                "dedup_key": obligation_key, "dedup_window": window, "response_timeout": timeout,
                "timeout_callback": timeout_callback}
-    values = {
+    values: dict[str, Any] = {
         "id": new_id(), **request, "cycle": 1, "attempts": 0, "cycle_attempts": 0,
         "max_cycle_attempts": CYCLE_ATTEMPTS, "dead_letter": 0, "next_attempt_at": now, "claim_id": None,
         "lease_until": None, "delivered_channel": None, "last_error": None, "created_at": now,

@@ -199,7 +199,8 @@ async def plan_failure(tx: Book, *, owner_id: str, cid: str, now: float) -> Fail
         if row["status"] == "satisfied" and now < row["window_until"]:
             return FailurePlan(owner_id, row, followers, "satisfy" if followers else "none", None)
     if not followers:
-        action = "release" if current and row is not None and row["status"] == "owned" else "none"
+        action: Literal["release", "none"] = (
+            "release" if current and row is not None and row["status"] == "owned" else "none")
         return FailurePlan(owner_id, row, followers, action, None)
     return FailurePlan(owner_id, row, followers, "elect", followers[0]["id"])
 

@@ -151,7 +151,8 @@ async def canonical(book: Book, notification_id: str) -> str:
     row = await _one(book, _OWNER, notification_id, lock=False)
     if row is None:
         raise EntityNotFound(f"notification {notification_id} does not exist")
-    return row["obligation_owner_id"] or row["id"]
+    owner: str = row["obligation_owner_id"] or row["id"]
+    return owner
 
 
 async def _respond(book: Book, notification_id: Any, target: str, actor: Any, note: Any) -> NotificationResponse:
@@ -289,7 +290,9 @@ async def next_timeout(book: Book) -> float | None:
     """The earliest ``due_at`` of a pending response (None when none waits)."""
     t = notification_responses
     async with book.read() as conn:
-        return (await conn.execute(sa.select(sa.func.min(t.c.due_at)).where(t.c.status == "pending"))).scalar()
+        earliest: float | None = (
+            await conn.execute(sa.select(sa.func.min(t.c.due_at)).where(t.c.status == "pending"))).scalar()
+        return earliest
 
 
 def check_timeout(value: Any) -> float | None:

@@ -189,21 +189,21 @@ async def _notifications(book: Book, tally: _Tally, *, before: float, edge: floa
         chunk = ids[start : start + PURGE_BATCH]
         if dry_run:
             async with book.read() as conn:
-                keep, attempts, answers = await _decide(book, conn, chunk, before=before, edge=edge, now=now,
-                                                        gone=gone, lock=False)
+                keep, owned, answers = await _decide(book, conn, chunk, before=before, edge=edge, now=now,
+                                                     gone=gone, lock=False)
             removed = [i for i in chunk if i not in keep]
-            attempts = [a for a, owner in attempts if owner not in keep]
+            attempts = [a for a, owner in owned if owner not in keep]
             answers = [i for i in answers if i not in keep]
         else:
             async with book.begin() as tx, tx.read() as conn:
-                keep, attempts, answers = await _decide(tx, conn, chunk, before=before, edge=edge, now=now,
-                                                        gone=gone, lock=True)
+                keep, owned, answers = await _decide(tx, conn, chunk, before=before, edge=edge, now=now,
+                                                     gone=gone, lock=True)
                 wanted = [i for i in chunk if i not in keep]
                 outcomes = await purge_many(tx, "notification", wanted, reason=REASONS["notification"], actor=actor,
                                             expected=REMOVABLE)
                 removed = [i for i, o in zip(wanted, outcomes, strict=True) if o.applied]
                 taken = set(removed)
-                attempts = [a for a, owner in attempts if owner in taken]
+                attempts = [a for a, owner in owned if owner in taken]
                 # Results only: an open observation kept its notification (``open_attempt``).
                 outcomes = await purge_many(tx, "channel_attempt", attempts, reason=REASONS["channel_attempt"],
                                             actor=actor, expected=sorted(ATTEMPT_RESULTS))

@@ -57,7 +57,8 @@ class ScriptedChannel:
     def _step(self, delivery: Delivery) -> str:
         step: Any = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
-        return step(delivery) if callable(step) else step
+        said: str = step(delivery) if callable(step) else step
+        return said
 
     async def send(self, delivery: Delivery, guard: Guard) -> Observation:
         """Play the next step of the script for ``delivery``, calling ``guard`` as a real adapter would, and return
