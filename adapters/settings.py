@@ -616,7 +616,9 @@ def _check_secrets(data: Mapping[str, Any], layers: list[tuple[str, Mapping[str,
     places: list[tuple[type[BaseModel], Any, tuple[str, ...]]] = [
         (model, data.get(name), (name,)) for name, model in SECTIONS.items()]
     notifications = data.get("notifications")
-    for name in BUILTINS if isinstance(notifications, Mapping) else ():
+    if not isinstance(notifications, Mapping):
+        notifications = {}
+    for name in BUILTINS if notifications else ():
         try:
             places.append((config_model(name), notifications.get(name), ("notifications", name)))
         except MissingExtra:  # its section is checked where the channel is used

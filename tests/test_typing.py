@@ -88,14 +88,20 @@ def user_modules(page: str, folder: Path) -> list[str]:
     folder.mkdir(parents=True)
     names = []
     for number, (info, body) in enumerate(FENCE.findall((ROOT / page).read_text()), 1):
-        named = re.search(r'title="([^"]+)"', info) or re.match(r"# (\w+\.py)\n", body)
-        names.append(named.group(1) if named else f"block_{number}.py")
+        names.append(_block_name(info, body) or f"block_{number}.py")
+        (folder / names[-1]).parent.mkdir(parents=True, exist_ok=True)
         (folder / names[-1]).write_text(body)
     for name, other in PAGES[page].items():
-        [body] = [b for _, b in FENCE.findall((ROOT / other).read_text()) if b.startswith(f"# {name}\n")]
+        [body] = [b for info, b in FENCE.findall((ROOT / other).read_text()) if _block_name(info, b) == name]
         (folder / name).write_text(body)
     assert names, f"{page} has no python block"
     return names
+
+
+def _block_name(info: str, body: str) -> str | None:
+    """The module name a block gives itself: its title (``title="tickets.py"``) or its first line (``# ticketing.py``)."""
+    named = re.search(r'title="([^"]+)"', info) or re.match(r"# (\w+\.py)\n", body)
+    return named.group(1) if named else None
 
 
 def test_the_public_parts_pass_mypy_strict():

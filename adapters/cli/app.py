@@ -23,7 +23,8 @@ from typer.core import TyperGroup
 
 from ..masking import mask
 from .funnel import classify
-from .options import APP_HELP, CONFIG_HELP, DB_HELP, ctx_state, settings_file, take_global_options
+from .options import APP_HELP, CONFIG_HELP, DB_HELP, take_global_options
+from .options import ctx_state as ctx_state, settings_file as settings_file  # the commands' modules import them from here
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -114,6 +115,7 @@ class LazyGroup(FunnelGroup):
             if found is not None:
                 self.add_command(found, cmd_name)
         if found is not None:
+            ctx_state.command_path = f"{ctx.command_path} {cmd_name}"
             take_global_options(found, ctx)  # typer builds the commands afresh for each run: each gets them
         return found
 

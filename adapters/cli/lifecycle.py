@@ -210,7 +210,7 @@ async def _facts(book: Book, entity_type: str, entity_id: str) -> list[Fact]:
     from statebook.lifecycle import EntityNotFound, StatebookError
 
     try:
-        facts = await _lazy("history")(book, entity_type, entity_id)
+        facts: list[Fact] = await _lazy("history")(book, entity_type, entity_id)
     except StatebookError:
         raise
     except (ValueError, TypeError, UnicodeDecodeError) as exc:  # a stored value no fact was written with
@@ -298,7 +298,8 @@ async def _verify(book: Book, entity_type: str | None, show_progress: bool, chec
     verify = _lazy("verify")
     book = book.with_chain_key(key)
     if not show_progress:
-        return await verify(book, entity_type, checkpoint=checkpoint)
+        report: Report = await verify(book, entity_type, checkpoint=checkpoint)
+        return report
     columns = (TextColumn("verifying facts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     bar = Progress(*columns, console=_console("err_console"), transient=True)
     task = bar.add_task("verify", total=None)
@@ -310,7 +311,8 @@ async def _verify(book: Book, entity_type: str | None, show_progress: bool, chec
             bar.update(task, completed=done, total=total)
 
     try:
-        return await verify(book, entity_type, progress=tick, checkpoint=checkpoint)
+        report = await verify(book, entity_type, progress=tick, checkpoint=checkpoint)
+        return report
     finally:
         if bar.live.is_started:
             bar.stop()

@@ -40,6 +40,8 @@ class Context:
     _registry: Registry | None = None
     given: dict[str, tuple[str, str]] = {}
     """option -> (its value, the command path it followed) for the global options typed on the command line"""
+    command_path: str = "statebook"
+    """the command the root looked up to run (``statebook dispatch``)"""
     default_named: bool = False
     """whether the ./statebook.toml line was printed (once per command)"""
 
@@ -150,10 +152,6 @@ def stderr_is_terminal() -> bool:
 
 
 def _command_path() -> str:
-    """The running command's path (``statebook run``), for an error naming where an option was typed."""
-    try:  # typer >= 0.29 vendors click: ask typer's own context
-        from typer._click.globals import get_current_context
-    except ImportError:
-        from click import get_current_context
-    current = get_current_context(silent=True)
-    return current.command_path if current is not None else "statebook"
+    """The running command's path as far as the root looked it up (``statebook dispatch``), for an error naming
+    where an option was typed."""
+    return ctx_state.command_path

@@ -93,7 +93,7 @@ async def execute(lease: Lease, transport: Transport, *, now: float | None = Non
     tracer = tracing.active()
     if tracer is None:
         return await _execute(lease, transport, now)
-    attributes = {"messaging.system": "statebook", "messaging.operation.name": "process",
+    attributes: dict[str, tracing.Attribute] = {"messaging.system": "statebook", "messaging.operation.name": "process",
                   "messaging.operation.type": "process", "messaging.destination.name": "dispatch",
                   "messaging.message.id": lease.dispatch_id, "statebook.dispatch.kind": lease.kind,
                   "statebook.dispatch.attempt": lease.attempt}

@@ -244,7 +244,7 @@ async def attempt_channel(book: Book, lease: Lease, channel: Channel, *, deadlin
     tracer = tracing.active()
     if tracer is None:
         return await _attempt_channel(book, lease, channel, deadline, duplicate_risk)
-    attributes = {"statebook.channel.name": channel.name, "statebook.notification.id": lease.notification_id,
+    attributes: dict[str, tracing.Attribute] = {"statebook.channel.name": channel.name, "statebook.notification.id": lease.notification_id,
                   "statebook.notification.attempt": lease.attempt}
     with tracer.span(f"attempt {channel.name}", "client", attributes) as span:
         recorded = await _attempt_channel(book, lease, channel, deadline, duplicate_risk)
