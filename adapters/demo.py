@@ -18,6 +18,7 @@ from statebook.lifecycle import (
     Actor,
     Lifecycle,
     Reason,
+    TransitionConflict,
     TransitionRejected,
     create,
     edges,
@@ -107,11 +108,13 @@ async def run_demo(db: str, console: Console) -> Report:
                                  patch={"assignee": "bo"}, reason=Reason("ticket.in_progress.taken"), actor=bo)
         say(f"bo takes the printer ticket: {taken.kind}, now {taken.status} v{taken.version}")
 
-        # A second agent read "open" a moment ago: the compare-and-set refuses its stale view.
-        late = await transition(book, "ticket", printer.entity_id, "in_progress", expected="open",
-                                patch={"assignee": "cy"}, reason=Reason("ticket.in_progress.taken"),
-                                actor=Actor("agent", "cy"))
-        say(f"cy tries to take it too: [yellow]{late.kind}[/yellow] (it is {late.status}; nothing written)")
+        try:  # a second agent read "open" a moment ago: the compare-and-set refuses its stale view
+            await transition(book, "ticket", printer.entity_id, "in_progress", expected="open",
+                             patch={"assignee": "cy"}, reason=Reason("ticket.in_progress.taken"),
+                             actor=Actor("agent", "cy"))
+        except TransitionConflict as exc:
+            say(f"cy tries to take it too: [yellow]conflict[/yellow] (it is {exc.actual} v{exc.version}; "
+                "nothing written)")
 
         try:  # no edge in_progress -> closed: refused before anything is written
             await transition(book, "ticket", printer.entity_id, "closed", expected="in_progress",

@@ -10,7 +10,7 @@ the facts table and the tailing reader from :mod:`.facts`, ``SystemClock`` from 
 from .book import Book
 from .clock import Clock, FakeClock
 from .engine import Command, NewEntity, Outcome, apply_many, create, create_many, purge, transition
-from .errors import EntityNotFound, StatebookError, TransitionRejected
+from .errors import EntityNotFound, StatebookError, TransitionConflict, TransitionRejected
 from .facts import Fact
 from .head import Head, head_columns
 from .policy import Lifecycle, Registry, edges
@@ -20,6 +20,6 @@ from .schema import managed_table
 
 __all__ = [
     "Actor", "Book", "Clock", "Command", "EntityNotFound", "Fact", "FakeClock", "Head", "Lifecycle", "NewEntity", "Outcome",
-    "Reason", "Registry", "StatebookError", "TransitionRejected", "apply_many", "as_of", "create", "create_many",
-    "edges", "head_columns", "history", "managed_table", "purge", "replay", "transition", "verify",
+    "Reason", "Registry", "StatebookError", "TransitionConflict", "TransitionRejected", "apply_many", "as_of", "create",
+    "create_many", "edges", "head_columns", "history", "managed_table", "purge", "replay", "transition", "verify",
 ]

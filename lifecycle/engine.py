@@ -5,7 +5,9 @@ write; the rows it moves are read in the command's unit — locked on PostgreSQL
 writer on SQLite, or taken as the caller ``seen`` them; :mod:`.plan` makes each fact and the row
 it projects; the book's :class:`~.store.Store` writes rows and facts in ONE transaction with the
 compare-and-set (version, status, chain head, guards) in the statement's WHERE clause. A conflict
-writes nothing. A single command is a batch of one.
+writes nothing. A single command is a batch of one; it raises :class:`~.errors.TransitionConflict` when
+it loses, unless the caller asks for the outcome (``on_conflict="return"``), while a batch answers each
+command with its :class:`Outcome`.
 """
 
 from __future__ import annotations
@@ -18,21 +20,27 @@ from .book import Book
 from .codec import new_id
 from .errors import (
     ConstraintViolation, DuplicateEntity, EntityNotFound, IdempotencyMismatch, InvalidArgument, StorageError,
-    TransitionRejected,
+    TransitionConflict, TransitionRejected,
 )
 from .head import HEAD, Head
 from .inputs import KEY_CHARS, check_columns, check_reason_actor, plain_texts, text
-from .plan import Command, NewEntity, Outcome, applied, conflict, matches, plan_create, plan_purge, plan_transition
+from .plan import (
+    Command, NewEntity, Outcome, applied, conflict, differing, matches, plan_create, plan_purge, plan_transition,
+)
 from .policy import Lifecycle
 from .reasons import Actor, Reason
 from .schema import data_column_names, row_defaults
 from .store import RowWrite, Store, Unit
 
-__all__ = ["Command", "NewEntity", "Outcome", "apply", "apply_many", "create", "create_many", "purge",
+__all__ = ["Command", "NewEntity", "OnConflict", "Outcome", "apply", "apply_many", "create", "create_many", "purge",
            "purge_many", "transition"]
 
 BATCH = 500
 """Rows per statement: plans are chunked so a statement's parameters stay bounded."""
+
+OnConflict = Literal["raise", "return"]
+"""What a single command does when it loses its compare-and-set: raise :class:`~.errors.TransitionConflict`
+(the default), or return the ``conflict`` :class:`Outcome` to a caller that handles it."""
 
 
 # -- create -----------------------------------------------------------------------------------------
@@ -172,8 +180,14 @@ async def transition(
     patch: Mapping[str, Any] | None = None,
     idempotency_key: str | None = None,
     metadata: Mapping[str, Any] | None = None,
+    on_conflict: OnConflict = "raise",
 ) -> Outcome:
     """Move one entity along a declared edge. See the module docstring for the guarantees.
+
+    A row no longer in an ``expected`` status, or whose guards differ, raises
+    :class:`~.errors.TransitionConflict` (entity, expected and actual status) and writes nothing;
+    with ``on_conflict="return"`` the ``conflict`` outcome is returned instead. An idempotent
+    replay is ``applied`` (``replayed=True``), never a conflict.
 
     >>> await transition(book, "dispatch", did, "delivering", expected="pending",
     ...     guards={"attempt": 0}, patch={"attempt": 1, "next_attempt_at": now + 15},
@@ -183,12 +197,17 @@ async def transition(
         entity_type, entity_id, target, reason, actor, _statuses("expected", expected),
         _mapping("guards", guards), _mapping("patch", patch), idempotency_key, _mapping("metadata", metadata),
     )
-    return await apply(book, cmd)
+    return await apply(book, cmd, on_conflict=on_conflict)
 
 
-async def apply(book: Book, cmd: Command) -> Outcome:
-    """Apply one command (a batch of one); a missing entity raises :class:`EntityNotFound`."""
-    [outcome] = await _apply(book, [cmd], lock="wait", seen={}, missing_raises=True)
+async def apply(book: Book, cmd: Command, *, on_conflict: OnConflict = "raise") -> Outcome:
+    """Apply one command (a batch of one); a missing entity raises :class:`EntityNotFound`, a lost
+    compare-and-set :class:`~.errors.TransitionConflict` unless ``on_conflict="return"``."""
+    differed: dict[str, tuple[str, ...]] | None = {} if _raises(on_conflict) else None
+    [outcome] = await _apply(book, [cmd], lock="wait", seen={}, missing_raises=True, differed=differed)
+    if differed is not None and outcome.kind == "conflict":
+        raise TransitionConflict(outcome, expected=cmd.expected, target=cmd.target,
+                                 guards=differed.get(cmd.entity_id, ()))
     return outcome
 
 
@@ -216,10 +235,12 @@ async def apply_many(
 
 
 async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"],
-                 seen: Mapping[str, Head | Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
+                 seen: Mapping[str, Head | Mapping[str, Any]], missing_raises: bool,
+                 differed: dict[str, tuple[str, ...]] | None = None) -> list[Outcome]:
     tracer = tracing.active()
     if tracer is None:
-        return await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises)
+        return await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises,
+                                     differed=differed)
     kind = getattr(commands[0], "entity_type", "")
     attributes = {"statebook.entity.type": kind, "statebook.transition.count": len(commands)}
     targets = {getattr(c, "target", "") for c in commands}
@@ -228,13 +249,17 @@ async def _apply(book: Book, commands: Sequence[Command], *, lock: Literal["wait
     if len(commands) == 1:
         attributes["statebook.entity.id"] = getattr(commands[0], "entity_id", "")
     with tracer.span(f"transition {kind}", "internal", attributes) as span:
-        outcomes = await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises)
+        outcomes = await _apply_commands(book, commands, lock=lock, seen=seen, missing_raises=missing_raises,
+                                     differed=differed)
         span.set("statebook.transition.applied", sum(1 for o in outcomes if o.applied))
         return outcomes
 
 
 async def _apply_commands(book: Book, commands: Sequence[Command], *, lock: Literal["wait", "skip_locked"],
-                          seen: Mapping[str, Head | Mapping[str, Any]], missing_raises: bool) -> list[Outcome]:
+                          seen: Mapping[str, Head | Mapping[str, Any]], missing_raises: bool,
+                          differed: dict[str, tuple[str, ...]] | None = None) -> list[Outcome]:
+    """``differed``, when given, collects for each conflict on a row in an expected status the guarded
+    columns that differed (from the row already read: the error needs no read of its own)."""
     for c in commands:
         if not isinstance(c, Command):
             raise InvalidArgument(f"commands: expected Command, got {type(c).__name__}", argument="commands",
@@ -275,6 +300,8 @@ async def _apply_commands(book: Book, commands: Sequence[Command], *, lock: Lite
                 raise EntityNotFound(f"{entity_type} {c.entity_id!r} does not exist")
             if not matches(c, row):
                 outcomes[c.entity_id] = conflict(entity_type, c.entity_id, row)
+                if differed is not None and row is not None:
+                    differed[c.entity_id] = differing(c, row)
                 continue
             # matches() is False for a missing row, so row is not None here.
             writes.append((c, plan_transition(lc, c, row, at, book.chain_secret)))  # type: ignore[arg-type]
@@ -316,6 +343,15 @@ async def _replays(store: Store, unit: Unit, keyed: list[Command], current: Mapp
             )
         outcomes[c.entity_id] = Outcome("applied", c.entity_type, c.entity_id, fact["status"], fact["version"],
                                         fact["id"], replayed=True)
+
+
+def _raises(on_conflict: Any) -> bool:
+    if on_conflict == "raise":
+        return True
+    if on_conflict == "return":
+        return False
+    raise InvalidArgument(f"on_conflict: expected 'raise' or 'return', got {on_conflict!r}"[:200],
+                          argument="on_conflict", rule="vocabulary")
 
 
 def _statuses(argument: str, value: Any) -> tuple[str, ...]:
@@ -372,14 +408,20 @@ async def purge(
     actor: Actor,
     expected: Iterable[str] | str | None = None,
     force: bool = False,
+    on_conflict: OnConflict = "raise",
 ) -> Outcome:
     """Delete a row and append its tombstone fact (status NULL) in one transaction.
 
     Only purgeable statuses (the terminal ones unless declared otherwise) are accepted without
     ``force``. The history stays: ``verify`` accepts facts of a missing row that ends in a tombstone.
+    A row not in ``expected`` raises :class:`~.errors.TransitionConflict` and is left as it is, as a
+    transition's does; ``on_conflict="return"`` returns the ``conflict`` outcome instead.
     """
+    raising = _raises(on_conflict)
     [outcome] = await _purge(book, entity_type, [entity_id], reason=reason, actor=actor, expected=expected,
                              force=force, missing_raises=True)
+    if raising and outcome.kind == "conflict":
+        raise TransitionConflict(outcome, expected=_allowed(book.policy(entity_type), expected), target=None)
     return outcome
 
 
@@ -416,7 +458,7 @@ async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, rea
     for entity_id in entity_ids:
         text("entity_id", entity_id, max_chars=KEY_CHARS, empty=False)
     lc.check_reason(reason.code)
-    allowed = (_statuses("expected", expected) if expected is not None else ()) or lc.statuses
+    allowed = _allowed(lc, expected)
     for status in allowed:
         text("expected", status, max_chars=KEY_CHARS)
     store = book.store
@@ -452,6 +494,11 @@ async def _purge(book: Book, entity_type: str, entity_ids: Sequence[str], *, rea
                 unit.wrote.add(entity_type)
     announce(book, unit)
     return [outcomes[entity_id] for entity_id in entity_ids]
+
+
+def _allowed(lc: Lifecycle, expected: Iterable[str] | str | None) -> tuple[str, ...]:
+    """The statuses a purge accepts: those ``expected``, or any."""
+    return (_statuses("expected", expected) if expected is not None else ()) or lc.statuses
 
 
 def _check_purgeable(lc: Lifecycle, entity_id: str, status: str, force: bool) -> None:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plan import Outcome
+
 
 class StatebookError(Exception):
     """Root of every error statebook raises on purpose."""
@@ -47,6 +52,44 @@ class TransitionRejected(StatebookError):
     def __init__(self, message: str, *, rule: str) -> None:
         super().__init__(message)
         self.rule = rule
+
+
+class TransitionConflict(StatebookError):
+    """A single command lost its compare-and-set: the row was not in an expected status, or a guarded
+    column held another value; nothing was written (specs/lifecycle.md L4).
+
+    Raised by ``transition``, ``apply`` and ``purge`` unless the caller passes ``on_conflict="return"``
+    (then ``outcome`` is returned instead); the batch forms always return outcomes. ``expected`` are the
+    statuses the command expected, ``actual`` and ``version`` the row's as the command read it (None when
+    not known), ``guards`` the guarded columns that differed (empty when the status did not match),
+    ``target`` the status asked for (None for a purge). Guard values are left out of the message.
+    """
+
+    def __init__(self, outcome: Outcome, *, expected: tuple[str, ...], target: str | None,
+                 guards: tuple[str, ...] = ()) -> None:
+        self.outcome = outcome
+        self.entity_type = outcome.entity_type
+        self.entity_id = outcome.entity_id
+        self.expected = expected
+        self.target = target
+        self.actual = outcome.status
+        self.version = outcome.version
+        self.guards = guards
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        what = f"purge of {self.entity_type} {self.entity_id!r}" if self.target is None else (
+            f"transition of {self.entity_type} {self.entity_id!r} to {self.target!r}")
+        wanted = " or ".join(map(repr, self.expected))
+        if self.actual is None:
+            found = f"expected {wanted}, but the row changed before the write"
+        elif self.actual in self.expected:
+            differed = ", ".join(self.guards) or "a guarded column"
+            found = f"status {self.actual!r} (version {self.version}) as expected, but {differed} differed"
+        else:
+            found = f"expected {wanted}, found {self.actual!r} (version {self.version})"
+        return (f"{what} lost its compare-and-set: {found}; nothing written. Read the row again and decide, "
+                "or pass on_conflict=\"return\" to get the conflict as an Outcome")
 
 
 class UnknownReason(TransitionRejected):

@@ -208,6 +208,15 @@ def matches(cmd: Command, row: Head | Mapping[str, Any] | None) -> bool:
     return True
 
 
+def differing(cmd: Command, row: Head | Mapping[str, Any]) -> tuple[str, ...]:
+    """The guarded columns whose value in ``row`` is not the command's, when its status is expected
+    (why such a row is a conflict); empty when the status is not."""
+    status, values = (row.status, row.guarded) if type(row) is Head else (row["status"], row)
+    if status not in cmd.expected:
+        return ()
+    return tuple(g for g, v in cmd.guards.items() if (values[g] if g in values else row[g]) != v)
+
+
 def applied(cmd: Command, write: RowWrite) -> Outcome:
     """The ``applied`` outcome of ``cmd`` once ``write`` is committed: its version, fact id and chain hash."""
     fact = write.fact

@@ -215,6 +215,7 @@ class Firing:
                         patch={"github_cursor": event_id, "last_fired_at": now},
                         reason=Reason("schedule.active.poll_event", f"{context['event_type']} {event_id} claimed by "
                                       f"{self.daemon_id}", (f"github_event:{event_id}",)),
+                        on_conflict="return",
                     )
                     if out.conflict:
                         _release(verdict)
@@ -266,4 +267,4 @@ async def _touch(tx: Book, s: Mapping[str, Any], why: str, actor: Actor = SCHEDU
     status = s["status"]
     return await transition(tx, "schedule", s["id"], status, expected=status, actor=actor,
                             patch={"last_fired_at": tx.clock.now()},
-                            reason=Reason(f"schedule.{status}.manual_fire", why))
+                            reason=Reason(f"schedule.{status}.manual_fire", why), on_conflict="return")

@@ -51,13 +51,13 @@ async def claim(book: Book, schedule: Mapping[str, Any], due: float, following: 
     """Apply :func:`claim_command` in its own transaction (or ``book``'s)."""
     command = claim_command(schedule, due, following, now=book.clock.now(), reason=reason, fired=fired, extra=extra)
     async with book.begin() as tx:
-        return await apply(tx, command)
+        return await apply(tx, command, on_conflict="return")
 
 
 async def exhaust(book: Book, schedule: Mapping[str, Any], code: str, summary: str) -> Outcome:
     """Apply :func:`exhaust_command` in its own transaction (or ``book``'s)."""
     async with book.begin() as tx:
-        return await apply(tx, exhaust_command(schedule, code, summary))
+        return await apply(tx, exhaust_command(schedule, code, summary), on_conflict="return")
 
 
 async def lock(tx: Book, rows: Sequence[Mapping[str, Any]], *, statuses: tuple[str, ...] = ("active",),

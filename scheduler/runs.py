@@ -126,7 +126,7 @@ async def finalize_run(book: Book, run_id: str, target: str, *, reason: Reason, 
         full["error_detail"] = _bounded(full["error_detail"])
     async with book.begin() as tx:
         out = await transition(tx, "schedule_run", run_id, target, expected=expected, reason=reason, actor=actor,
-                               patch=full)
+                               patch=full, on_conflict="return")
         if out.applied:
             run = await run_row(tx, run_id)
             sched = schedule if schedule is not None else await _schedule_of(tx, run)

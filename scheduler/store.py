@@ -175,7 +175,7 @@ async def enable_schedule(book: Book, ref: str, *, default_zone: str | None = No
     code = "schedule.active.operator_reset" if row["status"] == "exhausted" else "schedule.active.enabled"
     out = await transition(book, "schedule", row["id"], "active", expected=row["status"], actor=actor,
                            reason=Reason(code, with_note("enabled by operator", note)),
-                           patch={"enabled": 1, "next_fire_at": nxt})
+                           patch={"enabled": 1, "next_fire_at": nxt}, on_conflict="return")
     if out.conflict:
         raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
     return await get_schedule(book, row["id"])
@@ -194,7 +194,7 @@ async def disable_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR, not
         raise ScheduleError(f"schedule {row['name']} is {row['status']}; only active schedules can be disabled")
     out = await transition(book, "schedule", row["id"], "paused", expected="active", actor=actor,
                            reason=Reason("schedule.paused.disabled", with_note("disabled by operator", note)),
-                           patch={"enabled": 0})
+                           patch={"enabled": 0}, on_conflict="return")
     if out.conflict:
         raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
     return await get_schedule(book, row["id"])
@@ -208,7 +208,8 @@ async def delete_schedule(book: Book, ref: str, *, actor: Actor = OPERATOR) -> S
         return Schedule.from_row(row)
     patch = {"enabled": 0} if row["status"] != "exhausted" else {}
     out = await transition(book, "schedule", row["id"], "deleted", expected=row["status"], actor=actor,
-                           reason=Reason("schedule.deleted.operator", "removed by operator"), patch=patch)
+                           reason=Reason("schedule.deleted.operator", "removed by operator"), patch=patch,
+                           on_conflict="return")
     if out.conflict:
         raise ScheduleError(f"schedule {row['name']} changed concurrently; try again")
     return await get_schedule(book, row["id"])

@@ -3,7 +3,8 @@
 ``registry`` is what the CLI and the kit take (``--app app:registry``): the built-in lifecycles and
 ``order``, as an application's registry is (docs/tutorial.md); ``place``, ``pay``, ``ship``
 and ``cancel`` are the application: each one is a guarded transition through the lifecycle API,
-never a write of its own to the ``orders`` table.
+never a write of its own to the ``orders`` table. An order in another status than the one an action
+expects raises ``TransitionConflict`` (naming the status it has) and nothing is written.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ async def place(book: Book, customer: str, total: float) -> str:
 
 
 async def pay(book: Book, order_id: str, amount: float) -> Outcome | None:
-    """Record a payment; an amount short of the total is refused (None), a paid order conflicts."""
+    """Record a payment; an amount short of the total is refused (None); an order no longer ``placed``
+    raises ``TransitionConflict``."""
     async with book.begin() as tx:
         row = (await tx.conn.execute(sa.select(orders.c.total).where(orders.c.id == order_id))).first()
         if row is None or amount < row.total:
@@ -69,13 +71,14 @@ async def pay(book: Book, order_id: str, amount: float) -> Outcome | None:
 
 
 async def ship(book: Book, order_id: str, tracking: str) -> Outcome:
-    """Hand a paid order to the courier (a conflict when it is not paid)."""
+    """Hand a paid order to the courier (``TransitionConflict`` when it is not paid)."""
     return await transition(book, "order", order_id, "shipped", expected="paid", patch={"tracking": tracking},
                             reason=Reason("order.shipped.courier"), actor=WAREHOUSE)
 
 
 async def cancel(book: Book, order_id: str, *, refund: bool = False) -> Outcome:
-    """Cancel a placed order, or (``refund``) refund and cancel a paid one as an operator."""
+    """Cancel a placed order, or (``refund``) refund and cancel a paid one as an operator
+    (``TransitionConflict`` when the order is in neither)."""
     if refund:
         return await transition(book, "order", order_id, "cancelled", expected="paid",
                                 reason=Reason("order.cancelled.refund"), actor=Actor("operator", "desk"))

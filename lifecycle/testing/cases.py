@@ -42,6 +42,7 @@ from statebook.lifecycle import (
     Outcome,
     Reason,
     Registry,
+    TransitionConflict,
     create,
     edges,
     history,
@@ -387,15 +388,21 @@ class AtomicityCases:
 
 
 class ConflictCases:
-    """L4: a compare-and-set that does not match is a conflict and writes nothing."""
+    """L4: a compare-and-set that does not match is a conflict and writes nothing; a single command raises
+    :class:`TransitionConflict` unless it asks for the outcome (``on_conflict="return"``)."""
 
     async def test_wrong_expected_status_is_a_conflict_that_writes_nothing(self, book: Book) -> None:
         """L4: the compare-and-set fails when the row is not in an expected status; nothing is written."""
         await new_task(book, "t1")
         await start(book, "t1")
         before, facts = await row(book, "t1"), await count_facts(book)
-        outcome = await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        with pytest.raises(TransitionConflict) as lost:
+            await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
+        assert (lost.value.expected, lost.value.actual, lost.value.version) == (("open",), "working", 2)
+        outcome = await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM,
+                                   on_conflict="return")
         assert (outcome.kind, outcome.status, outcome.version, outcome.fact_id) == ("conflict", "working", 2, None)
+        assert lost.value.outcome == outcome
         assert await row(book, "t1") == before and await count_facts(book) == facts
 
     async def test_guard_mismatch_is_a_conflict_that_writes_nothing(self, book: Book) -> None:
@@ -403,8 +410,12 @@ class ConflictCases:
         await new_task(book, "t1")
         await start(book, "t1")
         before = await row(book, "t1")
+        with pytest.raises(TransitionConflict) as lost:
+            await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 0},
+                             patch={"attempt": 1}, reason=RETRIED, actor=SYSTEM)
+        assert lost.value.guards == ("attempt",) and lost.value.outcome.kind == "conflict"
         stale = await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 0},
-                                 patch={"attempt": 1}, reason=RETRIED, actor=SYSTEM)
+                                 patch={"attempt": 1}, reason=RETRIED, actor=SYSTEM, on_conflict="return")
         assert stale.kind == "conflict"
         assert await row(book, "t1") == before and await count_facts(book) == 2
         fresh = await transition(book, "task", "t1", "working", expected="working", guards={"attempt": 1},
@@ -460,7 +471,7 @@ class IdempotencyCases:
         assert (await start(book, "t1", idempotency_key="k")).applied
         assert not (await start(book, "t2", idempotency_key="k")).replayed
         await new_task(book, "t3")
-        missed = await start(book, "t3", attempt=7, idempotency_key="k3")
+        missed = await start(book, "t3", attempt=7, idempotency_key="k3", on_conflict="return")
         assert missed.kind == "conflict"
         hit = await start(book, "t3", idempotency_key="k3")
         assert hit.applied and not hit.replayed
@@ -475,7 +486,7 @@ class ClaimCases:
         """L14: many concurrent identical transitions (each on its own connection): one applied, the rest conflict."""
         await new_task(book, "t1")
         racer = await more_books()
-        outcomes = await asyncio.gather(*(start(racer, "t1") for _ in range(self.RACERS)))
+        outcomes = await asyncio.gather(*(start(racer, "t1", on_conflict="return") for _ in range(self.RACERS)))
         assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": self.RACERS - 1}
         assert len(await history(book, "task", "t1")) == 2
         assert (await present(book, "t1"))["attempt"] == 1

@@ -49,7 +49,7 @@ def send(cmd: TransitionCmd) -> Op:
         return transition(
             book, cmd.entity_type, cmd.entity_id, cmd.target, reason=Reason(cmd.reason_code, cmd.reason_summary),
             actor=cmd.actor, expected=cmd.expected, guards=dict(cmd.guards), patch=dict(cmd.patch),
-            idempotency_key=cmd.idempotency_key,
+            idempotency_key=cmd.idempotency_key, on_conflict="return",  # the model predicts conflicts as outcomes
         )
 
     return op

@@ -635,7 +635,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
         pred = self.model.predict_purge(lc.entity_type, entity.entity_id, code, expected, force)
         out, exc = self.attempt(
             purge(self.book, lc.entity_type, entity.entity_id, reason=Reason(code, "cleanup"), actor=actor,
-                  expected=expected, force=force)
+                  expected=expected, force=force, on_conflict="return")
         )
         self.expect("purge", pred, out, exc)
         if pred.writes:

@@ -65,7 +65,7 @@ async def ack_dispatch(book: Book, dispatch_id: str, ack_token: str, *, actor: A
         )
     outcome = await transition(
         book, "dispatch", dispatch_id, "acked", expected=row.status,
-        reason=Reason("dispatch.acked.consumer", summary), actor=actor,
+        reason=Reason("dispatch.acked.consumer", summary), actor=actor, on_conflict="return",
     )
     if outcome.applied:
         return True

@@ -98,6 +98,7 @@ async def retry_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPERATO
             patch={"attempt": 0, "next_attempt_at": tx.clock.now(), "last_error": None},
             reason=Reason("dispatch.pending.operator_retry",
                           checks.with_note(f"operator retry from {row.status}", note)), actor=actor,
+            on_conflict="return",
         )
         if outcome.applied:
             await notify(tx, dispatch_id)
@@ -144,7 +145,7 @@ async def expedite_dispatch(book: Book, dispatch_id: str, *, actor: Actor = OPER
             reason=Reason(EXPEDITED,
                           checks.with_note(f"expedited by an operator: attempt {row.attempt + 1} due now, not in "
                                            f"{row.next_attempt_at - now:.0f} s", note)),
-            actor=actor,
+            actor=actor, on_conflict="return",
         )
         if outcome.applied:
             await notify(tx, dispatch_id)
@@ -168,7 +169,7 @@ async def purge_dispatch(
         outcome = await purge(
             book, "dispatch", dispatch_id,
             reason=Reason("dispatch.purged.operator", checks.with_note("purged by an operator", note)),
-            actor=actor, force=force,
+            actor=actor, force=force, on_conflict="return",
         )
     except EntityNotFound:
         return False

@@ -35,7 +35,7 @@ __all__ = ["claim", "execute", "expire", "finalize", "release", "settle"]
 async def _applied(book: Book, command: Command) -> bool:
     """Apply one command; False when it lost — including to a purge since the row was read."""
     try:
-        return (await apply(book, command)).applied
+        return (await apply(book, command, on_conflict="return")).applied
     except EntityNotFound:
         return False
 

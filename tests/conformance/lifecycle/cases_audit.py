@@ -17,6 +17,7 @@ from statebook.lifecycle import (
     EntityNotFound,
     NewEntity,
     Reason,
+    TransitionConflict,
     TransitionRejected,
     apply_many,
     as_of,
@@ -384,7 +385,10 @@ class AuditCases:
         """L3 / L4 / L11: purge honours ``expected``, needs a declared reason and an existing row."""
         await new_task(book, "t1")
         await transition(book, "task", "t1", "rejected", expected="open", reason=REFUSED, actor=SYSTEM)
-        conflict = await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR, expected="done")
+        with pytest.raises(TransitionConflict) as lost:
+            await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR, expected="done")
+        assert (lost.value.expected, lost.value.actual, lost.value.target) == (("done",), "rejected", None)
+        conflict = await purge(book, "task", "t1", reason=PURGED, actor=OPERATOR, expected="done", on_conflict="return")
         assert conflict.kind == "conflict" and conflict.status == "rejected"
         with pytest.raises(TransitionRejected):
             await purge(book, "task", "t1", reason=Reason("task.purged.because"), actor=OPERATOR)

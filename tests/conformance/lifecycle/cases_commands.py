@@ -11,6 +11,7 @@ from statebook.lifecycle import (
     Command,
     EntityNotFound,
     Reason,
+    TransitionConflict,
     TransitionRejected,
     apply_many,
     as_of,
@@ -138,10 +139,11 @@ class CommandCases:
                                    guards={"attempt": 1, "owner": None}, patch={"attempt": 2, "owner": "ana"},
                                    reason=RETRIED, actor=SYSTEM)
         assert claimed.applied and (await row(book, "t1"))["owner"] == "ana"
-        again = await transition(book, "task", "t1", "working", expected="working",
-                                 guards={"attempt": 2, "owner": None}, patch={"attempt": 3, "owner": "bob"},
-                                 reason=RETRIED, actor=SYSTEM)
-        assert again.conflict and (await row(book, "t1"))["owner"] == "ana"
+        with pytest.raises(TransitionConflict) as again:
+            await transition(book, "task", "t1", "working", expected="working",
+                             guards={"attempt": 2, "owner": None}, patch={"attempt": 3, "owner": "bob"},
+                             reason=RETRIED, actor=SYSTEM)
+        assert again.value.guards == ("owner",) and (await row(book, "t1"))["owner"] == "ana"
         await new_task(book, "t2")
         await start(book, "t2")
         batch = await apply_many(book, [
@@ -229,7 +231,7 @@ class CommandCases:
                                  patch={"attempt": 1}, **claim)).applied
         reclaim = dict(reason=Reason("dispatch.delivering.reclaimed"), actor=SYSTEM, expected="delivering")
         assert (await transition(book, "dispatch", "d1", "delivering", guards={"attempt": 0},
-                                 patch={"attempt": 2}, **reclaim)).conflict
+                                 patch={"attempt": 2}, on_conflict="return", **reclaim)).conflict
         assert (await transition(book, "dispatch", "d1", "delivering", guards={"attempt": 1},
                                  patch={"attempt": 2}, **reclaim)).applied
         await transition(book, "dispatch", "d1", "dead_letter", expected="delivering", actor=SYSTEM,

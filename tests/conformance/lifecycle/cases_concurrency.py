@@ -20,8 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statebook.adapters.audit import CHECKPOINT_FILE, export_bundle, verify_bundle
 from statebook.lifecycle import (
-    Book, Command, EntityNotFound, Fact, NewEntity, Reason, apply_many, create_many, history, purge, transition,
-    verify)
+    Book, Command, EntityNotFound, Fact, NewEntity, Reason, TransitionConflict, apply_many, create_many, history, purge,
+    transition, verify)
 from statebook.lifecycle.chain import checkpoint, key_chain
 from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.errors import StorageError
@@ -75,9 +75,15 @@ class RaceCases(ClaimCases):
                 return (await start(racer, name)).kind
             except EntityNotFound:
                 return "gone"
+            except TransitionConflict as lost:
+                return lost.outcome.kind
 
         async def drop(name: str) -> str:
-            return (await purge(racer, "task", name, reason=PURGED, actor=SYSTEM, expected="open", force=True)).kind
+            try:
+                return (await purge(racer, "task", name, reason=PURGED, actor=SYSTEM, expected="open",
+                                    force=True)).kind
+            except TransitionConflict as lost:
+                return lost.outcome.kind
 
         results = await asyncio.gather(*(asyncio.gather(move(n), drop(n)) for n in names))
         for moved, dropped in results:
@@ -134,7 +140,7 @@ class HonestSeqCases:
                     target, reason, expected = move(current["status"])
                     try:
                         outcome = await transition(tx, "task", entity_id, target, expected=expected,
-                                                   reason=reason, actor=SYSTEM)
+                                                   reason=reason, actor=SYSTEM, on_conflict="return")
                     except EntityNotFound:  # purged meanwhile
                         continue
                     if outcome.applied:
@@ -260,8 +266,8 @@ class ConcurrentWriterCases(ConcurrentTailCases):
                 await barrier.wait()
                 if n % 2:
                     return await transition(tx, "task", "t1", "rejected", expected="open", reason=REFUSED,
-                                            actor=SYSTEM)
-                return await start(tx, "t1")
+                                            actor=SYSTEM, on_conflict="return")
+                return await start(tx, "t1", on_conflict="return")
 
         outcomes = await asyncio.gather(*(race(n) for n in range(RaceCases.RACERS)))
         assert Counter(o.kind for o in outcomes) == {"applied": 1, "conflict": RaceCases.RACERS - 1}

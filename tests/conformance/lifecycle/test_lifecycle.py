@@ -11,6 +11,7 @@ from ..suite import PostgresBackend, SQLiteBackend
 from .cases_audit import AuditCases
 from .cases_batch import BatchCases, PurgeManyCases
 from .cases_commands import CommandCases
+from .cases_conflict import TransitionConflictCases
 from .cases_concurrency import ConcurrentWriterCases, HonestSeqCases, RaceCases, SerialWriterCases
 from .cases_driver import DriverCases
 from .cases_inputs import InputCases
@@ -20,8 +21,8 @@ from .cases_times import TimeCases
 
 
 class LifecycleConformance(
-    StorageConformance, CommandCases, BatchCases, PurgeManyCases, AuditCases, TailCases, RaceCases, HonestSeqCases,
-    DriverCases, InputCases, StoreCases, TimeCases,
+    StorageConformance, CommandCases, TransitionConflictCases, BatchCases, PurgeManyCases, AuditCases, TailCases,
+    RaceCases, HonestSeqCases, DriverCases, InputCases, StoreCases, TimeCases,
 ):
     """Every backend-neutral case (L3-L14), the storage cases users run among them, and the port's own
     (``StoreCases``). A backend adds ConcurrentWriterCases or SerialWriterCases."""
