@@ -208,13 +208,18 @@ def matches(cmd: Command, row: Head | Mapping[str, Any] | None) -> bool:
     return True
 
 
+_UNSET = object()
+"""A guarded column the row does not hold: it differs from any value a command can guard on."""
+
+
 def differing(cmd: Command, row: Head | Mapping[str, Any]) -> tuple[str, ...]:
     """The guarded columns whose value in ``row`` is not the command's, when its status is expected
     (why such a row is a conflict); empty when the status is not."""
-    status, values = (row.status, row.guarded) if type(row) is Head else (row["status"], row)
+    values: Mapping[str, Any] = row.guarded if isinstance(row, Head) else row
+    status = row.status if isinstance(row, Head) else row["status"]
     if status not in cmd.expected:
         return ()
-    return tuple(g for g, v in cmd.guards.items() if (values[g] if g in values else row[g]) != v)
+    return tuple(g for g, v in cmd.guards.items() if values.get(g, _UNSET) != v)
 
 
 def applied(cmd: Command, write: RowWrite) -> Outcome:
