@@ -129,7 +129,7 @@ def test_hypothesis_stopping_an_example_is_no_failure(monkeypatch: pytest.Monkey
     class Greedy(RuleBasedStateMachine):
         stopped = 0
 
-        @rule(values=st.lists(st.integers(), min_size=400, max_size=400))
+        @rule(values=st.lists(st.integers(), min_size=4000, max_size=4000))  # past the choice budget in a step or two
         def take(self, values: list[int]) -> None:
             pass
 
