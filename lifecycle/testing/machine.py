@@ -313,6 +313,19 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
                 cmd = replace(cmd, actor=data.draw(st.sampled_from(allowed)))
         return cmd
 
+    def keyless(self, cmd: TransitionCmd, first: TransitionCmd | None) -> TransitionCmd:
+        """A claimant's command whose effect on the table's unique keys is the same whichever claimant wins:
+        it patches no column a unique key reads, and when a key reads the status, it takes the first
+        claimant's transition (target and reason). Otherwise a later create or patch of another entity could
+        collide with the raced one in one run and not in the next, and Hypothesis needs the same draws for
+        the same choices."""
+        keys = self.model.unique.get(cmd.entity_type, ())
+        read = {c for k in keys for c in (*k.columns, *(t.column for t in k.where))}
+        patch = {f: v for f, v in cmd.patch.items() if f not in read}
+        if first is not None and "status" in read:
+            cmd = replace(cmd, target=first.target, reason_code=first.reason_code)
+        return replace(cmd, patch=patch)
+
     def draw_key(self, data: st.DataObject) -> str | None:
         """Draw an idempotency key (none, fresh, or one shared with earlier commands)."""
         return data.draw(sbst.idempotency_keys(self.fresh_key, self.shared_keys))
@@ -466,6 +479,7 @@ class LifecycleMachine(Checks, RuleBasedStateMachine):
                 seen = self.observe_now(actor, entity)
                 cmd = self.draw_command(data, actor, entity, f"kit-race-{next(self.ids)}", careful=True,
                                         racing=True)
+                cmd = self.keyless(cmd, cmds[0] if cmds else None)
                 relied_on = {f: seen.get(f) for f in cmd.patch if f in sbst.guardable(entity.lc)}
                 cmds.append(replace(cmd, guards={**relied_on, **cmd.guards}))
             label = "race: claimants"

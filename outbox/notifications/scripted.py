@@ -54,6 +54,12 @@ class ScriptedChannel:
         """True when the channel's name is one of the persistent channels."""
         return self.name in PERSISTENT_ORDER
 
+    async def hang(self) -> None:
+        """What a hanging step does: wait for ever, until the call's deadline cuts it. A test whose runs must not
+        depend on the event loop's timing (a state machine) overrides it to raise :class:`TimeoutError` at once,
+        as the deadline would, so a slow database write never races the deadline."""
+        await asyncio.Event().wait()
+
     def _step(self, delivery: Delivery) -> str:
         step: Any = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
@@ -66,7 +72,7 @@ class ScriptedChannel:
         """
         step = self._step(delivery)
         if step == "hang_before":
-            await asyncio.Event().wait()
+            await self.hang()
         if step == "raise_before":
             raise RuntimeError("the adapter failed before sending")
         if self.reports_admission:
@@ -76,7 +82,7 @@ class ScriptedChannel:
         if step == "raise_after":
             raise RuntimeError("the adapter failed after sending")
         if step == "hang_after":
-            await asyncio.Event().wait()
+            await self.hang()
         if step == "limited":
             return Observation(ProviderOutcome.RATE_LIMITED, "429 Too Many Requests", retry_after=5.0)
         if step == "reject":
