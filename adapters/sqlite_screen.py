@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 if __package__ or TYPE_CHECKING:
-    from statebook.lifecycle.screen import BATCH, Merge, Screen, Suspect
+    from statebook.lifecycle.screen import BATCH, Merge, Screen, Suspect, byte_key
 else:  # imported by a worker process (lifecycle/screen.py run as a script), from this directory
-    from screen import BATCH, Merge, Screen, Suspect
+    from screen import BATCH, Merge, Screen, Suspect, byte_key
 
 WORKER = "sqlite_screen:screen_file"
 """What a worker process imports, from this module's directory, and calls with each range."""
@@ -44,10 +44,18 @@ def undecodable(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "decode" in str(exc)
 
 
+class LenientText(str):
+    """Text read leniently, with the bytes SQLite stored (``raw``): SQLite orders text by those bytes."""
+
+    raw: bytes
+
+
 def lenient_text(data: bytes) -> str:
     """SQLite text that is not UTF-8 — only damage writes it (L12b) — with U+FFFD for the bad bytes, so
     it reads as a value no fact was written with. Used only to re-read a range that failed to decode."""
-    return data.decode("utf-8", "replace")
+    text = LenientText(data.decode("utf-8", "replace"))
+    text.raw = data
+    return text
 
 
 def _screen_file(path: str, screen: Screen, facts: Query, rows: Query,
@@ -59,7 +67,8 @@ def _screen_file(path: str, screen: Screen, facts: Query, rows: Query,
         conn.execute("BEGIN")
         row_cursor = conn.execute(*rows)
         fact_cursor = conn.execute(*facts)
-        merge = Merge(screen)
+        # Read leniently, ids keep SQLite's byte order only as bytes (a U+FFFD sorts after what its bytes preceded).
+        merge = Merge(screen, byte_key if text is not None else None)
         entity_at = screen.entity_at
         while batch := fact_cursor.fetchmany(BATCH):
             while merge.wants_rows(batch[-1][entity_at]):

@@ -210,7 +210,7 @@ def check_entity(lc: Lifecycle, entity_id: str, facts: list[Fact], row: dict[str
     found: list[Finding] = []
 
     def flag(kind: str, detail: str, fact: Fact | None = None) -> None:
-        fact_id = None if fact is None else fact.id if type(fact.id) is str else repr(fact.id)  # damage: L12b
+        fact_id = None if fact is None else shown_id(fact.id)  # damage: L12b
         found.append(Finding(kind, lc.entity_type, entity_id, detail, fact_id))
 
     if not facts:
@@ -320,6 +320,12 @@ def _judge_by(rule: Rule) -> Callable[[Lifecycle, Screen, Iterable[Suspect]], li
     return judge
 
 
+def shown_id(value: Any) -> str:
+    """An id as a finding names it: text as plain ``str`` (text read leniently is a subclass), anything else damage
+    stored (L12b) by its repr."""
+    return str(value) if isinstance(value, str) else repr(value)
+
+
 def _judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect], rule: Rule = Rule()) -> list[Finding]:
     """The findings for entities that failed the screen: the full check on their decoded values."""
     found: list[Finding] = []
@@ -327,11 +333,10 @@ def _judge(lc: Lifecycle, screen: Screen, suspects: Iterable[Suspect], rule: Rul
         try:
             values = None if row is None else {
                 name: decoded(v) if name in screen.json_columns else v for name, v in zip(screen.columns, row)}
-            if type(entity_id) is not str:  # damage stored a blob as the id (L12b)
-                entity_id = repr(entity_id)
+            entity_id = shown_id(entity_id)  # damage stored a blob as the id (L12b)
             found += check_entity(lc, entity_id, [Fact.from_stored(f) for f in facts], values, rule)
         except Exception as exc:  # noqa: BLE001 - damage of any shape is a finding, never a crash (L12b)
-            found.append(Finding("unreadable", lc.entity_type, entity_id if type(entity_id) is str else repr(entity_id),
+            found.append(Finding("unreadable", lc.entity_type, shown_id(entity_id),
                                  f"the entity could not be checked ({type(exc).__name__}: {exc})"))
     return found
 

@@ -225,8 +225,9 @@ class Merge:
     collect in ``suspects``; a row no fact mentions is one (with no facts).
     """
 
-    def __init__(self, screen: Screen) -> None:
+    def __init__(self, screen: Screen, key: Callable[[Any], Any] | None = None) -> None:
         self.screen = screen
+        self._key = key or _key
         self.entities = 0
         self.facts = 0
         self.suspects: list[Suspect] = []
@@ -234,14 +235,14 @@ class Merge:
         self._next = 0
         self._rows_done = False
         self._facts_done = False
-        self._current: str | None = None
+        self._current: Any = None
         self._bucket: list[Sequence[Any]] = []
 
     def wants_rows(self, last_entity: Any) -> bool:
         """Whether more rows must be read before facts up to ``last_entity`` can be screened."""
         rows = self._rows
         return not self._rows_done and (
-            self._next == len(rows) or _key(rows[-1][self.screen.id_index]) < _key(last_entity))
+            self._next == len(rows) or self._key(rows[-1][self.screen.id_index]) < self._key(last_entity))
 
     def add_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """The next rows (empty: there are no more). After :meth:`end_facts`, all are orphans."""
@@ -255,11 +256,11 @@ class Merge:
 
     def add_facts(self, facts: Sequence[Sequence[Any]]) -> None:
         """Take the next batch of fact rows (in entity order) and screen each entity they complete."""
-        entity_at = self.screen.entity_at
+        entity_at, key = self.screen.entity_at, self._key
         current, bucket = self._current, self._bucket
         for f in facts:
             if f[entity_at] != current:
-                entity = _key(f[entity_at])
+                entity = key(f[entity_at])
                 if entity == current:  # a damaged id that is not text (L12b), still the same entity
                     bucket.append(f)
                     continue
@@ -280,10 +281,10 @@ class Merge:
         self._orphans(None)
         self._facts_done = True
 
-    def _close(self, entity: str, facts: list[Sequence[Any]]) -> None:
+    def _close(self, entity: Any, facts: list[Sequence[Any]]) -> None:
         self._orphans(entity)
         rows, i, row = self._rows, self._next, None
-        if i < len(rows) and _key(rows[i][self.screen.id_index]) == entity:
+        if i < len(rows) and self._key(rows[i][self.screen.id_index]) == entity:
             row = rows[i]
             self._next = i + 1
         self.entities += 1
@@ -291,10 +292,10 @@ class Merge:
         if not self.screen.passes(facts, row):
             self.suspects.append((facts[0][self.screen.entity_at], facts, row))
 
-    def _orphans(self, before: str | None) -> None:
+    def _orphans(self, before: Any) -> None:
         """Rows (with ids before ``before``, or all left) that no fact mentions."""
         rows, i, id_at = self._rows, self._next, self.screen.id_index
-        while i < len(rows) and (before is None or _key(rows[i][id_at]) < before):
+        while i < len(rows) and (before is None or self._key(rows[i][id_at]) < before):
             self.entities += 1
             self.suspects.append((rows[i][id_at], [], rows[i]))
             i += 1
@@ -393,3 +394,14 @@ if __name__ == "__main__":
     _target, *_path = sys.argv[1:]
     sys.path.extend(_path)  # after the standard library, so no module there can shadow it
     serve(sys.stdin.buffer, sys.stdout.buffer, imported(_target))
+
+
+def byte_key(entity_id: Any) -> tuple[int, Any]:
+    """An entity id in SQLite's own order (BINARY collation): text by its UTF-8 bytes, before every blob. For
+    text read leniently (only damage stores text that is not UTF-8, L12b): code-point order, which :func:`_key`
+    uses, is not byte order once a value is not UTF-8, so such a value carries the bytes it was stored with
+    as ``raw``."""
+    if isinstance(entity_id, str):
+        raw = getattr(entity_id, "raw", None)
+        return (0, raw if isinstance(raw, bytes) else entity_id.encode("utf-8", "surrogatepass"))
+    return (1, entity_id.hex() if isinstance(entity_id, bytes) else repr(entity_id))

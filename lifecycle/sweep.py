@@ -37,7 +37,7 @@ from .errors import StorageError
 from .facts import SCALAR_FIELDS, STORED_FIELDS, facts_table, stored_column
 from .policy import Lifecycle
 from .schema import row_defaults
-from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError
+from .screen import BATCH, Merge, Screen, Suspect, Worker, WorkerError, byte_key
 from .store import FileScreen, Reads
 
 log = logging.getLogger("statebook.lifecycle")
@@ -258,12 +258,13 @@ class _Run:
                     raise
                 self.entities, self.facts = counted  # read it again, counting it once
                 async with self.reads.lenient(self.conn):
-                    self.found[i] = await self.on_snapshot(chunk)
+                    self.found[i] = await self.on_snapshot(chunk, lenient=True)
 
-    async def on_snapshot(self, chunk: _Chunk) -> list[Any]:
-        """Screen one chunk on the snapshot's connection (no file of its own, or a bound transaction)."""
+    async def on_snapshot(self, chunk: _Chunk, *, lenient: bool = False) -> list[Any]:
+        """Screen one chunk on the snapshot's connection (no file of its own, or a bound transaction); ``lenient``:
+        its text is read leniently, so ids are ordered by their stored bytes (:func:`.screen.byte_key`)."""
         facts_query, rows_query = chunk.queries(self.reads)
-        merge = Merge(chunk.screen)
+        merge = Merge(chunk.screen, byte_key if lenient else None)
         found: list[Any] = []
         entity_at = chunk.screen.entity_at
         seen = (0, 0)
