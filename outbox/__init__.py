@@ -10,20 +10,57 @@ Three subpackages: :mod:`.core` (the delivery machinery every leased lifecycle s
 :mod:`.dispatch.attempts`) and :mod:`.notifications`.
 """
 
-from .dispatch.ack import ack_dispatch
-from .dispatch.admin import (
-    apply_retention, expedite_dispatch, get_dispatch, list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
-)
-from .dispatch.bounds import DispatchLimits, dispatch_limits
-from .dispatch.delivery import deliver_due_dispatches
-from .dispatch.enqueue import enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat
-from .dispatch.errors import AckRejected, DispatchInvalid
-from .dispatch.models import Dispatch
-from .dispatch.policy import DISPATCH
-from .dispatch.schema import dispatch_outbox
-from .dispatch.signal import DispatchSignal, Signal
-from .dispatch.transport import ArgvTransport, CallableTransport, RoutingTransport, Transport, TransportResult
-from .dispatch.worker import DeliveryWorker, Retention
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker and the API reference read; at run time each module loads on first use
+    from .dispatch.ack import ack_dispatch
+    from .dispatch.admin import (
+        apply_retention, expedite_dispatch, get_dispatch, list_dispatches, purge_dispatch, purge_dispatches, retry_dispatch,
+    )
+    from .dispatch.bounds import DispatchLimits, dispatch_limits
+    from .dispatch.delivery import deliver_due_dispatches
+    from .dispatch.enqueue import enqueue_dispatch, enqueue_dispatches, enqueue_revival_heartbeat
+    from .dispatch.errors import AckRejected, DispatchInvalid
+    from .dispatch.models import Dispatch
+    from .dispatch.policy import DISPATCH
+    from .dispatch.schema import dispatch_outbox
+    from .dispatch.signal import DispatchSignal, Signal
+    from .dispatch.transport import ArgvTransport, CallableTransport, RoutingTransport, Transport, TransportResult
+    from .dispatch.worker import DeliveryWorker, Retention
+
+_WHERE = {
+    ".dispatch.ack": ("ack_dispatch",),
+    ".dispatch.admin": (
+        "apply_retention", "expedite_dispatch", "get_dispatch", "list_dispatches", "purge_dispatch",
+        "purge_dispatches", "retry_dispatch",
+    ),
+    ".dispatch.bounds": ("DispatchLimits", "dispatch_limits"),
+    ".dispatch.delivery": ("deliver_due_dispatches",),
+    ".dispatch.enqueue": ("enqueue_dispatch", "enqueue_dispatches", "enqueue_revival_heartbeat"),
+    ".dispatch.errors": ("AckRejected", "DispatchInvalid"),
+    ".dispatch.models": ("Dispatch",),
+    ".dispatch.policy": ("DISPATCH",),
+    ".dispatch.schema": ("dispatch_outbox",),
+    ".dispatch.signal": ("DispatchSignal", "Signal"),
+    ".dispatch.transport": ("ArgvTransport", "CallableTransport", "RoutingTransport", "Transport", "TransportResult"),
+    ".dispatch.worker": ("DeliveryWorker", "Retention"),
+}
+"""The module of each public name: ``statebook ...`` commands import only what they use (specs/cli.md C10)."""
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
 
 __all__ = [
     "DISPATCH", "AckRejected", "ArgvTransport", "CallableTransport", "DeliveryWorker", "Dispatch", "DispatchInvalid",

@@ -16,23 +16,64 @@ callbacks (:mod:`.responses`). Recovery and explicit retention: :mod:`.recovery`
 :mod:`.buckets`; tables: :mod:`.schema`; test channels: :mod:`.scripted`.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from statebook.lifecycle.errors import IdempotencyMismatch
 
-from .buckets import ensure_bucket
-from .channels import Channel, Delivery, Guard, LeaseLost, LinkHook, Mode, NoToken, Observation, ProviderOutcome
-from .delivery import deliver_due_notifications
-from .errors import NotificationInvalid
-from .models import ChannelAttempt, DeadLetter, FollowUp, Notification, NotificationResponse, TimeoutCallback
-from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
-from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN
-from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
-from .responses import (
-    CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, get_response,
-    register_timeout_callback, timeout_callbacks, unregister_timeout_callback,
-)
-from .retention import RetentionReport, apply_notification_retention
-from .schema import notifications
-from .worker import NotificationWorker, ResponseTimeoutWorker
+if TYPE_CHECKING:  # what a type checker and the API reference read; at run time each module loads on first use
+    from .buckets import ensure_bucket
+    from .channels import Channel, Delivery, Guard, LeaseLost, LinkHook, Mode, NoToken, Observation, ProviderOutcome
+    from .delivery import deliver_due_notifications
+    from .errors import NotificationInvalid
+    from .models import ChannelAttempt, DeadLetter, FollowUp, Notification, NotificationResponse, TimeoutCallback
+    from .intake import Accepted, get_notification, list_notifications, notification_attempts, send_notification
+    from .policy import CHANNEL_ATTEMPT, DEDUP_CLAIM, NOTIFICATION, NOTIFICATION_RESPONSE, RATE_BUCKET, RETENTION_RUN
+    from .recovery import RecoveryRefused, Replayed, list_dead_letters, replay_notification, resolve_notification
+    from .responses import (
+        CallbackTransport, ResponseConflict, ack_notification, dismiss_notification, get_response,
+        register_timeout_callback, timeout_callbacks, unregister_timeout_callback,
+    )
+    from .retention import RetentionReport, apply_notification_retention
+    from .schema import notifications
+    from .worker import NotificationWorker, ResponseTimeoutWorker
+
+_WHERE = {
+    ".buckets": ("ensure_bucket",),
+    ".channels": (
+        "Channel", "Delivery", "Guard", "LeaseLost", "LinkHook", "Mode", "NoToken", "Observation", "ProviderOutcome",
+    ),
+    ".delivery": ("deliver_due_notifications",),
+    ".errors": ("NotificationInvalid",),
+    ".models": ("ChannelAttempt", "DeadLetter", "FollowUp", "Notification", "NotificationResponse", "TimeoutCallback"),
+    ".intake": ("Accepted", "get_notification", "list_notifications", "notification_attempts", "send_notification"),
+    ".policy": (
+        "CHANNEL_ATTEMPT", "DEDUP_CLAIM", "NOTIFICATION", "NOTIFICATION_RESPONSE", "RATE_BUCKET", "RETENTION_RUN",
+    ),
+    ".recovery": ("RecoveryRefused", "Replayed", "list_dead_letters", "replay_notification", "resolve_notification"),
+    ".responses": (
+        "CallbackTransport", "ResponseConflict", "ack_notification", "dismiss_notification", "get_response",
+        "register_timeout_callback", "timeout_callbacks", "unregister_timeout_callback",
+    ),
+    ".retention": ("RetentionReport", "apply_notification_retention"),
+    ".schema": ("notifications",),
+    ".worker": ("NotificationWorker", "ResponseTimeoutWorker"),
+}
+"""The module of each public name: ``statebook ...`` commands import only what they use (specs/cli.md C10)."""
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULE_OF})
 
 __all__ = [
     "CHANNEL_ATTEMPT", "DEDUP_CLAIM", "NOTIFICATION", "NOTIFICATION_RESPONSE", "RATE_BUCKET", "RETENTION_RUN",
