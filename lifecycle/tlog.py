@@ -26,9 +26,10 @@ from typing import Any
 from .errors import StatebookError
 
 __all__ = [
-    "EMPTY_ROOT", "HASH_SIZE", "Checkpoint", "CheckpointFormatError", "Frontier", "SubtreeHash", "checkpoint_body",
-    "consistency_proof", "consistency_proof_from", "inclusion_proof", "inclusion_proof_from", "leaf_hash", "memory_subtrees",
-    "node_hash", "parse_checkpoint", "range_hash", "root", "verify_consistency", "verify_inclusion"]
+    "EMPTY_ROOT", "HASH_SIZE", "MAX_SIZE", "CheckpointFormatError", "Frontier", "SubtreeHash", "TreeHead",
+    "checkpoint_body", "consistency_proof", "consistency_proof_from", "inclusion_proof", "inclusion_proof_from",
+    "leaf_hash", "memory_subtrees", "node_hash", "parse_checkpoint", "range_hash", "root", "verify_consistency",
+    "verify_inclusion"]
 
 HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()
@@ -257,7 +258,8 @@ class Frontier:
     @property
     def subtrees(self) -> list[tuple[int, int, bytes]]:
         """(start, height, hash) of each subtree on the edge, leftmost (largest) first."""
-        out, start = [], 0
+        out: list[tuple[int, int, bytes]] = []
+        start = 0
         for height in range(self._size.bit_length() - 1, -1, -1):
             if self._size >> height & 1:
                 out.append((start, height, self._hashes[len(out)]))
@@ -331,8 +333,8 @@ class Frontier:
 
 
 @dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint's note text: the log's origin, the tree size, its root hash and any extension lines."""
+class TreeHead:
+    """What a C2SP checkpoint states: the log's origin, the tree size, the root hash, any extension lines."""
 
     origin: str
     size: int
@@ -340,7 +342,7 @@ class Checkpoint:
     extensions: tuple[str, ...] = ()
 
     def body(self) -> bytes:
-        """The note text this checkpoint is (:func:`checkpoint_body`)."""
+        """Its checkpoint text (:func:`checkpoint_body`), the text a checkpoint note signs."""
         return checkpoint_body(self.origin, self.size, self.root_hash, self.extensions)
 
 
@@ -374,8 +376,8 @@ def checkpoint_body(origin: str, size: int, root_hash: bytes, extensions: Iterab
     return "".join(f"{line}\n" for line in lines).encode("utf-8")
 
 
-def parse_checkpoint(text: bytes | str) -> Checkpoint:
-    """The :class:`Checkpoint` a note text states; :class:`CheckpointFormatError` naming the first rule it
+def parse_checkpoint(text: bytes | str) -> TreeHead:
+    """The :class:`TreeHead` a note text states; :class:`CheckpointFormatError` naming the first rule it
     breaks (a newline-ended text, an origin, a decimal size without leading zeros, a 32-byte base64 root,
     non-empty extension lines)."""
     if isinstance(text, bytes):
@@ -406,4 +408,4 @@ def parse_checkpoint(text: bytes | str) -> Checkpoint:
     if len(root_hash) != HASH_SIZE or base64.b64encode(root_hash).decode("ascii") != root_text:
         raise CheckpointFormatError(
             f"bad checkpoint: the root hash line must be the base64 of {HASH_SIZE} bytes, not {root_text[:60]!r}")
-    return Checkpoint(origin, size, root_hash, tuple(extensions))
+    return TreeHead(origin, size, root_hash, tuple(extensions))

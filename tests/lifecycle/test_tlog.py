@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from profiles import examples
 from statebook.lifecycle.tlog import (
-    EMPTY_ROOT, Checkpoint, CheckpointFormatError, Frontier, checkpoint_body, consistency_proof,
+    EMPTY_ROOT, TreeHead, CheckpointFormatError, Frontier, checkpoint_body, consistency_proof,
     consistency_proof_from, inclusion_proof, inclusion_proof_from, leaf_hash, memory_subtrees, node_hash,
     parse_checkpoint, range_hash, root, verify_consistency, verify_inclusion)
 
@@ -279,7 +279,9 @@ def test_proof_arguments_outside_the_tree_are_an_error_for_the_prover():
 @functools.cache
 def same_leaf_subtree(height: int) -> bytes:
     """The subtree of 2**height copies of one leaf: every subtree of that height hashes alike."""
-    return leaf_hash(b"fact") if height == 0 else node_hash(same_leaf_subtree(height - 1), same_leaf_subtree(height - 1))
+    if height == 0:
+        return leaf_hash(b"fact")
+    return node_hash(same_leaf_subtree(height - 1), same_leaf_subtree(height - 1))
 
 
 def test_proofs_of_a_huge_log_read_only_a_few_subtree_hashes():
@@ -370,7 +372,8 @@ def test_a_checkpoint_body_round_trips_with_extension_lines():
     body = checkpoint_body("statebook.example/orders", 8, CT_ROOTS[8], ["chain key 1a2b", "seq 42"])
     assert body == (b"statebook.example/orders\n8\nXcnaeacGWamtVZy3Ad7ZoqudgjqtL0lgz+Nw7/RgQyg=\n"
                     b"chain key 1a2b\nseq 42\n")
-    assert parse_checkpoint(body) == Checkpoint("statebook.example/orders", 8, CT_ROOTS[8], ("chain key 1a2b", "seq 42"))
+    assert parse_checkpoint(body) == TreeHead("statebook.example/orders", 8, CT_ROOTS[8],
+                                                ("chain key 1a2b", "seq 42"))
     assert parse_checkpoint(body.decode()) == parse_checkpoint(body)
     assert checkpoint_body("o", 0, EMPTY_ROOT) == b"o\n0\n47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=\n"
 
@@ -423,4 +426,4 @@ def test_checkpoint_body_refuses_what_it_cannot_write():
                                    max_size=20), max_size=3))
 def test_any_checkpoint_written_parses_back(origin, size, root_hash, extensions):
     body = checkpoint_body(origin, size, root_hash, extensions)
-    assert parse_checkpoint(body) == Checkpoint(origin, size, root_hash, tuple(extensions))
+    assert parse_checkpoint(body) == TreeHead(origin, size, root_hash, tuple(extensions))
