@@ -128,7 +128,8 @@ class Verifier:
         problem = _name_problem(self.name)
         if problem is not None:
             raise NoteKeyError(problem)
-        if self.kind not in (ED25519, COSIGNATURE_V1) or type(self.public_key) is not bytes or len(self.public_key) != 32:
+        if (self.kind not in (ED25519, COSIGNATURE_V1) or type(self.public_key) is not bytes
+                or len(self.public_key) != 32):
             raise NoteKeyError(f"key {self.name}: an Ed25519 key is 32 bytes of type 0x01 or 0x04")
 
     @property
