@@ -375,3 +375,41 @@ def test_importing_the_module_loads_no_cryptography():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_text_with_blank_lines_is_cut_at_the_last_one():
+    text = "statebook.example/orders\n\nsecond paragraph\n\n\nthird\n"
+    note = sign_note(text, LOG)
+    assert open_note(note, [LOG.verifier()]) == (text, ["PeterNeumann"])
+    assert c2sp_verify(note, [PETER_VKEY]) == [("PeterNeumann", None)]
+
+
+def test_a_cosignature_stating_a_time_past_the_limit_is_refused_even_if_signed():
+    """tlog-cosignature: the timestamp MUST NOT exceed 2**63 - 1; a witness key that signed a larger one anyway
+    has made no valid cosignature."""
+    witness = WITNESSES[0]
+    note = sign_note(BODY, LOG)
+    private = Ed25519PrivateKey.from_private_bytes(witness.seed)
+    for seconds, ok in ((2**63 - 1, True), (2**63, False), (2**64 - 1, False)):
+        signature = private.sign(b"cosignature/v1\ntime %d\n" % seconds + BODY)
+        raw = witness.verifier().key_id + seconds.to_bytes(8, "big") + signature
+        line = f"\u2014 {witness.name} {base64.b64encode(raw).decode()}\n".encode()
+        if ok:
+            assert open_witnessed(note + line, [LOG.verifier()], [witness.verifier()], 1).cosignatures[0].time == seconds
+        else:
+            with pytest.raises(BadSignature, match=witness.name):
+                open_witnessed(note + line, [LOG.verifier()], [witness.verifier()], 1)
+
+
+def test_a_signature_in_non_canonical_base64_is_malformed():
+    """68 bytes of key id and signature leave 2 unused bits in the last base64 digit: setting them decodes to the
+    same bytes, but it is not the one encoding of them."""
+    note = sign_note(BODY, LOG).decode()
+    encoded = note.splitlines()[-1].split(" ")[-1]
+    assert encoded.endswith("=") and not encoded.endswith("==")
+    digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    last = digits.index(encoded[-2])
+    sloppy = encoded[:-2] + digits[last | 0b11] + "="
+    assert sloppy != encoded and base64.b64decode(sloppy) == base64.b64decode(encoded)
+    with pytest.raises(MalformedNote):
+        open_note(note.replace(encoded, sloppy), [LOG.verifier()])
