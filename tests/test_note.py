@@ -395,7 +395,8 @@ def test_a_cosignature_stating_a_time_past_the_limit_is_refused_even_if_signed()
         raw = witness.verifier().key_id + seconds.to_bytes(8, "big") + signature
         line = f"\u2014 {witness.name} {base64.b64encode(raw).decode()}\n".encode()
         if ok:
-            assert open_witnessed(note + line, [LOG.verifier()], [witness.verifier()], 1).cosignatures[0].time == seconds
+            opened = open_witnessed(note + line, [LOG.verifier()], [witness.verifier()], 1)
+            assert opened.cosignatures[0].time == seconds
         else:
             with pytest.raises(BadSignature, match=witness.name):
                 open_witnessed(note + line, [LOG.verifier()], [witness.verifier()], 1)
