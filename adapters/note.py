@@ -193,8 +193,9 @@ class Signer:
     @classmethod
     def generate(cls, name: str, kind: int = ED25519) -> Signer:
         """A new random key named ``name``."""
-        from cryptography.hazmat.primitives import serialization
-        key = _crypto().Ed25519PrivateKey.generate()
+        ed25519 = _crypto()
+        from cryptography.hazmat.primitives import serialization  # present: _crypto needed cryptography
+        key = ed25519.Ed25519PrivateKey.generate()
         raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                 serialization.NoEncryption())
         return cls(name, kind, raw)
@@ -222,8 +223,9 @@ class Signer:
 
     def verifier(self) -> Verifier:
         """The public half."""
-        from cryptography.hazmat.primitives import serialization
-        public = _crypto().Ed25519PrivateKey.from_private_bytes(self.seed).public_key()
+        ed25519 = _crypto()
+        from cryptography.hazmat.primitives import serialization  # present: _crypto needed cryptography
+        public = ed25519.Ed25519PrivateKey.from_private_bytes(self.seed).public_key()
         return Verifier(self.name, self.kind, public.public_bytes(serialization.Encoding.Raw,
                                                                   serialization.PublicFormat.Raw))
 

@@ -414,3 +414,13 @@ def test_a_signature_in_non_canonical_base64_is_malformed():
     assert sloppy != encoded and base64.b64decode(sloppy) == base64.b64decode(encoded)
     with pytest.raises(MalformedNote):
         open_note(note.replace(encoded, sloppy), [LOG.verifier()])
+
+
+def test_without_the_audit_extra_a_key_is_one_line_naming_it():
+    code = ("import sys; sys.modules['cryptography'] = None\n"
+            "from statebook.adapters.note import Signer\n"
+            "try:\n    Signer.generate('log.example')\n"
+            "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("MissingExtra ") and "pip install 'statebook[audit]'" in result.stdout
