@@ -303,7 +303,7 @@ def test_proofs_of_a_huge_log_read_only_a_few_subtree_hashes():
     calls.clear()
     c_proof = consistency_proof_from(old, new, subtree)
     assert verify_consistency(old, new, old_root, new_root, c_proof)
-    assert len(calls) <= 3 * new.bit_length()
+    assert len(calls) <= 2 * new.bit_length()
 
 
 @settings(max_examples=examples(100), deadline=None)
