@@ -105,14 +105,18 @@ def _key_parts(text: Any, what: str) -> tuple[str, bytes, int, bytes]:
     if len(parts) != 3:
         raise NoteKeyError(f"a {what} is name+keyid+key (three parts joined by '+'), not {len(parts)} part(s)")
     name, hex_id, encoded = parts
+    # A malformed signer key may be cut anywhere in its secret: its errors quote none of it.
+    public = what != "signer key"
     problem = _name_problem(name)
     if problem is not None:
-        raise NoteKeyError(f"bad {what}: {problem}")
+        raise NoteKeyError(f"bad {what}: {problem if public else 'a key name has no spaces and no +'}")
+    label = f"{what} {name}" if public else what
     if len(hex_id) != 8 or any(c not in "0123456789abcdef" for c in hex_id):
-        raise NoteKeyError(f"bad {what} {name}: its key id is 8 lowercase hex digits, not {hex_id[:20]!r}")
+        raise NoteKeyError(f"bad {label}: its key id is 8 lowercase hex digits"
+                           + (f", not {hex_id[:20]!r}" if public else ""))
     raw = _b64(encoded)
     if raw is None or len(raw) != 33 or raw[0] not in (ED25519, COSIGNATURE_V1):
-        raise NoteKeyError(f"bad {what} {name}: its key is base64 of a type byte (0x01 or 0x04) and 32 bytes")
+        raise NoteKeyError(f"bad {label}: its key is base64 of a type byte (0x01 or 0x04) and 32 bytes")
     return name, bytes.fromhex(hex_id), raw[0], raw[1:]
 
 
@@ -208,7 +212,7 @@ class Signer:
         name, stated, kind, seed = _key_parts(text[len("PRIVATE+KEY+"):], "signer key")
         signer = cls(name, kind, seed)
         if signer.verifier().key_id != stated:
-            raise NoteKeyError(f"bad signer key {name}: the key id it states is not its key's")
+            raise NoteKeyError("bad signer key: the key id it states is not its key's")
         return signer
 
     @property
