@@ -27,7 +27,7 @@ from .errors import StatebookError
 
 __all__ = [
     "EMPTY_ROOT", "HASH_SIZE", "MAX_SIZE", "CheckpointFormatError", "Frontier", "SubtreeHash", "TreeHead",
-    "checkpoint_body", "consistency_proof", "consistency_proof_from", "inclusion_proof", "inclusion_proof_from",
+    "checkpoint_body", "fact_leaf", "consistency_proof", "consistency_proof_from", "inclusion_proof", "inclusion_proof_from",
     "leaf_hash", "memory_subtrees", "node_hash", "parse_checkpoint", "range_hash", "root", "verify_consistency",
     "verify_inclusion"]
 
@@ -48,6 +48,19 @@ class CheckpointFormatError(StatebookError, ValueError):
 def leaf_hash(data: bytes) -> bytes:
     """The hash of one leaf: ``SHA-256(0x00 || data)``."""
     return hashlib.sha256(b"\x00" + data).digest()
+
+
+FACT_LEAF_PREFIX = b"statebook fact v1\n"
+
+
+def fact_leaf(seq: int, fact_hash: str) -> bytes:
+    """The leaf data of one fact: its ``seq`` and its stored hash (which covers the entity, the version, the
+    previous hash and every recorded column: specs/lifecycle.md L12). The log's leaves are the facts in ``seq``
+    order, so a leaf's index is the number of facts before it; binding the ``seq`` too makes a renumbered fact a
+    different leaf even where the order stays."""
+    if type(seq) is not int or seq < 0:
+        raise ValueError(f"a fact's seq is a non-negative integer, not {seq!r}")
+    return FACT_LEAF_PREFIX + str(seq).encode("ascii") + b"\n" + fact_hash.encode("utf-8")
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:

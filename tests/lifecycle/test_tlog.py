@@ -427,3 +427,14 @@ def test_checkpoint_body_refuses_what_it_cannot_write():
 def test_any_checkpoint_written_parses_back(origin, size, root_hash, extensions):
     body = checkpoint_body(origin, size, root_hash, extensions)
     assert parse_checkpoint(body) == TreeHead(origin, size, root_hash, tuple(extensions))
+
+
+def test_a_facts_leaf_binds_its_seq_and_its_hash():
+    from statebook.lifecycle import tlog
+
+    leaf = tlog.fact_leaf(7, "ab" * 32)
+    assert leaf == b"statebook fact v1\n7\n" + b"ab" * 32
+    assert tlog.fact_leaf(8, "ab" * 32) != leaf and tlog.fact_leaf(7, "ac" * 32) != leaf
+    for bad in (-1, True, 7.0, "7"):
+        with pytest.raises(ValueError):
+            tlog.fact_leaf(bad, "ab" * 32)  # type: ignore[arg-type]
