@@ -4,12 +4,15 @@ database gives, against leaves computed here from its rows, and verify against a
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 
 import pytest
 import sqlalchemy as sa
 
 import statebook.lifecycle.factlog as factlog
 from statebook.lifecycle import Book, NewEntity, create_many, purge, transition, verify
+from statebook.lifecycle.chain import against_checkpoint, checkpoint, key_chain
+from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.factlog import (
@@ -22,7 +25,9 @@ from statebook.lifecycle.factlog import (
 from statebook.lifecycle.testing.cases import walked
 from statebook.lifecycle import tlog
 
-from .support import CREATED, FINISHED, OPERATOR, PURGED, SYSTEM, execute, new_task, task_values
+from .cases_audit import swap_seq
+from .forgeries import cut_tail, erased, facts_of, forged_rehashed, inserted, reordered, sql
+from .support import CREATED, FINISHED, OPERATOR, PURGED, SYSTEM, execute, new_task, start, task_values
 
 ORIGIN = "conformance.example/log"
 
@@ -174,3 +179,194 @@ async def book_fact_ids(book: Book) -> list[str]:
     t = facts_table
     async with book.engine.connect() as conn:
         return list((await conn.execute(sa.select(t.c.id).order_by(t.c.seq))).scalars())
+
+
+# -- the adversarial suite --------------------------------------------------------------------------------------
+
+KEY = ChainKey(b"k" * 32)
+KEYED = pytest.mark.parametrize("keyed", [False, True], ids=["plain", "keyed"])
+"""Each attack on a database with plain facts (the plain chain, a heads checkpoint, a tree head), and on one
+keyed from its first fact (the keyed chain)."""
+
+
+async def swapped_across(book: Book) -> None:
+    """The victim's last fact and the next fact in seq, another entity's first, trade seqs (hashes untouched):
+    each entity's seq still rises with its versions, but a tail or an export reads them in another order."""
+    last = (await facts_of(book, "victim"))[-1]
+    t = facts_table
+    async with book.engine.connect() as conn:
+        after = (await conn.execute(sa.select(sa.func.min(t.c.seq)).where(t.c.seq > last.seq))).scalar_one()
+    await swap_seq(book, last.seq, after)
+
+
+async def renumbered(book: Book) -> None:
+    """The victim's facts and every later one move 1000 up in seq, in the same order (hashes untouched)."""
+    first = (await facts_of(book, "victim"))[0]
+    await sql(book, "UPDATE status_transitions SET seq = seq + 1000 WHERE seq >= :s", s=first.seq)
+
+
+async def attack(book: Book, keyed: bool, forge: Callable[[Book], Awaitable[None]], *, after: bool
+                 ) -> dict[str, set[str]]:
+    """The finding kinds of each anchor once ``forge`` has run: ``keyed chain`` (verify with the key) on a keyed
+    database; on a plain one ``plain chain`` (verify), ``heads checkpoint`` (against_checkpoint) and ``tree
+    head`` (against_tree_head), both taken before the victim's facts when ``after``, and then ``next tree head``:
+    one taken after them, before the forgery, whose consistency with the first is checked first.
+
+    The tasks a1 and z9 (and the victim, unless ``after``) have two facts each when the anchors are taken; then
+    one more entity is written (two facts, after the victim's when ``after``), so the log grows past the size."""
+    if keyed:
+        book = book.with_chain_key(KEY)
+        await key_chain(book)
+    for entity_id in ("a1", "z9") if after else ("a1", "victim", "z9"):
+        await new_task(book, entity_id)
+        await start(book, entity_id)
+    body = await checkpoint(book)
+    head = head_of(await tree_head(book))
+    for entity_id in ("victim", "zz") if after else ("zz",):
+        await new_task(book, entity_id)
+        await start(book, entity_id)
+    later = head_of(await tree_head(book))
+    assert tlog.verify_consistency(head.size, later.size, head.root_hash, later.root_hash,
+                                   await consistency_proof_for(book, head.size, later.size))
+    clean = (await verify(book, checkpoint=body, tree_head=head)).findings + (await verify(book, tree_head=later)).findings
+    assert not clean, clean
+    await forge(book)
+    if keyed:
+        return {"keyed chain": {f.kind for f in (await verify(book)).findings}}
+    found = {"plain chain": {f.kind for f in (await verify(book)).findings},
+             "heads checkpoint": {p[0] for p in await against_checkpoint(book, body)},
+             "tree head": {p[0] for p in await against_tree_head(book, head)}}
+    if after:
+        found["next tree head"] = {p[0] for p in await against_tree_head(book, later)}
+    return found
+
+
+def expect(keyed: bool, *, plain: set[str], keyed_chain: set[str], checkpoint: set[str], tree: set[str],
+           after: bool) -> dict[str, set[str]]:
+    if keyed:
+        return {"keyed chain": keyed_chain}
+    found = {"plain chain": plain, "heads checkpoint": checkpoint, "tree head": tree}
+    if after:
+        found["next tree head"] = {"tree_head_mismatch"}
+    return found
+
+
+MISMATCH = {"tree_head_mismatch"}
+NONE: set[str] = set()
+
+
+class FactLogAttackCases:
+    """A6's table: each attack up to a tree head's size and after it, by an attacker with write access to the
+    database (raw SQL) who knows the plain hashing (``facts.fact_hash``, the leaf format) but holds neither the
+    signing key of the tree heads and checkpoints nor the chain key. Every cell of the table is asserted, the
+    "not detected" ones too."""
+
+    @KEYED
+    async def test_a_seq_swap_within_an_entity_up_to_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The victim's two facts trade seqs
+        (hashes untouched), below the size: the chain's seq order (L12d) and the tree head find it."""
+        got = await attack(book, keyed, reordered, after=False)
+        assert got == expect(keyed, plain={"seq_out_of_order"}, keyed_chain={"seq_out_of_order"}, checkpoint=NONE,
+                             tree=MISMATCH, after=False)
+
+    @KEYED
+    async def test_a_seq_swap_within_an_entity_after_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The same swap after the size: the chain's
+        seq order finds it; the tree head does not (those leaves are not in it), the next one does."""
+        got = await attack(book, keyed, reordered, after=True)
+        assert got == expect(keyed, plain={"seq_out_of_order"}, keyed_chain={"seq_out_of_order"}, checkpoint=NONE,
+                             tree=NONE, after=True)
+
+    @KEYED
+    async def test_a_seq_swap_across_entities_up_to_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The victim's last fact and the next
+        entity's first trade seqs, below the size: every chain still rises in seq and every head is the same, so
+        only the tree head finds it."""
+        got = await attack(book, keyed, swapped_across, after=False)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint=NONE, tree=MISMATCH, after=False)
+
+    @KEYED
+    async def test_a_seq_swap_across_entities_after_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The same swap after the size: no anchor
+        taken before it finds it; the next tree head does."""
+        got = await attack(book, keyed, swapped_across, after=True)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint=NONE, tree=NONE, after=True)
+
+    @KEYED
+    async def test_a_cut_tail_up_to_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The victim's last fact deleted and its
+        row rewritten, below the size: the heads checkpoint and the tree head find it, no chain does."""
+        got = await attack(book, keyed, cut_tail, after=False)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint={"truncated", "fact_count"},
+                             tree=MISMATCH, after=False)
+
+    @KEYED
+    async def test_a_cut_tail_after_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The same cut after the size: nothing
+        taken before it finds it; the next tree head does."""
+        got = await attack(book, keyed, cut_tail, after=True)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint=NONE, tree=NONE, after=True)
+
+    @KEYED
+    async def test_an_inserted_fact_up_to_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. A fact inserted into the victim's
+        history below the size, its successor moved after it in seq and the chain re-hashed: the keyed chain, the
+        heads checkpoint and the tree head find it."""
+        got = await attack(book, keyed, inserted, after=False)
+        assert got == expect(keyed, plain=NONE, keyed_chain={"hash_mismatch"}, checkpoint={"truncated", "fact_count"},
+                             tree=MISMATCH, after=False)
+
+    @KEYED
+    async def test_an_inserted_fact_after_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The same insertion after the size: the
+        keyed chain finds it; of the anchors taken before, none; the next tree head does."""
+        got = await attack(book, keyed, inserted, after=True)
+        assert got == expect(keyed, plain=NONE, keyed_chain={"hash_mismatch"}, checkpoint=NONE, tree=NONE, after=True)
+
+    @KEYED
+    async def test_an_erased_entity_up_to_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The victim's facts and row deleted, below
+        the size: the heads checkpoint and the tree head find it, no chain does."""
+        got = await attack(book, keyed, erased, after=False)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint={"erased", "fact_count"}, tree=MISMATCH,
+                             after=False)
+
+    @KEYED
+    async def test_an_erased_entity_after_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The same erasure after the size: nothing
+        taken before it finds it; the next tree head does."""
+        got = await attack(book, keyed, erased, after=True)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint=NONE, tree=NONE, after=True)
+
+    @KEYED
+    async def test_a_rehashed_fact_up_to_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The victim's second fact edited and it and
+        everything after it in its chain re-hashed (the row too), below the size: the keyed chain, the heads
+        checkpoint and the tree head find it."""
+        got = await attack(book, keyed, forged_rehashed, after=False)
+        assert got == expect(keyed, plain=NONE, keyed_chain={"hash_mismatch"}, checkpoint={"rewritten"},
+                             tree=MISMATCH, after=False)
+
+    @KEYED
+    async def test_a_rehashed_fact_after_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The same re-hash after the size: the
+        keyed chain finds it; of the anchors taken before, none; the next tree head does."""
+        got = await attack(book, keyed, forged_rehashed, after=True)
+        assert got == expect(keyed, plain=NONE, keyed_chain={"hash_mismatch"}, checkpoint=NONE, tree=NONE,
+                             after=True)
+
+    @KEYED
+    async def test_renumbered_facts_up_to_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The victim's facts and every later one
+        moved up in seq, order kept, from below the size: the heads checkpoint (they left its seq range) and the
+        tree head (a leaf binds its seq) find it, no chain does."""
+        got = await attack(book, keyed, renumbered, after=False)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint={"erased", "fact_count"}, tree=MISMATCH,
+                             after=False)
+
+    @KEYED
+    async def test_renumbered_facts_after_the_tree_head(self, book: Book, keyed: bool):
+        """Attacker: raw SQL, the plain hashing, no signing or chain key. The same renumbering after the size:
+        nothing taken before it finds it; the next tree head does."""
+        got = await attack(book, keyed, renumbered, after=True)
+        assert got == expect(keyed, plain=NONE, keyed_chain=NONE, checkpoint=NONE, tree=NONE, after=True)
