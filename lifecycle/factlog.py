@@ -55,7 +55,9 @@ def leaf_of(seq: int, fact_hash: Any) -> bytes:
 async def tree_head(book: Book, *, size: int | None = None, since: tlog.Frontier | None = None) -> tlog.Frontier:
     """The log's tree (of every settled fact, or of the first ``size``) as a frontier: its ``size``, its
     ``root()``, and ``to_bytes()`` to save. ``since``: a frontier saved at an earlier size of this log; only the
-    facts after it are read and hashed (the ones before are skipped by the database, not re-read).
+    facts after it are read and hashed (the database steps over the ones before in its index). The frontier is
+    trusted: facts changed below its size are not seen here, so the tree extends it whatever they are now (check
+    the database against the tree head it gave, :func:`against_tree_head`, to see them).
 
     >>> head = await tree_head(book)                              # doctest: +SKIP
     >>> later = await tree_head(book, since=head)                 # doctest: +SKIP
@@ -68,16 +70,17 @@ async def tree_head(book: Book, *, size: int | None = None, since: tlog.Frontier
     top = await settled_seq(book)
 
     async def read(conn: AsyncConnection) -> tlog.Frontier:
-        have = await _count(conn, top)
-        if start.size > have:
-            raise NotInLog(f"the log has {have} settled fact(s), fewer than the {start.size} of the frontier given: "
-                           "facts it covered were removed (check the database against its tree head)")
-        if size is not None and size > have:
-            raise NotInLog(f"a tree of {size} leaves needs {size} facts; the log has {have} settled fact(s)")
+        after = None
+        if start.size:
+            after = await _seq_at(conn, top, start.size - 1)
+            if after is None:
+                raise NotInLog(f"the log has {await _count(conn, top)} settled fact(s), fewer than the {start.size} of "
+                               "the frontier given: facts it covered were removed (check the database against its "
+                               "tree head)")
         frontier = _copy(start)
-        more = None if size is None else size - start.size
-        async for leaves in _leaves(book, conn, top, skip=start.size, limit=more):
+        async for leaves in _leaves(book, conn, top, after=after, limit=None if size is None else size - start.size):
             frontier.append(leaves)
+        _enough(frontier.size, size)
         return frontier
 
     return await _on_snapshot(book, read)
@@ -94,7 +97,6 @@ async def inclusion_proof_for(book: Book, fact_id: str, size: int) -> tuple[int,
     t = facts_table
 
     async def read(conn: AsyncConnection) -> tuple[int, list[bytes]]:
-        await _need(conn, top, size)
         query = sa.select(sa.func.min(t.c.seq)).where(t.c.id == fact_id)
         seq = (await conn.execute(query if top is None else query.where(t.c.seq <= top))).scalar()
         if seq is None:
@@ -118,7 +120,6 @@ async def consistency_proof_for(book: Book, old_size: int, new_size: int) -> lis
     top = await settled_seq(book)
 
     async def read(conn: AsyncConnection) -> list[bytes]:
-        await _need(conn, top, new_size)
         return await _proof(book, conn, top, new_size,
                             lambda subtree: tlog.consistency_proof_from(old_size, new_size, subtree))
 
@@ -138,7 +139,7 @@ async def against_tree_head(book: Book, head: tlog.TreeHead) -> list[Problem]:
 
     async def read(conn: AsyncConnection) -> tuple[tlog.Frontier, int]:
         frontier = tlog.Frontier()
-        async for leaves in _leaves(book, conn, None, skip=0, limit=head.size):
+        async for leaves in _leaves(book, conn, None, after=None, limit=head.size):
             frontier.append(leaves)
         return frontier, await _count(conn, None)
 
@@ -203,21 +204,30 @@ async def _count(conn: AsyncConnection, top: int | None) -> int:
     return int((await conn.execute(query)).scalar() or 0)
 
 
-async def _need(conn: AsyncConnection, top: int | None, size: int) -> None:
-    have = await _count(conn, top)
-    if size > have:
+async def _seq_at(conn: AsyncConnection, top: int | None, index: int) -> int | None:
+    """The seq of the fact at ``index`` (from 0) in seq order among those with ``seq <= top``; None past the end."""
+    query = sa.select(facts_table.c.seq).order_by(facts_table.c.seq).offset(index).limit(1)
+    if top is not None:
+        query = query.where(facts_table.c.seq <= top)
+    seq = (await conn.execute(query)).scalar()
+    return None if seq is None else int(seq)
+
+
+def _enough(have: int, size: int | None) -> None:
+    """A read of at most ``size`` leaves that gave ``have`` (all the log holds when fewer) must have them all."""
+    if size is not None and have < size:
         raise NotInLog(f"a tree of {size} leaves needs {size} facts; the log has {have} settled fact(s)")
 
 
-async def _leaves(book: Book, conn: AsyncConnection, top: int | None, *, skip: int, limit: int | None
+async def _leaves(book: Book, conn: AsyncConnection, top: int | None, *, after: int | None, limit: int | None
                   ) -> AsyncIterator[list[bytes]]:
-    """The leaf hashes of the facts with ``seq <= top`` in seq order, from the ``skip``-th, at most ``limit``."""
+    """The leaf hashes of the facts with ``after < seq <= top`` in seq order, at most ``limit``."""
     t = facts_table
     query = sa.select(t.c.seq, t.c.hash).order_by(t.c.seq)
     if top is not None:
         query = query.where(t.c.seq <= top)
-    if skip:
-        query = query.offset(skip)
+    if after is not None:
+        query = query.where(t.c.seq > after)
     if limit is not None:
         query = query.limit(limit)
     async with aclosing(book.reads.batches(conn, query, BATCH)) as batches:
@@ -237,8 +247,9 @@ async def _proof(book: Book, conn: AsyncConnection, top: int | None, size: int,
 
     prove(note)
     found = _Subtrees(wanted)
-    async for leaves in _leaves(book, conn, top, skip=0, limit=size):
+    async for leaves in _leaves(book, conn, top, after=None, limit=size):
         found.add(leaves)
+    _enough(found.size, size)
     return prove(lambda start, height: found.hashes[(start, height)])
 
 
