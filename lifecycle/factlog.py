@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy as sa
 
 from . import tlog
-from .chain import Problem, settled_seq
+from .chain import MAX_BIGINT, Problem, settled_seq
 from .errors import StatebookError
 from .facts import facts_table
 from .inputs import integer, text
@@ -229,7 +229,7 @@ async def _leaves(book: Book, conn: AsyncConnection, top: int | None, *, after: 
     if after is not None:
         query = query.where(t.c.seq > after)
     if limit is not None:
-        query = query.limit(limit)
+        query = query.limit(min(limit, MAX_BIGINT))  # no database holds more facts; a larger LIMIT overflows
     async with aclosing(book.reads.batches(conn, query, BATCH)) as batches:
         async for batch in batches:
             yield [leaf_of(seq, hash_) for seq, hash_ in batch]

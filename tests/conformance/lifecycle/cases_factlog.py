@@ -145,7 +145,7 @@ class FactLogCases:
     async def test_verify_against_a_tree_head_is_a_finding_of_its_own(self, book: Book):
         """A6: ``verify(tree_head=...)`` passes on the honest log and after growth, whatever type it narrows to; a
         log that no longer gives the root is one ``tree_head_mismatch`` (besides what the chain check finds), a
-        tree head that is none is ``bad_tree_head``."""
+        tree head that is none is ``bad_tree_head``, and one of any size is checked without an error."""
         await walked(book, "t1")
         await walked(book, "t2")
         head = head_of(await tree_head(book))
@@ -161,6 +161,9 @@ class FactLogCases:
         assert "the first 8 of the database's 9 fact(s)" in finding.detail and "re-hashed" in finding.detail
         broken = tlog.TreeHead(ORIGIN, 8, b"short")
         assert [f.kind for f in (await verify(book, "dispatch", tree_head=broken)).findings] == ["bad_tree_head"]
+        huge = tlog.TreeHead(ORIGIN, tlog.MAX_SIZE, bytes(32))  # a size no database's LIMIT takes
+        (finding,) = (await verify(book, "dispatch", tree_head=huge)).findings
+        assert finding.kind == "tree_head_mismatch" and "fewer than the 18446744073709551615" in finding.detail
 
     async def test_damage_is_a_finding_never_a_crash(self, book: Book, backend: str):
         """A6 / L12b: a stored hash that is not text, or not UTF-8, still gives the log a root (no honest one)
