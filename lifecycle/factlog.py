@@ -206,6 +206,8 @@ async def _count(conn: AsyncConnection, top: int | None) -> int:
 
 async def _seq_at(conn: AsyncConnection, top: int | None, index: int) -> int | None:
     """The seq of the fact at ``index`` (from 0) in seq order among those with ``seq <= top``; None past the end."""
+    if index > MAX_BIGINT:
+        return None  # past any database's end, and no OFFSET takes it
     query = sa.select(facts_table.c.seq).order_by(facts_table.c.seq).offset(index).limit(1)
     if top is not None:
         query = query.where(facts_table.c.seq <= top)

@@ -107,6 +107,11 @@ class FactLogCases:
         await execute(book, sa.delete(facts_table).where(facts_table.c.seq == (await log_rows(book))[-1][0]))
         with pytest.raises(NotInLog, match="fewer than the 4 of the frontier"):
             await tree_head(book, since=frontier)
+        huge = tlog.Frontier.from_bytes(tlog.MAX_SIZE.to_bytes(8, "big") + bytes(32) * 64)
+        with pytest.raises(NotInLog, match="fewer than the 18446744073709551615 of the frontier"):
+            await tree_head(book, since=huge)
+        with pytest.raises(NotInLog, match="the log has 3 settled fact"):
+            await consistency_proof_for(book, 0, tlog.MAX_SIZE)
         last = (await book_fact_ids(book))[-1]
         with pytest.raises(NotInLog, match="leaf 2 of the log, outside the tree of 2"):
             await inclusion_proof_for(book, last, 2)
