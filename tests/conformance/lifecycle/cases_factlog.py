@@ -49,6 +49,13 @@ async def leaves(book: Book) -> list[bytes]:
     return leaves_of(await log_rows(book))
 
 
+async def leaves_in(tx: Book) -> list[bytes]:
+    """The leaves as a bound book's transaction sees them."""
+    t = facts_table
+    assert tx.conn is not None
+    return leaves_of([tuple(r) for r in await tx.conn.execute(sa.select(t.c.seq, t.c.hash).order_by(t.c.seq))])
+
+
 def head_of(frontier: tlog.Frontier) -> tlog.TreeHead:
     """The tree head a checkpoint would state, through its text: what a verifier parses."""
     return tlog.parse_checkpoint(tlog.checkpoint_body(ORIGIN, frontier.size, frontier.root()))
@@ -69,7 +76,7 @@ class FactLogCases:
 
     async def test_the_tree_head_is_the_root_of_the_facts_in_seq_order(self, book: Book):
         """A6: the root of every settled fact, and of each first ``size`` of them, is ``tlog.root`` over leaves
-        computed here from the rows; the empty log's is ``EMPTY_ROOT``."""
+        computed here from the rows; the empty log's is ``EMPTY_ROOT``; a bound book's includes its own writes."""
         assert (await tree_head(book)).root() == tlog.EMPTY_ROOT
         await history_of_every_kind(book)
         expected = await leaves(book)
@@ -77,6 +84,11 @@ class FactLogCases:
         assert (whole.size, whole.root()) == (len(expected), tlog.root(expected)) and whole.size == 14
         for size in range(len(expected) + 1):
             assert (await tree_head(book, size=size)).root() == tlog.root(expected[:size]), size
+        async with book.begin() as tx:
+            await new_task(tx, "uncommitted")
+            inside = await tree_head(tx)  # a bound book reads its own transaction as it stands
+            assert (inside.size, inside.root()) == (15, tlog.root(await leaves_in(tx)))
+            assert await against_tree_head(tx, head_of(whole)) == []
 
     async def test_a_frontier_resumes_and_reads_only_the_facts_after_it(self, book: Book, monkeypatch):
         """A6: ``tree_head(since=f)`` hashes only the facts after f's size and gives the whole tree's root; a
