@@ -12,8 +12,9 @@ Imports only the standard library, SQLAlchemy and this package.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 
     from .book import Book
 
-__all__ = ["BATCH", "NotInLog", "against_tree_head", "consistency_proof_for", "inclusion_proof_for", "leaf_of",
-           "tree_head"]
+__all__ = ["BATCH", "LogFrontier", "NotInLog", "against_tree_head", "consistency_proof_for", "inclusion_proof_for",
+           "leaf_of", "tree_head"]
 
 BATCH = 5000
 """Facts read per batch: a batch's rows are the only rows held in memory."""
@@ -45,43 +46,76 @@ class NotInLog(StatebookError, LookupError):
     how many facts the log has, or where the fact is."""
 
 
+@dataclass(frozen=True)
+class LogFrontier:
+    """The fact log's tree at one size, as a checkpointer keeps it to go on from there: the tree's frontier and
+    the seq of its last leaf (0 for the empty tree). :meth:`to_bytes` is that seq in 8 bytes big-endian followed
+    by the frontier's own bytes (``tlog.Frontier.to_bytes``)."""
+
+    frontier: tlog.Frontier
+    last_seq: int
+
+    @property
+    def size(self) -> int:
+        """How many leaves the tree holds."""
+        return self.frontier.size
+
+    def root(self) -> bytes:
+        """The tree's root hash."""
+        return self.frontier.root()
+
+    def to_bytes(self) -> bytes:
+        """The last seq and the frontier, to save."""
+        return self.last_seq.to_bytes(8, "big") + self.frontier.to_bytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LogFrontier:
+        """What :meth:`to_bytes` wrote; ValueError for anything else."""
+        if type(data) is not bytes or len(data) < 16:
+            raise ValueError("a saved log frontier is its last seq in 8 bytes, then a saved tlog.Frontier")
+        frontier = tlog.Frontier.from_bytes(data[8:])
+        last_seq = int.from_bytes(data[:8], "big")
+        if (last_seq == 0) != (frontier.size == 0) or last_seq > MAX_BIGINT:
+            raise ValueError(f"a saved log frontier of {frontier.size} leaves cannot end at seq {last_seq}")
+        return cls(frontier, last_seq)
+
+
 def leaf_of(seq: int, fact_hash: Any) -> bytes:
-    """The leaf hash of a stored fact: ``tlog.leaf_hash(tlog.fact_leaf(seq, fact_hash))``. A hash that is not
-    text (damage, L12b: a blob stored in SQLite's text column) is taken as its repr, so the log still has a
-    root, and it is no honest fact's."""
+    """The leaf hash of a stored fact: ``tlog.leaf_hash(tlog.fact_leaf(seq, fact_hash))``. Damage (L12b) still
+    gives a leaf, and no honest fact's: a hash that is not text (a blob in SQLite's text column) is taken as its
+    repr, a negative seq (raw SQL) goes into the hash's place beside it."""
+    if type(seq) is not int or seq < 0:
+        return tlog.leaf_hash(tlog.fact_leaf(0, f"damaged: seq {seq!r}, hash {fact_hash!r}"))
     return tlog.leaf_hash(tlog.fact_leaf(seq, fact_hash if isinstance(fact_hash, str) else repr(fact_hash)))
 
 
-async def tree_head(book: Book, *, size: int | None = None, since: tlog.Frontier | None = None) -> tlog.Frontier:
-    """The log's tree (of every settled fact, or of the first ``size``) as a frontier: its ``size``, its
-    ``root()``, and ``to_bytes()`` to save. ``since``: a frontier saved at an earlier size of this log; only the
-    facts after it are read and hashed (the database steps over the ones before in its index). The frontier is
-    trusted: facts changed below its size are not seen here, so the tree extends it whatever they are now (check
-    the database against the tree head it gave, :func:`against_tree_head`, to see them).
+async def tree_head(book: Book, *, size: int | None = None, since: LogFrontier | tlog.Frontier | None = None
+                    ) -> LogFrontier:
+    """The log's tree (of every settled fact, or of the first ``size``): its ``size``, its ``root()``, and
+    ``to_bytes()`` to save. ``since``: what an earlier call gave (or a bare ``tlog.Frontier`` of this log); only
+    the facts after it are read and hashed, from its last seq on (a bare frontier: the database first steps over
+    the facts before it in its index, O(size)). It is trusted: facts changed below its size are not read, so the
+    tree extends it whatever they are now (check the database against the tree head it gave,
+    :func:`against_tree_head`, to see them).
 
     >>> head = await tree_head(book)                              # doctest: +SKIP
     >>> later = await tree_head(book, since=head)                 # doctest: +SKIP
 
-    Raises :class:`NotInLog` when the log has fewer settled facts than ``size`` or than ``since`` covers (then
-    facts below it were removed: :func:`against_tree_head` of its tree head says so)."""
-    start = tlog.Frontier() if since is None else _copy(since)
+    Raises :class:`NotInLog` when the log has fewer settled facts than ``size``, or no longer holds the last
+    leaf of ``since`` (facts it covered were removed: :func:`against_tree_head` of its tree head says more)."""
+    start = tlog.Frontier() if since is None else _copy(since.frontier if isinstance(since, LogFrontier) else since)
     if size is not None:
         integer("size", size, low=start.size, high=tlog.MAX_SIZE)
     top = await settled_seq(book)
 
-    async def read(conn: AsyncConnection) -> tlog.Frontier:
-        after = None
-        if start.size:
-            after = await _seq_at(conn, top, start.size - 1)
-            if after is None:
-                raise NotInLog(f"the log has {await _count(conn, top)} settled fact(s), fewer than the {start.size} of "
-                               "the frontier given: facts it covered were removed (check the database against its "
-                               "tree head)")
-        frontier = _copy(start)
-        async for leaves in _leaves(book, conn, top, after=after, limit=None if size is None else size - start.size):
-            frontier.append(leaves)
+    async def read(conn: AsyncConnection) -> LogFrontier:
+        after = await _last_seq(conn, top, since) if start.size else None
+        frontier, last = _copy(start), after or 0
+        async for rows in _rows(book, conn, top, after=after, limit=None if size is None else size - start.size):
+            frontier.append(leaf_of(seq, hash_) for seq, hash_ in rows)
+            last = rows[-1][0]
         _enough(frontier.size, size)
-        return frontier
+        return LogFrontier(frontier, last)
 
     return await _on_snapshot(book, read)
 
@@ -172,8 +206,26 @@ def _bad_head(head: Any) -> str | None:
 
 def _copy(frontier: tlog.Frontier) -> tlog.Frontier:
     if not isinstance(frontier, tlog.Frontier):
-        raise TypeError(f"since is a tlog.Frontier, not {type(frontier).__name__}")
+        raise TypeError(f"since is a LogFrontier or a tlog.Frontier, not {type(frontier).__name__}")
     return tlog.Frontier.from_bytes(frontier.to_bytes())
+
+
+async def _last_seq(conn: AsyncConnection, top: int | None, since: LogFrontier | tlog.Frontier | None) -> int:
+    """The seq of the last leaf of ``since`` (not empty), which the log must still hold."""
+    if isinstance(since, LogFrontier):
+        query = sa.select(facts_table.c.seq).where(facts_table.c.seq == since.last_seq)
+        if top is not None:
+            query = query.where(facts_table.c.seq <= top)
+        if (await conn.execute(query)).first() is not None:
+            return since.last_seq
+        raise NotInLog(f"the log holds no settled fact at seq {since.last_seq}, the last leaf of the frontier given: "
+                       "facts it covered were removed (check the database against its tree head)")
+    assert since is not None
+    seq = await _seq_at(conn, top, since.size - 1)
+    if seq is None:
+        raise NotInLog(f"the log has {await _count(conn, top)} settled fact(s), fewer than the {since.size} of the "
+                       "frontier given: facts it covered were removed (check the database against its tree head)")
+    return seq
 
 
 async def _on_snapshot(book: Book, read: Callable[[AsyncConnection], Awaitable[T]]) -> T:
@@ -221,9 +273,9 @@ def _enough(have: int, size: int | None) -> None:
         raise NotInLog(f"a tree of {size} leaves needs {size} facts; the log has {have} settled fact(s)")
 
 
-async def _leaves(book: Book, conn: AsyncConnection, top: int | None, *, after: int | None, limit: int | None
-                  ) -> AsyncIterator[list[bytes]]:
-    """The leaf hashes of the facts with ``after < seq <= top`` in seq order, at most ``limit``."""
+async def _rows(book: Book, conn: AsyncConnection, top: int | None, *, after: int | None, limit: int | None
+                ) -> AsyncIterator[Sequence[Sequence[Any]]]:
+    """(seq, hash) of the facts with ``after < seq <= top`` in seq order, at most ``limit``, in batches."""
     t = facts_table
     query = sa.select(t.c.seq, t.c.hash).order_by(t.c.seq)
     if top is not None:
@@ -234,7 +286,14 @@ async def _leaves(book: Book, conn: AsyncConnection, top: int | None, *, after: 
         query = query.limit(min(limit, MAX_BIGINT))  # no database holds more facts; a larger LIMIT overflows
     async with aclosing(book.reads.batches(conn, query, BATCH)) as batches:
         async for batch in batches:
-            yield [leaf_of(seq, hash_) for seq, hash_ in batch]
+            yield batch
+
+
+async def _leaves(book: Book, conn: AsyncConnection, top: int | None, *, after: int | None, limit: int | None
+                  ) -> AsyncIterator[list[bytes]]:
+    """The leaf hashes of :func:`_rows`."""
+    async for rows in _rows(book, conn, top, after=after, limit=limit):
+        yield [leaf_of(seq, hash_) for seq, hash_ in rows]
 
 
 async def _proof(book: Book, conn: AsyncConnection, top: int | None, size: int,

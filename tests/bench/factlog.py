@@ -5,7 +5,7 @@ Synthetic facts (``--facts``, one per entity, each hash 64 random hex digits) ar
 statement into a throwaway SQLite file and, with ``--pg``, a PostgreSQL database (``--pg-url``, or a throwaway
 cluster). The tree reads only ``(seq, hash)``, so the rest of a fact does not matter here. Printed per backend:
 the read of every ``(seq, hash)`` alone, the whole tree head (read and hashing), a checkpointer's resume after
-1,000 new facts, and the time, size and verification time of an inclusion proof and of consistency proofs. Then,
+1,000 new facts (from a ``LogFrontier``, and from a bare ``tlog.Frontier``), and the time, size and verification time of an inclusion proof and of consistency proofs. Then,
 without a database: hashing the leaves, and ``Frontier.append`` per batch of 1,000 leaves.
 
     .venv/bin/python tests/bench/factlog.py [--facts 1000000] [--pg] [--pg-url URL]
@@ -115,7 +115,10 @@ async def one_backend(book: Book, facts: int) -> None:
     async with book.engine.begin() as conn:
         await conn.execute(sa.text(insert_sql(name).replace("'e' ||", "'g' ||")), {"count": GROWTH})
     seconds, after = await timed(lambda: tree_head(book, since=before))
-    line(f"resume from the frontier at {before.size:,} ({GROWTH:,} new facts)", f"{seconds * 1000:.1f} ms")
+    line(f"resume from the log frontier at {before.size:,} ({GROWTH:,} new facts)", f"{seconds * 1000:.1f} ms")
+    seconds, bare = await timed(lambda: tree_head(book, since=before.frontier))
+    line("the same, from a bare tlog.Frontier", f"{seconds * 1000:.1f} ms")
+    assert bare.root() == after.root()
     whole = await tree_head(book)
     assert (whole.size, whole.root()) == (after.size, after.root()), "the resumed tree is the whole tree"
     size, root = whole.size, whole.root()

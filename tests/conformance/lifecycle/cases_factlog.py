@@ -16,6 +16,7 @@ from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.errors import InvalidArgument
 from statebook.lifecycle.facts import facts_table
 from statebook.lifecycle.factlog import (
+    LogFrontier,
     NotInLog,
     against_tree_head,
     consistency_proof_for,
@@ -56,7 +57,7 @@ async def leaves_in(tx: Book) -> list[bytes]:
     return leaves_of([tuple(r) for r in await tx.conn.execute(sa.select(t.c.seq, t.c.hash).order_by(t.c.seq))])
 
 
-def head_of(frontier: tlog.Frontier) -> tlog.TreeHead:
+def head_of(frontier: LogFrontier) -> tlog.TreeHead:
     """The tree head a checkpoint would state, through its text: what a verifier parses."""
     return tlog.parse_checkpoint(tlog.checkpoint_body(ORIGIN, frontier.size, frontier.root()))
 
@@ -91,21 +92,31 @@ class FactLogCases:
             assert await against_tree_head(tx, head_of(whole)) == []
 
     async def test_a_frontier_resumes_and_reads_only_the_facts_after_it(self, book: Book, monkeypatch):
-        """A6: ``tree_head(since=f)`` hashes only the facts after f's size and gives the whole tree's root; a
-        saved frontier (its bytes) resumes the same way."""
+        """A6: ``tree_head(since=f)`` hashes only the facts after f and gives the whole tree's root and last seq,
+        from a saved log frontier (its bytes) or a bare ``tlog.Frontier`` alike; f is not changed."""
         await walked(book, "t1")
-        saved = tlog.Frontier.from_bytes((await tree_head(book)).to_bytes())
+        saved = LogFrontier.from_bytes((await tree_head(book)).to_bytes())
+        assert (saved.size, saved.last_seq) == (4, (await log_rows(book))[3][0])
         await walked(book, "t2")
         await new_task(book, "t3")
-        hashed: list[int] = []
+        rows = await log_rows(book)
+        expected = leaves_of(rows)
         real = factlog.leaf_of
-        monkeypatch.setattr(factlog, "leaf_of", lambda seq, h: hashed.append(seq) or real(seq, h))
-        resumed = await tree_head(book, since=saved)
-        expected = await leaves(book)
-        assert (resumed.size, resumed.root()) == (9, tlog.root(expected))
-        assert hashed == [seq for seq, _ in (await log_rows(book))[4:]], "only the five new facts are read"
-        assert saved.size == 4, "the frontier given is not changed"
-        assert (await tree_head(book, size=6, since=saved)).root() == tlog.root(expected[:6])
+        for since in (saved, saved.frontier):
+            hashed: list[int] = []
+            monkeypatch.setattr(factlog, "leaf_of", lambda seq, h: hashed.append(seq) or real(seq, h))
+            resumed = await tree_head(book, since=since)
+            assert (resumed.size, resumed.root(), resumed.last_seq) == (9, tlog.root(expected), rows[-1][0])
+            assert hashed == [seq for seq, _ in rows[4:]], "only the five new facts are read"
+            assert since.size == 4, "the frontier given is not changed"
+            assert (await tree_head(book, size=6, since=since)).root() == tlog.root(expected[:6])
+            again = await tree_head(book, since=resumed)
+            assert (again.size, again.root(), again.last_seq) == (9, resumed.root(), resumed.last_seq)
+        empty = await tree_head(book, size=0)
+        assert (empty.last_seq, LogFrontier.from_bytes(empty.to_bytes()).root()) == (0, tlog.EMPTY_ROOT)
+        for bad in (b"", saved.to_bytes()[:-1], bytes(8) + saved.frontier.to_bytes(), (5).to_bytes(8, "big") + bytes(8)):
+            with pytest.raises(ValueError):
+                LogFrontier.from_bytes(bad)
 
     async def test_sizes_beyond_the_log_are_refused(self, book: Book):
         """A6: a tree larger than the log's settled facts, a frontier larger than the log (facts it covered were
@@ -116,9 +127,11 @@ class FactLogCases:
         with pytest.raises(NotInLog, match="has 4 settled fact"):
             await consistency_proof_for(book, 2, 5)
         frontier = await tree_head(book)
-        await execute(book, sa.delete(facts_table).where(facts_table.c.seq == (await log_rows(book))[-1][0]))
-        with pytest.raises(NotInLog, match="fewer than the 4 of the frontier"):
+        await execute(book, sa.delete(facts_table).where(facts_table.c.seq == frontier.last_seq))
+        with pytest.raises(NotInLog, match=f"no settled fact at seq {frontier.last_seq}, the last leaf of the frontier"):
             await tree_head(book, since=frontier)
+        with pytest.raises(NotInLog, match="fewer than the 4 of the frontier"):
+            await tree_head(book, since=frontier.frontier)
         huge = tlog.Frontier.from_bytes(tlog.MAX_SIZE.to_bytes(8, "big") + bytes(32) * 64)
         with pytest.raises(NotInLog, match="fewer than the 18446744073709551615 of the frontier"):
             await tree_head(book, since=huge)
@@ -183,8 +196,8 @@ class FactLogCases:
         assert finding.kind == "tree_head_mismatch" and "fewer than the 18446744073709551615" in finding.detail
 
     async def test_damage_is_a_finding_never_a_crash(self, book: Book, backend: str):
-        """A6 / L12b: a stored hash that is not text, or not UTF-8, still gives the log a root (no honest one)
-        and is a tree_head_mismatch against the head taken before."""
+        """A6 / L12b: a stored hash that is not text, or not UTF-8, or a negative seq, still gives the log a root
+        (no honest one) and is a tree_head_mismatch against the head taken before."""
         await walked(book, "t1")
         head = head_of(await tree_head(book))
         seq = (await log_rows(book))[1][0]
@@ -193,6 +206,9 @@ class FactLogCases:
             await execute(book, sa.update(facts_table).where(facts_table.c.seq == seq).values(hash=value))
             assert (await tree_head(book)).root() != head.root_hash
             assert [p[0] for p in await against_tree_head(book, head)] == ["tree_head_mismatch"]
+        await execute(book, sa.update(facts_table).where(facts_table.c.seq == seq).values(seq=-seq))
+        assert (await tree_head(book)).root() != head.root_hash
+        assert [p[0] for p in await against_tree_head(book, head)] == ["tree_head_mismatch"]
 
 
 async def book_fact_ids(book: Book) -> list[str]:
