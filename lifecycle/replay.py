@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from .book import Book
 from .codec import dumps
 from .chain import Rule, against_checkpoint, chain_rule, out_of_seq, seq_top, switch_problems
+from .factlog import against_tree_head
 from .facts import GENESIS, Fact, decoded, facts_table, stored_columns
 from .inputs import KEY_CHARS, integer, text, timestamp
 from .policy import Lifecycle
@@ -20,6 +21,7 @@ from .screen import Screen, Suspect
 from .schema import LIFECYCLE_COLUMNS
 from .schema import row_defaults
 from .sweep import sweep
+from .tlog import TreeHead
 
 
 def fold(facts: Iterable[Fact], defaults: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
@@ -278,6 +280,7 @@ async def verify(
     progress: Callable[[int, int], None] | None = None,
     processes: int | None = None,
     checkpoint: Mapping[str, Any] | None = None,
+    tree_head: TreeHead | None = None,
 ) -> Report:
     """Check every entity (or one type): row == fold(facts), edges allowed, chains intact.
 
@@ -292,6 +295,8 @@ async def verify(
     must carry its HMAC and the facts before it must give the recorded root; a wrong key, a missing or
     forged record is one finding and nothing else is checked. ``checkpoint`` (a checkpoint's JSON,
     its signature already checked by the caller): the heads it covers must be intact (``chain.against_checkpoint``).
+    ``tree_head`` (a parsed C2SP checkpoint, its signature checked likewise): the first ``tree_head.size`` facts in
+    seq order must give its root, whatever ``entity_type`` narrows (``factlog.against_tree_head``).
     """
     lifecycles = [book.policy(entity_type)] if entity_type else list(book.registry)
     if processes is not None:
@@ -309,6 +314,8 @@ async def verify(
         report.findings += [Finding(*p) for p in await switch_problems(book, switch)]
     if checkpoint is not None:
         report.findings += [Finding(*p) for p in await against_checkpoint(book, checkpoint)]
+    if tree_head is not None:
+        report.findings += [Finding(*p) for p in await against_tree_head(book, tree_head)]
     if entity_type is None:
         report.findings += await _unregistered(book)
     return report

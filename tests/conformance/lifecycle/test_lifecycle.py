@@ -14,6 +14,7 @@ from .cases_commands import CommandCases
 from .cases_conflict import TransitionConflictCases
 from .cases_concurrency import ConcurrentWriterCases, HonestSeqCases, RaceCases, SerialWriterCases
 from .cases_driver import DriverCases
+from .cases_factlog import FactLogAttackCases, FactLogCases
 from .cases_inputs import InputCases
 from .cases_store import StoreCases
 from .cases_tail import TailCases
@@ -22,7 +23,8 @@ from .cases_times import TimeCases
 
 class LifecycleConformance(
     StorageConformance, CommandCases, TransitionConflictCases, BatchCases, PurgeManyCases, AuditCases, TailCases,
-    RaceCases, HonestSeqCases, DriverCases, InputCases, StoreCases, TimeCases,
+    RaceCases, HonestSeqCases, DriverCases, InputCases, StoreCases, TimeCases, FactLogCases,
+    FactLogAttackCases,
 ):
     """Every backend-neutral case (L3-L14), the storage cases users run among them, and the port's own
     (``StoreCases``). A backend adds ConcurrentWriterCases or SerialWriterCases."""
