@@ -144,3 +144,6 @@ def audit_replay_cmd(
         raise fail(f"{entity_type} {entity_id!r} has no state in the bundle{' at that time' if when else ''} "
                    "(not in it, or purged)")
     emit_json(state)
+
+
+from . import anchors  # noqa: E402, F401 - its commands join the groups above
