@@ -27,6 +27,11 @@ def _b64(root: bytes) -> str:
     return base64.b64encode(root).decode("ascii")
 
 
+def _object(document: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = document.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _leaves(pairs: Iterable[tuple[int, str]]) -> list[bytes]:
     return [leaf_hash(fact_leaf(seq, h)) for seq, h in sorted(pairs, key=lambda p: p[0])]
 
@@ -80,7 +85,7 @@ def tree_findings(manifest: Mapping[str, Any], pairs: Sequence[tuple[int, str]])
     recorded = manifest.get("tree")
     if not isinstance(recorded, dict):
         return ["the manifest records no tree of the facts"]
-    scope = manifest.get("scope") if isinstance(manifest.get("scope"), dict) else {}
+    scope = _object(manifest, "scope")
     whole = scope.get("entity_type") is None and scope.get("as_of") is None
     found = bundle_tree(pairs, whole_log=whole)
     findings = []
@@ -101,7 +106,7 @@ def _checkpoint_findings(manifest: Mapping[str, Any], pairs: Sequence[tuple[int,
         head = parse_checkpoint(text)
     except (NoteError, CheckpointFormatError) as exc:
         return [f"the checkpoint note: {exc}"]
-    scope = manifest.get("scope") if isinstance(manifest.get("scope"), dict) else {}
+    scope = _object(manifest, "scope")
     if scope.get("entity_type") is not None or scope.get("as_of") is not None:
         return [f"the bundle holds part of the log only (scope {scope}): its tree covers its own facts and cannot "
                 "be compared with the log's checkpoint; export the whole log (no --type, no --as-of)"]
@@ -130,8 +135,7 @@ def anchor_findings(manifest: Mapping[str, Any], pairs: Sequence[tuple[int, str]
     if anchors.checkpoint is not None:
         findings += _checkpoint_findings(manifest, pairs, anchors, notes)
     if anchors.chain_key_id is not None:
-        chain = manifest.get("chain") if isinstance(manifest.get("chain"), dict) else None
-        key_id = None if chain is None else chain.get("key_id")
+        key_id = _object(manifest, "chain").get("key_id")
         if key_id != anchors.chain_key_id:
             findings.append(f"the log is keyed with chain key id {anchors.chain_key_id}, the bundle's facts "
                             + ("are not keyed" if key_id is None else f"with {key_id}"))

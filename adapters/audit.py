@@ -394,7 +394,8 @@ def verify_bundle(directory: Path, public_key: Path | None = None, anchors: Anch
 
 
 def _verified_at_export(manifest: Mapping[str, Any], report: BundleReport) -> None:
-    checked = manifest.get("verify") if isinstance(manifest.get("verify"), dict) else {}
+    value = manifest.get("verify")
+    checked: dict[str, Any] = value if isinstance(value, dict) else {}
     if manifest.get("verified") is not True:
         report.findings.append(f"the bundle was exported with --force from a database with {checked.get('findings')} "
                                "finding(s)" if manifest.get("verified") is False else

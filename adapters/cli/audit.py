@@ -134,13 +134,13 @@ def audit_verify_cmd(
     keys = keys or []
     if (checkpoint is None) != (not keys):
         raise fail("--checkpoint FILE and --key VKEY go together: a checkpoint note is checked with the log's key")
-    note = None
+    checkpoint_note = None
     if checkpoint is not None:
         try:
-            note = checkpoint.read_bytes()
+            checkpoint_note = checkpoint.read_bytes()
         except OSError as exc:
             raise fail(f"cannot read the checkpoint note {checkpoint}: {exc.strerror}") from None
-    anchors = Anchors(note, tuple(read_verifiers(keys)), chain_key_id)
+    anchors = Anchors(checkpoint_note, tuple(read_verifiers(keys)), chain_key_id)
     report = verify_bundle(bundle, public_key, anchors)
     if as_json:
         emit_json(report.to_json())
