@@ -86,9 +86,10 @@ def export_cmd(
                                "the manifest then says verified: false, which audit verify reports"),
     config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
-    """Write an audit bundle: the facts as JSON Lines, their checkpoint and a manifest (counts, chain heads, the
-    facts' Merkle tree, file digests), signed with --sign. The database is verified first: a finding refuses the
-    export (exit 1) unless --force. `statebook audit verify DIR` checks the bundle offline."""
+    """Write an audit bundle: the facts as JSON Lines, their checkpoint and a manifest (counts, chain heads,
+    file digests), signed with --sign. The manifest records the facts' Merkle tree and whether the database
+    verified: a finding refuses the export (exit 1) unless --force. `statebook audit verify DIR` checks the
+    bundle offline."""
     from statebook.adapters.audit import UnverifiedDatabase, export_bundle
 
     when = None if as_of is None else parse_time(as_of, "--as-of")
@@ -104,6 +105,8 @@ def export_cmd(
         for f in refused.report.findings:
             typer.echo(f"finding: {f.kind} {f.entity_type} {f.entity_id!r}: {f.detail}", err=True)
         raise fail(str(refused), 1) from None
+    for note in manifest["verify"]["notes"]:
+        typer.echo(f"note: {note}", err=True)
     verdict = "" if manifest["verified"] else f", UNVERIFIED ({manifest['verify']['findings']} finding(s), --force)"
     typer.echo(f"bundle of {manifest['facts']} facts{verdict}: {bundle}", err=True)
 
