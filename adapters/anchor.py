@@ -1,5 +1,6 @@
-"""A bundle's facts as the fact log's Merkle tree, and the anchors outside the bundle it is checked against
-(specs/audit.md A3): a signed checkpoint note of the log's tree head, the chain key's id.
+"""A bundle's facts as the fact log's Merkle tree, whether the database verified at export, and the anchors
+outside the bundle it is checked against (specs/audit.md A3): a signed checkpoint note of the log's tree head,
+the chain key's id.
 
 The leaves are ``tlog.fact_leaf(seq, hash)`` of the facts in ``seq`` order, as in the log itself, so the tree of
 a bundle of the whole log (no ``--type``, no ``--as-of``) is the log's tree at the bundle's size, and its first
@@ -20,7 +21,7 @@ from statebook.lifecycle.tlog import CheckpointFormatError, Frontier, fact_leaf,
 from .errors import ConfigError
 from .note import ED25519, NoteError, Verifier, open_note
 
-__all__ = ["Anchors", "anchor_findings", "bundle_tree", "read_verifiers", "tree_findings"]
+__all__ = ["Anchors", "Leaves", "anchor_findings", "bundle_tree", "export_findings", "read_verifiers", "tree_findings"]
 
 
 def _b64(root: bytes) -> str:
@@ -42,6 +43,39 @@ def bundle_tree(pairs: Iterable[tuple[int, str]], *, whole_log: bool) -> dict[st
     frontier = Frontier()
     frontier.append(_leaves(pairs))
     return {"size": frontier.size, "root": _b64(frontier.root()), "whole_log": whole_log}
+
+
+class Leaves:
+    """The (seq, hash) of a bundle's facts as they are read, each seq once."""
+
+    def __init__(self) -> None:
+        self._lines: dict[int, tuple[int, str]] = {}  # seq -> (line, hash)
+
+    def add(self, line: int, seq: Any, fact_hash: Any) -> str | None:
+        """Take one fact's place in the tree; why it has none (a finding), or None."""
+        if type(seq) is not int or seq < 0 or type(fact_hash) is not str:
+            return "its seq is no non-negative integer or its hash no text: it has no place in the log's tree"
+        if seq in self._lines:
+            return f"seq {seq} again (line {self._lines[seq][0]} holds it)"
+        self._lines[seq] = (line, fact_hash)
+        return None
+
+    def pairs(self) -> list[tuple[int, str]]:
+        """Every (seq, hash) taken."""
+        return [(seq, h) for seq, (_, h) in self._lines.items()]
+
+
+def export_findings(manifest: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(findings, notes) of what the manifest says of the database's verify at export: ``verified: false``
+    (exported with --force) is a finding; verify's notes are passed on."""
+    checked = _object(manifest, "verify")
+    findings = []
+    if manifest.get("verified") is not True:
+        findings.append(f"the bundle was exported with --force from a database with {checked.get('findings')} "
+                        "finding(s)" if manifest.get("verified") is False else
+                        "the manifest does not say whether the database verified at export")
+    notes = checked.get("notes")
+    return findings, [f"verify at export noted: {n}" for n in (notes if isinstance(notes, list) else ())]
 
 
 def read_verifiers(keys: Iterable[str]) -> list[Verifier]:

@@ -30,7 +30,7 @@ from statebook.lifecycle.chain import (
     Rule, chain_findings, checkpoint_body, checkpoint_problems, heads_of, read_switch, settled_seq, signed_bytes)
 from statebook.lifecycle.replay import Report, fold, stream_facts, verify
 
-from .anchor import Anchors, anchor_findings, bundle_tree, tree_findings
+from .anchor import Anchors, Leaves, anchor_findings, bundle_tree, export_findings, tree_findings
 from .errors import ConfigError, DamagedHistory
 from .extras import require
 
@@ -316,7 +316,9 @@ def verify_bundle(directory: Path, public_key: Path | None = None, anchors: Anch
         report.findings.append(f"{MANIFEST_FILE}: not a statebook bundle (format {BUNDLE_FORMAT!r} expected){earlier}")
         return report
     report.findings += signature_problems(manifest, signature, public_key, "manifest")
-    _verified_at_export(manifest, report)
+    found_at_export, export_notes = export_findings(manifest)
+    report.findings += found_at_export
+    report.notes += export_notes
     if public_key is None:
         report.notes.append("no --public-key: the bundle was checked for consistency only; anyone could have "
                             "rewritten all of it consistently")
@@ -346,7 +348,7 @@ def verify_bundle(directory: Path, public_key: Path | None = None, anchors: Anch
     counts: dict[str, dict[str, int]] = {}
     entity: list[Fact] = []
     last: tuple[Any, ...] | None = None
-    leaves: dict[int, tuple[int, str]] = {}  # seq -> (line, hash)
+    leaves = Leaves()
 
     def close() -> None:
         if not entity:
@@ -367,15 +369,11 @@ def verify_bundle(directory: Path, public_key: Path | None = None, anchors: Anch
         last = order
         entity.append(fact)
         rows.append((fact.entity_type, fact.entity_id, fact.version, fact.hash, fact.seq))
-        if type(fact.seq) is not int or fact.seq < 0 or type(fact.hash) is not str:
-            report.findings.append(f"{FACTS_FILE} line {n}: its seq is no non-negative integer or its hash no text: "
-                                   "it has no place in the log's tree")
-        elif fact.seq in leaves:
-            report.findings.append(f"{FACTS_FILE} line {n}: seq {fact.seq} again (line {leaves[fact.seq][0]} holds it)")
-        else:
-            leaves[fact.seq] = (n, fact.hash)
+        problem = leaves.add(n, fact.seq, fact.hash)
+        if problem is not None:
+            report.findings.append(f"{FACTS_FILE} line {n}: {problem}")
     close()
-    pairs = [(seq, h) for seq, (_, h) in leaves.items()]
+    pairs = leaves.pairs()
     report.findings += tree_findings(manifest, pairs)
     found_by_anchors, anchor_notes = anchor_findings(manifest, pairs, anchors)
     report.findings += found_by_anchors
@@ -391,18 +389,6 @@ def verify_bundle(directory: Path, public_key: Path | None = None, anchors: Anch
         report.findings.append(f"the bundle holds {found.facts} fact(s) ({counts}), the manifest says "
                                f"{manifest.get('facts')} ({manifest.get('counts')})")
     return report
-
-
-def _verified_at_export(manifest: Mapping[str, Any], report: BundleReport) -> None:
-    value = manifest.get("verify")
-    checked: dict[str, Any] = value if isinstance(value, dict) else {}
-    if manifest.get("verified") is not True:
-        report.findings.append(f"the bundle was exported with --force from a database with {checked.get('findings')} "
-                               "finding(s)" if manifest.get("verified") is False else
-                               "the manifest does not say whether the database verified at export")
-    notes = checked.get("notes")
-    for note in notes if isinstance(notes, list) else ():
-        report.notes.append(f"verify at export noted: {note}")
 
 
 def replay_bundle(directory: Path, entity_type: str, entity_id: str, as_of: float | None = None) -> dict[str, Any] | None:

@@ -225,6 +225,23 @@ async def test_the_manifests_tree_must_be_the_facts(engine, tmp_path):
         assert len(report.findings) == 1 and "tree" in report.findings[0], (name, report.findings)
 
 
+@pytest.mark.parametrize("seq", ["shared", "text"])
+async def test_a_fact_without_its_own_place_in_the_tree_is_a_finding(engine, tmp_path, seq):
+    """Attacker: rewrites an unsigned bundle consistently (the digests recomputed): a fact given another's seq,
+    or a seq that is no integer, has no place in the log's tree; it is named by its line."""
+    from test_audit_bundle import _consistent
+
+    book, _ = await seeded(engine, "plain")
+    d = tmp_path / "bundle"
+    await export_bundle(book, d)
+    lines = (d / "facts.jsonl").read_bytes().splitlines(keepends=True)
+    first, second = json.loads(lines[0]), json.loads(lines[1])
+    second["seq"] = first["seq"] if seq == "shared" else str(second["seq"])
+    _consistent(d, b"".join([lines[0], json.dumps(second).encode() + b"\n", *lines[2:]]))
+    expected = f"line 2: seq {first['seq']} again (line 1" if seq == "shared" else "line 2: its seq is no non-negative"
+    assert any(expected in f for f in verify_bundle(d).findings), verify_bundle(d).findings
+
+
 AFTER_THE_CHECKPOINT = {
     # forgery: (what the finding says, or None: it passes the checkpoint)
     "forged_rehashed": (forged_rehashed, "the bundle's first 6 facts in seq order give root"),
