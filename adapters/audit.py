@@ -5,7 +5,9 @@ A bundle is a directory an auditor checks offline, with this package alone (no d
 
     facts.jsonl      one fact per line, as ``Fact.to_json`` (seq included), in (type, id, version) order
     checkpoint.json  the checkpoint of those facts: their heads, the Merkle root, signed when a key is given
-    manifest.json    counts per type, the chain's switch-over, each file's SHA-256 and line count; signed
+    manifest.json    counts per type, the chain's switch-over, the facts' tree (the log's, for a whole-log
+                     bundle: :mod:`.anchor`), whether the database verified, each file's SHA-256 and line
+                     count; signed
 
 Every line of every file is covered: a fact's line by its chain (and by the file's digest), the
 checkpoint by its root and signature, the files by the manifest's digests, the manifest by its
@@ -26,12 +28,14 @@ from typing import Any
 from statebook.lifecycle import Book, Fact
 from statebook.lifecycle.chain import (
     Rule, chain_findings, checkpoint_body, checkpoint_problems, heads_of, read_switch, settled_seq, signed_bytes)
-from statebook.lifecycle.replay import fold, stream_facts
+from statebook.lifecycle.replay import Report, fold, stream_facts, verify
 
-from .errors import ConfigError
+from .anchor import Anchors, Leaves, anchor_findings, bundle_tree, export_findings, tree_findings
+from .errors import ConfigError, DamagedHistory
 from .extras import require
 
-BUNDLE_FORMAT = "statebook-bundle/1"
+BUNDLE_FORMAT = "statebook-bundle/2"
+"""/2 added the facts' tree and verify's result to the manifest; a /1 bundle is refused (export it again)."""
 FACTS_FILE, CHECKPOINT_FILE, MANIFEST_FILE = "facts.jsonl", "checkpoint.json", "manifest.json"
 
 
@@ -174,16 +178,35 @@ def _prefix(facts: list[Fact], as_of: float | None) -> list[Fact]:
     return out
 
 
+class UnverifiedDatabase(DamagedHistory):
+    """``export`` refused: verify found something in the database (``report``); ``force=True`` exports anyway,
+    marking the bundle unverified."""
+
+    def __init__(self, report: Report) -> None:
+        super().__init__(f"export refused: verify found {len(report.findings)} finding(s) in the database; fix "
+                         "them, or export anyway with --force (the bundle is marked unverified)")
+        self.report = report
+
+
 async def export_bundle(book: Book, directory: Path, *, entity_type: str | None = None, as_of: float | None = None,
-                        private_key: Path | None = None) -> dict[str, Any]:
+                        private_key: Path | None = None, force: bool = False) -> dict[str, Any]:
     """Write an audit bundle of the book's facts (of one type, up to a time) into ``directory`` (new or
-    empty); its manifest. The manifest and the checkpoint are signed with ``private_key`` when given."""
+    empty); its manifest. The manifest and the checkpoint are signed with ``private_key`` when given.
+
+    The book (that type) is verified first, with the book's chain key: a finding refuses the export
+    (:class:`UnverifiedDatabase`, nothing written) unless ``force``, which writes the bundle with
+    ``verified: false`` and the count of findings in its manifest."""
     if entity_type is not None:
         book.policy(entity_type)
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ConfigError(f"{directory} exists and is not an empty directory; a bundle goes into a new one")
     signer = _load(private_key, private=True) if private_key is not None else None  # a bad key: before any file
     del signer
+    # Verify reads the database before the export does: a write between the two is exported unverified, but
+    # the bundle's own check (audit verify) still sees every chain, and a checkpoint note the tree.
+    checked = await verify(book, entity_type)
+    if checked.findings and not force:
+        raise UnverifiedDatabase(checked)
     directory.mkdir(parents=True, exist_ok=True)
     # The checkpoint pins the facts up to its seq: only those already final (L12d). Each entity's facts up to a
     # seq are a prefix of its history (seq rises with the version), so a later one is left out like --as-of's.
@@ -223,6 +246,8 @@ async def export_bundle(book: Book, directory: Path, *, entity_type: str | None 
         "format": BUNDLE_FORMAT, "created_at": now, "scope": {"entity_type": entity_type, "as_of": as_of},
         "facts": len(rows), "counts": counts, "root": body["root"], "files": files,
         "chain": None if switch is None else {"keyed_after": switch.keyed_after, "key_id": switch.key_id},
+        "tree": bundle_tree(((r[4], r[3]) for r in rows), whole_log=entity_type is None and as_of is None),
+        "verified": checked.ok, "verify": {"findings": len(checked.findings), "notes": checked.notes},
     }
     write_json(directory / MANIFEST_FILE, {"manifest": manifest, "signature": sign(manifest, private_key)})
     return manifest
@@ -278,17 +303,22 @@ def _facts(path: Path, report: BundleReport) -> Iterator[tuple[int, Fact]]:
                 report.findings.append(f"{FACTS_FILE} line {n}: not a fact ({exc})")
 
 
-def verify_bundle(directory: Path, public_key: Path | None = None) -> BundleReport:
+def verify_bundle(directory: Path, public_key: Path | None = None, anchors: Anchors = Anchors()) -> BundleReport:
     """Check a bundle offline: signatures (with ``public_key``), file digests, every fact's chain, the
-    checkpoint's heads and root, the manifest's counts. Needs no database and no settings."""
+    checkpoint's heads and root, the manifest's counts and tree, whether the database verified at export;
+    and the ``anchors`` given (a checkpoint note, the chain key id). Needs no database and no settings."""
     report = BundleReport()
     manifest, signature = _read_document(directory / MANIFEST_FILE, "manifest", report)
     if manifest is None:
         return report
     if manifest.get("format") != BUNDLE_FORMAT:
-        report.findings.append(f"{MANIFEST_FILE}: not a statebook bundle (format {BUNDLE_FORMAT!r} expected)")
+        earlier = " (an earlier format: export it again)" if manifest.get("format") == "statebook-bundle/1" else ""
+        report.findings.append(f"{MANIFEST_FILE}: not a statebook bundle (format {BUNDLE_FORMAT!r} expected){earlier}")
         return report
     report.findings += signature_problems(manifest, signature, public_key, "manifest")
+    found_at_export, export_notes = export_findings(manifest)
+    report.findings += found_at_export
+    report.notes += export_notes
     if public_key is None:
         report.notes.append("no --public-key: the bundle was checked for consistency only; anyone could have "
                             "rewritten all of it consistently")
@@ -318,6 +348,7 @@ def verify_bundle(directory: Path, public_key: Path | None = None) -> BundleRepo
     counts: dict[str, dict[str, int]] = {}
     entity: list[Fact] = []
     last: tuple[Any, ...] | None = None
+    leaves = Leaves()
 
     def close() -> None:
         if not entity:
@@ -338,7 +369,15 @@ def verify_bundle(directory: Path, public_key: Path | None = None) -> BundleRepo
         last = order
         entity.append(fact)
         rows.append((fact.entity_type, fact.entity_id, fact.version, fact.hash, fact.seq))
+        problem = leaves.add(n, fact.seq, fact.hash)
+        if problem is not None:
+            report.findings.append(f"{FACTS_FILE} line {n}: {problem}")
     close()
+    pairs = leaves.pairs()
+    report.findings += tree_findings(manifest, pairs)
+    found_by_anchors, anchor_notes = anchor_findings(manifest, pairs, anchors)
+    report.findings += found_by_anchors
+    report.notes += anchor_notes
     found = heads_of(rows)
     report.facts, report.entities = found.facts, len(found.heads)
     if body is not None and found.root != body.get("root"):

@@ -129,6 +129,22 @@ class _InTask:
             await asyncio.gather(self._task, return_exceptions=True)
 
 
+class Checkpoints(_InTask):
+    """The fact log's checkpoints, taken by themselves (``[audit] log_key``, specs/audit.md A7)."""
+
+    task_name = "statebook-checkpoints"
+
+    def __init__(self, book: Book, settings: Settings) -> None:
+        from .checkpoints import Checkpointer, CommandSink, DirectorySink
+
+        a = settings.audit
+        assert a.checkpoint_dir is not None  # the settings require it with log_key
+        more = [CommandSink(tuple(a.checkpoint_command))] if a.checkpoint_command else []
+        self.worker = Checkpointer(book, a.log_signer(), DirectorySink(a.checkpoint_dir), more,
+                                   every_seconds=a.checkpoint_every_seconds, every_facts=a.checkpoint_every_facts,
+                                   tick_seconds=settings.scheduler.tick_seconds)
+
+
 class Delivery(_InTask):
     """The outbox's :class:`DeliveryWorker` in a task of its own, with PostgreSQL NOTIFY wake-ups."""
 
@@ -281,6 +297,7 @@ class Daemon:
         self.engine: SchedulerEngine | None = None
         self.delivery: Delivery | None = None
         self.notifying: list[_InTask] = []
+        self.checkpoints: Checkpoints | None = None
         self.built = Built()
         self._scheduler, self._delivery, self._transports = scheduler, delivery, dict(transports or {})
 
@@ -304,6 +321,8 @@ class Daemon:
                 notifier = NotificationDelivery(book, settings, self.built)
                 await notifier.begin()
                 self.notifying = [notifier, ResponseTimeouts(book, settings)]
+        if settings.audit.log_key is not None:
+            self.checkpoints = Checkpoints(book, settings)
         if self._scheduler:
             self.engine = SchedulerEngine(book, settings, leader=self.leader, daemon_id=self.daemon_id,
                                           poller=GitHubPoller.from_settings(settings.scheduler))
@@ -324,6 +343,8 @@ class Daemon:
             await self.engine.stop()
         for part in self.notifying:
             await part.stop()
+        if self.checkpoints is not None:
+            await self.checkpoints.stop()  # its last checkpoint anchors the facts written on the way out
         if self.delivery is not None:
             await self.delivery.stop()
 
@@ -339,7 +360,8 @@ class Daemon:
         return next((part.failure for part in self._workers() if part.failure is not None), None)
 
     def _workers(self) -> list[_InTask]:
-        return [*([self.delivery] if self.delivery is not None else []), *self.notifying]
+        return [*([self.delivery] if self.delivery is not None else []), *self.notifying,
+                *([self.checkpoints] if self.checkpoints is not None else [])]
 
     def counters(self) -> dict[str, Any]:
         """The in-process counters ``/metrics`` shows beside the snapshot (read from memory only)."""
@@ -348,8 +370,11 @@ class Daemon:
             if isinstance(part, NotificationDelivery):
                 deliveries["notification"] = dict(part.worker.totals)
         engine = dict(self.engine.stats) if self.engine is not None else {}
-        return {"scheduler": engine, "deliveries": deliveries,
-                "leader": getattr(self.leader, "epoch", None) is not None}
+        counts = {"scheduler": engine, "deliveries": deliveries,
+                  "leader": getattr(self.leader, "epoch", None) is not None}
+        if self.checkpoints is not None:
+            counts["checkpoints"] = self.checkpoints.worker.counters()
+        return counts
 
 
 async def run_daemon(settings: Settings, *, config_path: str | None = None, run_for: float | None = None,

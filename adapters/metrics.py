@@ -124,6 +124,15 @@ def _process_families(process: Mapping[str, Any]) -> list[Metric]:
             for outcome, n in sorted(by_outcome.items()):
                 fam.add_metric([lifecycle, outcome], n)
         out.append(fam)
+    checkpoints = process.get("checkpoints")
+    if checkpoints is not None:
+        taken = CounterMetricFamily("statebook_checkpoints", "Checkpoints of the fact log this daemon published.")
+        taken.add_metric([], checkpoints["taken"])
+        alarms = GaugeMetricFamily("statebook_checkpoint_alarms",
+                                   "Checkpoints this daemon refused to publish because the log does not extend the last "
+                                   "one (non-zero: the database's history changed; specs/audit.md A7).")
+        alarms.add_metric([], checkpoints["alarms"])
+        out += [taken, alarms]
     if "leader" in process:
         leader = GaugeMetricFamily("statebook_daemon_leader", "1 while this daemon holds the scheduler lease.")
         leader.add_metric([], 1.0 if process["leader"] else 0.0)

@@ -264,6 +264,37 @@ class AuditSettings(_Section):
     keys the fact chain with HMAC-SHA256; the key lives outside the database and never in this file."""
 
     chain_key: SecretRef | None = None
+    log_key: SecretRef | None = None
+    """the private key that signs the fact log's checkpoints (a ``PRIVATE+KEY+...`` text: ``statebook checkpoint
+    keygen --note NAME``); when set, ``statebook run`` takes checkpoints by itself (specs/audit.md A7)"""
+    checkpoint_dir: Path | None = None
+    """where each checkpoint is written, one file per checkpoint (required with ``log_key``)"""
+    checkpoint_command: list[str] | None = None
+    """a command (argv) run with each checkpoint note on standard input, e.g. to push it to object storage"""
+    checkpoint_every_seconds: float = Field(default=3600, gt=0, le=CENTURY_SECONDS)
+    checkpoint_every_facts: int = Field(default=10_000, ge=1, le=10**12)
+
+    @model_validator(mode="after")
+    def _log_key_needs_a_directory(self) -> AuditSettings:
+        if self.log_key is not None and self.checkpoint_dir is None:
+            raise ValueError("audit.log_key is set, so checkpoints are taken: set audit.checkpoint_dir too")
+        if self.checkpoint_command is not None and not self.checkpoint_command:
+            raise ValueError("audit.checkpoint_command is an argv list with at least the program")
+        return self
+
+    def log_signer(self) -> Any:
+        """The checkpoints' signer (:class:`~statebook.adapters.note.Signer`) the settings name, read now, or None
+        (:class:`ConfigError` naming where, never the value)."""
+        if self.log_key is None:
+            return None
+        from .note import NoteError, Signer
+
+        try:
+            return Signer.from_skey(self.log_key.reveal())
+        except SecretError as exc:
+            raise ConfigError(f"[audit] log_key: {exc}") from None
+        except NoteError as exc:
+            raise ConfigError(f"[audit] log_key: not a signer key ({exc})") from None
 
     def key(self) -> ChainKey | None:
         """The chain key it names, read now (:class:`ConfigError` naming where, never the value)."""

@@ -82,32 +82,69 @@ def export_cmd(
     entity_type: str = typer.Option(None, "--type", metavar="TYPE", help="one entity type only"),
     as_of: str = typer.Option(None, "--as-of", metavar="TIME", help="each history up to TIME (POSIX or ISO-8601)"),
     sign: Path = typer.Option(None, "--sign", metavar="KEYFILE", help="Ed25519 private key to sign the bundle with"),
+    force: bool = typer.Option(False, "--force", help="export even when verify finds something in the database; "
+                               "the manifest then says verified: false, which audit verify reports"),
+    config: Path = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Write an audit bundle: the facts as JSON Lines, their checkpoint and a manifest (counts, chain heads,
-    file digests), signed with --sign. `statebook audit verify DIR` checks it offline."""
-    from statebook.adapters.audit import export_bundle
+    file digests), signed with --sign. The manifest records the facts' Merkle tree and whether the database
+    verified: a finding refuses the export (exit 1) unless --force. `statebook audit verify DIR` checks the
+    bundle offline."""
+    from statebook.adapters.audit import UnverifiedDatabase, export_bundle
 
     when = None if as_of is None else parse_time(as_of, "--as-of")
+    key = chain_key(config)
 
     async def go(book: Book) -> dict[str, Any]:
-        return await export_bundle(book, bundle, entity_type=entity_type, as_of=when, private_key=sign)
+        return await export_bundle(book.with_chain_key(key), bundle, entity_type=entity_type, as_of=when,
+                                   private_key=sign, force=force)
 
-    manifest = run(with_book(go)())
-    typer.echo(f"bundle of {manifest['facts']} facts: {bundle}", err=True)
+    try:
+        manifest = run(with_book(go)())
+    except UnverifiedDatabase as refused:
+        for f in refused.report.findings:
+            typer.echo(f"finding: {f.kind} {f.entity_type} {f.entity_id!r}: {f.detail}", err=True)
+        raise fail(str(refused), 1) from None
+    for note in manifest["verify"]["notes"]:
+        typer.echo(f"note: {note}", err=True)
+    verdict = "" if manifest["verified"] else f", UNVERIFIED ({manifest['verify']['findings']} finding(s), --force)"
+    typer.echo(f"bundle of {manifest['facts']} facts{verdict}: {bundle}", err=True)
 
 
 @audit_app.command("verify")
 def audit_verify_cmd(
     bundle: Path = typer.Argument(..., metavar="DIR"),
     public_key: Path = typer.Option(None, "--public-key", metavar="FILE", help="the signer's Ed25519 public key (PEM)"),
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", metavar="FILE",
+        help="a checkpoint note of the log (C2SP signed note of its tree head): the bundle's facts must give its "
+             "root at its size; needs --key"),
+    keys: list[str] = typer.Option(
+        None, "--key", metavar="VKEY",
+        help="the log's note verifier key (vkey text, or a file holding it) the checkpoint must be signed with; "
+             "repeat for several"),
+    chain_key_id: str = typer.Option(None, "--chain-key-id", metavar="ID",
+                                     help="the id of the log's chain key: the bundle's facts must be keyed with it"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
-    """Check a bundle offline (signatures with --public-key, digests, every chain, the checkpoint); exit 1 on a finding."""
+    """Check a bundle offline (signatures with --public-key, digests, every chain, the checkpoint, the facts'
+    tree), and against a checkpoint note (--checkpoint, --key) and the chain key id; exit 1 on a finding."""
+    from statebook.adapters.anchor import Anchors, read_verifiers
     from statebook.adapters.audit import verify_bundle
 
     if not (bundle / "manifest.json").is_file():
         raise fail(f"{bundle} is not an audit bundle (no manifest.json)")
-    report = verify_bundle(bundle, public_key)
+    keys = keys or []
+    if (checkpoint is None) != (not keys):
+        raise fail("--checkpoint FILE and --key VKEY go together: a checkpoint note is checked with the log's key")
+    checkpoint_note = None
+    if checkpoint is not None:
+        try:
+            checkpoint_note = checkpoint.read_bytes()
+        except OSError as exc:
+            raise fail(f"cannot read the checkpoint note {checkpoint}: {exc.strerror}") from None
+    anchors = Anchors(checkpoint_note, tuple(read_verifiers(keys)), chain_key_id)
+    report = verify_bundle(bundle, public_key, anchors)
     if as_json:
         emit_json(report.to_json())
     else:
@@ -144,3 +181,6 @@ def audit_replay_cmd(
         raise fail(f"{entity_type} {entity_id!r} has no state in the bundle{' at that time' if when else ''} "
                    "(not in it, or purged)")
     emit_json(state)
+
+
+from . import anchors  # noqa: E402, F401 - its commands join the groups above

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from statebook.lifecycle import Registry
 
 
-DB_HELP = "Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB or sqlite:///./statebook.db"
+DB_HELP = ("Database URL (sqlite:///PATH or postgresql://...); default $STATEBOOK_DB, then the settings' db key, "
+           "then sqlite:///./statebook.db")
 APP_HELP = (
     "The application's registry as module:attr (a Registry, or a callable returning one), e.g. "
     "myapp.lifecycles:registry; default $STATEBOOK_APP, then the settings' app key, then the built-in lifecycles"
@@ -31,10 +32,11 @@ DEFAULT_SETTINGS = "statebook.toml"
 
 class Context:
     """The root options of the running command (``--db``, ``--app``, ``--config``, ``--debug``) and its registry,
-    once loaded."""
+    once loaded. ``db_url`` and ``app`` not given (nor in the environment) are the settings file's ``db`` and
+    ``app`` keys, when the command reads one (:func:`settings_file`)."""
 
-    db_url: str | None = None
-    app: str | None = None
+    _db_url: str | None = None
+    _app: str | None = None
     config: Path | None = None
     debug: bool = False
     _registry: Registry | None = None
@@ -44,6 +46,43 @@ class Context:
     """the command the root looked up to run (``statebook dispatch``)"""
     default_named: bool = False
     """whether the ./statebook.toml line was printed (once per command)"""
+
+
+    @property
+    def db_url(self) -> str | None:
+        return self._db_url if self._db_url is not None else _from_settings("db")
+
+    @db_url.setter
+    def db_url(self, value: str | None) -> None:
+        self._db_url = value
+
+    @property
+    def app(self) -> str | None:
+        return self._app if self._app is not None else _from_settings("app")
+
+    @app.setter
+    def app(self, value: str | None) -> None:
+        self._app = value
+
+
+def _from_settings(key: str) -> str | None:
+    """The settings file's top-level ``key`` (``db`` or ``app``), read without validating the rest of the file: a
+    read command needs the database, not a channel's secret. A file that is not TOML, or a value that is not
+    text, is a one-line error naming the file."""
+    import tomllib
+
+    from .app import fail
+
+    path = settings_file()
+    if path is None or not path.is_file():
+        return None  # a missing --config file is the settings' own one-line error, where they are loaded
+    try:
+        value = tomllib.loads(path.read_text(encoding="utf-8")).get(key)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise fail(f"{path}: cannot read the settings ({exc})") from None
+    if value is not None and not isinstance(value, str):
+        raise fail(f"{path}: {key} is text (a {'database URL' if key == 'db' else 'module:attr'}), not {value!r}")
+    return value
 
 
 ctx_state = Context()

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from conformance.lifecycle.support import new_task, prepare, start, task_registry
 
 from statebook.adapters.audit import (
-    checkpoint_document, export_bundle, keygen, read_checkpoint, replay_bundle, verify_bundle, write_json)
+    UnverifiedDatabase, checkpoint_document, export_bundle, keygen, read_checkpoint, replay_bundle, verify_bundle,
+    write_json)
 from statebook.adapters.db import connect
 from statebook.lifecycle import Book, FakeClock, verify
 from statebook.lifecycle.chain import checkpoint
@@ -100,9 +101,15 @@ async def test_a_bundle_of_facts_reordered_in_seq_fails(book, keys, tmp_path):
             await conn.execute(sa.update(t).where(t.c.seq == old).values(seq=new))
     private, public = keys
     d = tmp_path / "bundle"
-    await export_bundle(book, d, private_key=private)
+    with pytest.raises(UnverifiedDatabase) as refused:  # A3: export verifies first
+        await export_bundle(book, d, private_key=private)
+    assert [(f.kind, f.entity_id) for f in refused.value.report.findings] == [("seq_out_of_order", "b2")]
+    await export_bundle(book, d, private_key=private, force=True)
     report = verify_bundle(d, public)
-    assert [f for f in report.findings if "seq_out_of_order" in f and "'b2'" in f] == report.findings != []
+    forced = "the bundle was exported with --force from a database with 1 finding(s)"
+    assert forced in report.findings
+    assert [f for f in report.findings if "seq_out_of_order" in f and "'b2'" in f] == [
+        f for f in report.findings if f != forced] != []
 
 
 async def test_a_consistent_rewrite_needs_the_signing_key(book, keys, tmp_path):

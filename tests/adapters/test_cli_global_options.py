@@ -150,3 +150,32 @@ def test_statebook_toml_in_the_working_directory_is_read_and_named_on_stderr(tmp
     for named in (invoke("--config", "other.toml", "channels", "ls", "--json"),
                   invoke("channels", "ls", "--json", STATEBOOK_CONFIG="other.toml")):
         assert configured(named) == [] and named.stderr == "", named.output
+
+
+def test_the_settings_files_db_and_app_are_every_commands_defaults(tmp_path, monkeypatch, app_spec):
+    """C16: the settings' ``db`` and ``app`` keys (./statebook.toml here) are what every command opens and loads
+    when neither option nor $STATEBOOK_DB / $STATEBOOK_APP names one — `verify`, `lifecycle ls` and `check` as
+    much as `run` (before: only the daemon and the channel commands read them, and `verify` looked for
+    ./statebook.db). The file is read for these two keys alone, so a secret whose variable is unset does not stop
+    a read; a value that is not text is one error naming the file."""
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'from-file.db'}"
+    (tmp_path / "statebook.toml").write_text(
+        f'db = "{url}"\napp = "{app_spec}"\n[notifications.webhook]\nurl = {{ env = "UNSET_HOOK_URL" }}\n'
+        'secret = { env = "UNSET_HOOK_SECRET" }\n')
+    assert invoke("db", "upgrade").exit_code == 0
+    assert (tmp_path / "from-file.db").exists() and not (tmp_path / "statebook.db").exists()
+    checked = invoke("verify", "--json")
+    assert checked.exit_code == 0 and json.loads(checked.stdout)["ok"] is True, checked.output
+    listed = invoke("lifecycle", "ls", "--json")
+    assert [lc["type"] for lc in json.loads(listed.stdout)] == ["ticket"], listed.output
+    assert invoke("check").exit_code == 0
+    # The command line, then the environment, come first.
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    one_error(invoke("--db", elsewhere, "verify"), "elsewhere.db", "does not exist")
+    one_error(invoke("verify", STATEBOOK_DB=elsewhere), "elsewhere.db", "does not exist")
+    (tmp_path / "statebook.toml").write_text("db = 3\n")
+    one_error(invoke("history", "ticket", "t1"), "statebook.toml", "db is text")
+    one_error(invoke("verify"), "statebook.toml", "db")
+    (tmp_path / "statebook.toml").write_text("db = \n")
+    one_error(invoke("history", "ticket", "t1"), "statebook.toml", "cannot read the settings")
