@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .book import Book
 
 __all__ = ["BATCH", "LogFrontier", "NotInLog", "against_tree_head", "consistency_proof_for", "inclusion_proof_for",
-           "leaf_of", "tree_head"]
+           "leaf_of", "log_size", "tree_head"]
 
 BATCH = 5000
 """Facts read per batch: a batch's rows are the only rows held in memory."""
@@ -118,6 +118,14 @@ async def tree_head(book: Book, *, size: int | None = None, since: LogFrontier |
         return LogFrontier(frontier, last)
 
     return await _on_snapshot(book, read)
+
+
+async def log_size(book: Book) -> int:
+    """How many facts the log has: the size :func:`tree_head` of the whole log would give, counted without
+    reading a leaf (what a checkpointer asks to see whether enough facts were written since its last tree head)."""
+    top = await settled_seq(book)
+    async with book.read() as conn:
+        return await _count(conn, top)
 
 
 async def inclusion_proof_for(book: Book, fact_id: str, size: int) -> tuple[int, list[bytes]]:

@@ -21,6 +21,7 @@ from statebook.lifecycle.factlog import (
     against_tree_head,
     consistency_proof_for,
     inclusion_proof_for,
+    log_size,
     tree_head,
 )
 from statebook.lifecycle.testing.cases import walked
@@ -77,12 +78,14 @@ class FactLogCases:
 
     async def test_the_tree_head_is_the_root_of_the_facts_in_seq_order(self, book: Book):
         """A6: the root of every settled fact, and of each first ``size`` of them, is ``tlog.root`` over leaves
-        computed here from the rows; the empty log's is ``EMPTY_ROOT``; a bound book's includes its own writes."""
+        computed here from the rows (``log_size`` counts them); the empty log's is ``EMPTY_ROOT``; a bound book's
+        includes its own writes."""
         assert (await tree_head(book)).root() == tlog.EMPTY_ROOT
         await history_of_every_kind(book)
         expected = await leaves(book)
         whole = await tree_head(book)
         assert (whole.size, whole.root()) == (len(expected), tlog.root(expected)) and whole.size == 14
+        assert await log_size(book) == 14
         for size in range(len(expected) + 1):
             assert (await tree_head(book, size=size)).root() == tlog.root(expected[:size]), size
         async with book.begin() as tx:
