@@ -50,6 +50,7 @@ class Context:
 
     @property
     def db_url(self) -> str | None:
+        """``--db`` (or ``$STATEBOOK_DB``), else the settings file's ``db``, else None (the default file)."""
         return self._db_url if self._db_url is not None else _from_settings("db")
 
     @db_url.setter
@@ -58,6 +59,7 @@ class Context:
 
     @property
     def app(self) -> str | None:
+        """``--app`` (or ``$STATEBOOK_APP``), else the settings file's ``app``, else None (the built-in registry)."""
         return self._app if self._app is not None else _from_settings("app")
 
     @app.setter
