@@ -42,15 +42,21 @@ class CheckpointAlarm(Exception):
 class TreeSource(Protocol):
     """Where the tree comes from: the settled log's size and root now, and consistency proofs within it."""
 
-    async def head(self) -> tuple[int, bytes]: ...
+    async def head(self) -> tuple[int, bytes]:
+        """The settled log's size and root now."""
+        ...
 
-    async def consistency(self, old_size: int, new_size: int) -> Sequence[bytes]: ...
+    async def consistency(self, old_size: int, new_size: int) -> Sequence[bytes]:
+        """The proof that the tree of ``old_size`` leaves is a prefix of the tree of ``new_size``."""
+        ...
 
 
 class Sink(Protocol):
     """Somewhere a checkpoint note is kept outside the database."""
 
-    async def write(self, size: int, note: bytes) -> None: ...
+    async def write(self, size: int, note: bytes) -> None:
+        """Keep ``note``, the checkpoint of a tree of ``size`` leaves; raise when it could not."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class DirectorySink:
         return found[-1] if found else None
 
     async def write(self, size: int, note: bytes) -> None:
+        """Write the note's file (in a thread: the writes are synced to disk)."""
         await asyncio.to_thread(self._write, size, note)
 
     def _write(self, size: int, note: bytes) -> None:
@@ -97,6 +104,7 @@ class CommandSink:
     timeout: float = 30.0
 
     async def write(self, size: int, note: bytes) -> None:
+        """Run the command with the note on its standard input (``$STATEBOOK_CHECKPOINT_SIZE`` names the size)."""
         process = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env={**os.environ, "STATEBOOK_CHECKPOINT_SIZE": str(size)})
@@ -182,10 +190,12 @@ class BookLog:
     book: Book
 
     async def head(self) -> tuple[int, bytes]:
+        """The tree head of every settled fact."""
         frontier = await factlog.tree_head(self.book)
         return frontier.size, frontier.root()
 
     async def consistency(self, old_size: int, new_size: int) -> Sequence[bytes]:
+        """The consistency proof from the database's leaves."""
         return await factlog.consistency_proof_for(self.book, old_size, new_size)
 
 
@@ -209,8 +219,7 @@ class Checkpointer:
         """Whether a checkpoint is due: none taken by this process yet, the interval passed, or enough new facts."""
         if self.last_at is None or self.book.clock.now() - self.last_at >= self.every_seconds:
             return True
-        settled = (await factlog.tree_head(self.book)).size  # a count of settled facts would do; this reads leaves
-        return settled - self.published >= self.every_facts
+        return await factlog.log_size(self.book) - self.published >= self.every_facts
 
     async def take(self) -> Published | None:
         """Take one checkpoint now (None after an alarm or a sink's error, both logged)."""
