@@ -16,7 +16,7 @@ from statebook.adapters.extras import MissingExtra
 from statebook.adapters.settings import SECTIONS, _model_of, load_settings
 
 SECRETS = [
-    "audit.chain_key", "scheduler.github_token", "web.link_key", "web.session_key", "web.slack_signing_secret",
+    "audit.chain_key", "audit.log_key", "scheduler.github_token", "web.link_key", "web.session_key", "web.slack_signing_secret",
     "web.pagerduty_signing_secret", "notifications.slack.webhook_url", "notifications.slack.bot_token",
     "notifications.email.password", "notifications.pagerduty.routing_key", "notifications.webhook.url",
     "notifications.webhook.secret", "notifications.websocket.tokens", "notifications.apprise.urls",
