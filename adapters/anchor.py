@@ -78,8 +78,9 @@ def export_findings(manifest: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     return findings, [f"verify at export noted: {n}" for n in (notes if isinstance(notes, list) else ())]
 
 
-def read_verifiers(keys: Iterable[str]) -> list[Verifier]:
-    """The log's note keys from ``--key`` values: each a vkey text, or a file holding one vkey a line."""
+def read_verifiers(keys: Iterable[str], option: str = "--key", kind: int = ED25519) -> list[Verifier]:
+    """Note keys from ``option``'s values: each a vkey text, or a file holding one vkey a line; the log's keys
+    (``kind`` ED25519) or witnesses' (COSIGNATURE_V1). A private key text is refused without being quoted."""
     found: list[Verifier] = []
     for given in keys:
         texts = [given]
@@ -88,18 +89,19 @@ def read_verifiers(keys: Iterable[str]) -> list[Verifier]:
                 texts = [line.strip() for line in Path(given).read_text(encoding="utf-8").splitlines() if line.strip()]
             except (OSError, UnicodeDecodeError) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
-                raise ConfigError(f"--key {given[:80]!r} is neither a verifier key (vkey) text nor a readable file "
-                                  f"({reason})") from None
+                raise ConfigError(f"{option} {given[:80]!r} is neither a verifier key (vkey) text nor a readable "
+                                  f"file ({reason})") from None
         for text in texts:
-            if text.startswith("PRIVATE+KEY+"):  # never quoted: it is the log's signing secret
-                raise ConfigError("--key was given a signer key (PRIVATE+KEY+...): give its public verifier key")
+            if text.startswith("PRIVATE+KEY+"):  # never quoted: it is a signing secret
+                raise ConfigError(f"{option} was given a signer key (PRIVATE+KEY+...): give its public verifier key")
             try:
                 verifier = Verifier.from_vkey(text)
             except NoteError as exc:
-                raise ConfigError(f"--key: {exc}") from None
-            if verifier.kind != ED25519:
-                raise ConfigError(f"--key {verifier.name} is a witness key (type 0x04); give the log's note key "
-                                  "(type 0x01)")
+                raise ConfigError(f"{option}: {exc}") from None
+            if verifier.kind != kind:
+                what, wanted = (("a witness key (type 0x04)", "the log's note key (type 0x01)") if kind == ED25519
+                                else ("a log's note key (type 0x01)", "a witness key (type 0x04)"))
+                raise ConfigError(f"{option} {verifier.name} is {what}; give {wanted}")
             found.append(verifier)
     return found
 

@@ -24,19 +24,6 @@ from .audit import audit_app, checkpoint_app
 KEY_HELP = "the log's public key: its name+id+key text, or a file holding it (repeat for several)"
 
 
-def _verifiers(texts: list[str], what: str) -> list[Any]:
-    from statebook.adapters.note import NoteError, Verifier
-
-    found = []
-    for text in texts:
-        value = Path(text).read_text(encoding="utf-8").strip() if Path(text).is_file() else text
-        try:
-            found.append(Verifier.from_vkey(value))
-        except NoteError as exc:
-            raise fail(f"{what} {text!r} is not a public key text ({exc})") from None
-    return found
-
-
 def _signer(path: Path, what: str) -> Any:
     from statebook.adapters.note import NoteError, Signer
 
@@ -177,6 +164,8 @@ def check_proof_cmd(
 ) -> None:
     """Check offline that a fact is in the log a signed checkpoint states: exit 0 and one line, or exit 1 naming
     what fails. Needs the proof, the fact and the log's public key; no database."""
+    from statebook.adapters.anchor import read_verifiers
+    from statebook.adapters.note import COSIGNATURE_V1
     from statebook.adapters.proofs import ProofRefused, check_proof
 
     if k > len(witness):
@@ -194,8 +183,8 @@ def check_proof_cmd(
     if not isinstance(document, dict):
         raise fail(f"--fact {fact} holds no fact object")
     try:
-        checked = check_proof(text, document, _verifiers(key, "--key"), witnesses=_verifiers(witness, "--witness"),
-                              k=k, chain_key=secret)
+        witnesses = read_verifiers(witness, "--witness", COSIGNATURE_V1)
+        checked = check_proof(text, document, read_verifiers(key), witnesses=witnesses, k=k, chain_key=secret)
     except ProofRefused as refused:
         raise fail(f"NOT OK: {refused}", 1) from None
     cosigned = f", cosigned by {', '.join(checked.witnesses)}" if checked.witnesses else ""
@@ -215,12 +204,13 @@ def witness_cmd(
 ) -> None:
     """Cosign a checkpoint only if it extends the last one this witness cosigned (C2SP tlog-witness): print the
     cosignature line, to append to the note; exit 1 naming why not (a conflict names the size this witness has)."""
+    from statebook.adapters.anchor import read_verifiers
     from statebook.adapters.witness import WitnessRefused, add_checkpoint
     from statebook.lifecycle.clock import SystemClock
 
     body = sys.stdin.buffer.read() if str(request) == "-" else request.read_bytes()
     try:
-        line = add_checkpoint(body, _verifiers(log_key, "--log-key"), _signer(key, "--key"), state,
+        line = add_checkpoint(body, read_verifiers(log_key, "--log-key"), _signer(key, "--key"), state,
                               now=int(SystemClock().now()))
     except WitnessRefused as refused:
         raise fail(f"not cosigned: {refused}", 1) from None

@@ -292,13 +292,13 @@ PROGRESS_FROM_FACTS = 5000
 
 
 async def _verify(book: Book, entity_type: str | None, show_progress: bool, checkpoint: Any = None,
-                  key: Any = None) -> Report:
+                  key: Any = None, tree_head: Any = None) -> Report:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     verify = _lazy("verify")
     book = book.with_chain_key(key)
     if not show_progress:
-        report: Report = await verify(book, entity_type, checkpoint=checkpoint)
+        report: Report = await verify(book, entity_type, checkpoint=checkpoint, tree_head=tree_head)
         return report
     columns = (TextColumn("verifying facts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     bar = Progress(*columns, console=_console("err_console"), transient=True)
@@ -311,7 +311,7 @@ async def _verify(book: Book, entity_type: str | None, show_progress: bool, chec
             bar.update(task, completed=done, total=total)
 
     try:
-        report = await verify(book, entity_type, progress=tick, checkpoint=checkpoint)
+        report = await verify(book, entity_type, progress=tick, checkpoint=checkpoint, tree_head=tree_head)
         return report
     finally:
         if bar.live.is_started:
@@ -330,6 +330,11 @@ def verify_cmd(
     public_key: Path = typer.Option(None, "--public-key", metavar="FILE",
                                     help="the Ed25519 public key the checkpoint must be signed with"),
     config: Path = typer.Option(None, "--config", help="settings file whose \\[audit] chain_key keys the chain"),
+    tree_head: Path = typer.Option(None, "--tree-head", metavar="NOTE",
+                                   help="also check the fact log against a signed checkpoint note (checkpoint "
+                                        "publish): its first SIZE facts must give its root"),
+    log_key: list[str] = typer.Option([], "--key", metavar="VKEY",
+                                      help="the log's public key the --tree-head note must open with (text or file)"),
 ) -> None:
     """Check every row against its facts and every fact against its chain and policy; exit 1 on a finding.
 
@@ -342,6 +347,9 @@ def verify_cmd(
     from .audit import chain_key
 
     key = chain_key(config)
+    head = None if tree_head is None else _tree_head(tree_head, log_key)
+    if tree_head is None and log_key:
+        raise fail("--key opens a checkpoint note: give --tree-head NOTE too")
     body, problems, notes = (None, [], []) if checkpoint is None else read_checkpoint(checkpoint, public_key)
     if checkpoint is None and public_key is not None:
         raise fail("--public-key checks a checkpoint's signature: give --checkpoint FILE too")
@@ -349,7 +357,7 @@ def verify_cmd(
         report = Report(findings=[Finding("bad_checkpoint", "", "", p) for p in problems])
     else:
         show_progress = _console("err_console").is_terminal and not as_json
-        report = run(with_book(_verify)(entity_type, show_progress, body, key))
+        report = run(with_book(_verify)(entity_type, show_progress, body, key, head))
     report.notes += notes
     if as_json:
         typer.echo(_dump(report.to_json(), indent=2))
@@ -357,6 +365,23 @@ def verify_cmd(
         print_report(report)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _tree_head(path: Path, keys: list[str]) -> Any:
+    """The tree head of the checkpoint note at ``path``, opened with one of ``keys``; a one-line error otherwise."""
+    from statebook.adapters.anchor import read_verifiers
+    from statebook.adapters.note import NoteError, open_note
+    from statebook.lifecycle import tlog
+
+    if not keys:
+        raise fail("--tree-head needs the log's public key (--key VKEY): an unsigned tree head anchors nothing")
+    try:
+        text, _ = open_note(path.read_bytes(), read_verifiers(keys))
+        return tlog.parse_checkpoint(text)
+    except OSError as exc:
+        raise fail(f"--tree-head {path}: {exc.strerror}") from None
+    except (NoteError, tlog.CheckpointFormatError) as exc:
+        raise fail(f"--tree-head {path} does not verify: {exc}", 1) from None
 
 
 # -- demo -------------------------------------------------------------------------------------

@@ -127,3 +127,21 @@ def test_the_daemon_takes_checkpoints_by_itself(log, tmp_path):
     published = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert published and published[0] == f"{2:020d}.checkpoint"
     assert invoke("checkpoint", "publish").stdout.strip().endswith("unchanged since the last checkpoint")
+
+
+def test_verify_checks_the_database_against_a_signed_tree_head(log, tmp_path):
+    """`statebook verify --tree-head NOTE --key VKEY`: ok on the log the checkpoint was taken of (and grown since);
+    a finding once a fact it covers is changed; the note must open with the log's key."""
+    invoke("checkpoint", "publish")
+    note = str(tmp_path / "checkpoints" / f"{2:020d}.checkpoint")
+    invoke("schedule", "disable", "a")
+    ok = invoke("verify", "--tree-head", note, "--key", log["vkey"])
+    assert ok.exit_code == 0, ok.output
+    assert invoke("verify", "--tree-head", note).exit_code == 2  # no key: an unsigned tree head anchors nothing
+    other = invoke("checkpoint", "note-key", "--name", "example.test/log", "--out", "other.key").stdout.strip()
+    assert invoke("verify", "--tree-head", note, "--key", other).exit_code == 1
+    with sqlite3.connect(tmp_path / "app.db") as conn:
+        conn.execute("UPDATE status_transitions SET seq = seq + 1000 WHERE seq = (SELECT min(seq) FROM "
+                     "status_transitions)")
+    found = invoke("verify", "--tree-head", note, "--key", log["vkey"], "--json")
+    assert found.exit_code == 1 and "tree_head_mismatch" in found.stdout, found.output
