@@ -21,7 +21,7 @@ from statebook.lifecycle.facts import Fact, fact_hash, legacy_fact_hash
 
 from .note import NoteError, Verifier, open_note, open_witnessed
 
-__all__ = ["HEADER", "CheckedProof", "ProofRefused", "check_proof", "proof_text"]
+__all__ = ["HEADER", "CheckedProof", "ProofRefused", "check_proof", "hash_lines", "proof_text"]
 
 HEADER = b"c2sp.org/tlog-proof@v1"
 
@@ -57,16 +57,24 @@ def _parse(text: bytes) -> tuple[int, list[bytes], bytes]:
     number = lines[at][len(b"index "):]
     if not number.isdigit() or (number != b"0" and number.startswith(b"0")):
         raise ProofRefused("the index is a decimal integer without leading zeros")
+    hashes = hash_lines(lines[at + 1:])
+    if isinstance(hashes, str):
+        raise ProofRefused(hashes)
+    return int(number), hashes, note
+
+
+def hash_lines(lines: Sequence[bytes]) -> list[bytes] | str:
+    """Proof lines (one 32-byte hash each, canonical base64) as hashes, or what is wrong with them."""
     hashes = []
-    for line in lines[at + 1:]:
+    for line in lines:
         try:
             decoded = base64.b64decode(line, validate=True)
         except (binascii.Error, ValueError):
-            raise ProofRefused("a proof line is not base64") from None
+            return "a proof line is not base64"
         if len(decoded) != tlog.HASH_SIZE or base64.b64encode(decoded) != line:
-            raise ProofRefused("a proof line is not one 32-byte hash in canonical base64")
+            return "a proof line is not one 32-byte hash in canonical base64"
         hashes.append(decoded)
-    return int(number), hashes, note
+    return hashes
 
 
 def check_proof(text: bytes, fact: Mapping[str, Any], logs: Iterable[Verifier], *,

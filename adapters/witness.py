@@ -14,7 +14,6 @@ The witness's state (its last cosigned checkpoint per log) is a directory of its
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import os
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from statebook.lifecycle import tlog
 
 from .note import COSIGNATURE_V1, NoteError, Signer, Verifier, open_note
+from .proofs import hash_lines
 
 __all__ = ["WitnessConflict", "WitnessRefused", "add_checkpoint", "witness_request"]
 
@@ -54,15 +54,9 @@ def _parse(request: bytes) -> tuple[int, list[bytes], bytes]:
     size = lines[0][4:]
     if not size.isdigit() or (size != b"0" and size.startswith(b"0")):
         raise WitnessRefused("the old size is a decimal integer without leading zeros")
-    proof = []
-    for line in lines[1:]:
-        try:
-            decoded = base64.b64decode(line, validate=True)
-        except (binascii.Error, ValueError):
-            raise WitnessRefused("a proof line is not base64") from None
-        if len(decoded) != tlog.HASH_SIZE or base64.b64encode(decoded) != line:
-            raise WitnessRefused("a proof line is not one 32-byte hash in canonical base64")
-        proof.append(decoded)
+    proof = hash_lines(lines[1:])
+    if isinstance(proof, str):
+        raise WitnessRefused(proof)
     return int(size), proof, note
 
 

@@ -35,6 +35,19 @@ def _signer(path: Path, what: str) -> Any:
         raise fail(f"{what} {path} is not a private key text ({exc})") from None
 
 
+def _checkpoint_note(path: Path) -> tuple[bytes, Any]:
+    """The note at ``path`` and its tree head (its signatures are the reader's to check)."""
+    from statebook.lifecycle import tlog
+
+    try:
+        note = path.read_bytes()
+        return note, tlog.parse_checkpoint(note.partition(b"\n\n")[0] + b"\n")
+    except OSError as exc:
+        raise fail(f"--checkpoint {path}: {exc.strerror}") from None
+    except tlog.CheckpointFormatError as exc:
+        raise fail(f"--checkpoint {path} is not a checkpoint note ({exc})") from None
+
+
 @checkpoint_app.command("note-key")
 def note_key_cmd(
     name: str = typer.Option(..., "--name", metavar="ORIGIN", help="the key's name: the log's origin, e.g. "
@@ -110,13 +123,7 @@ def prove_cmd(
         path = None if folder is None else DirectorySink(folder).latest()
         if path is None:
             raise fail("no checkpoint to prove against: give --checkpoint FILE, or set [audit] checkpoint_dir")
-    try:
-        note = path.read_bytes()
-        head = tlog.parse_checkpoint(note.partition(b"\n\n")[0] + b"\n")
-    except OSError as exc:
-        raise fail(f"--checkpoint {path}: {exc.strerror}") from None
-    except tlog.CheckpointFormatError as exc:
-        raise fail(f"--checkpoint {path} is not a checkpoint note ({exc})") from None
+    note, head = _checkpoint_note(path)
 
     async def go(book: Book) -> tuple[int, list[bytes]]:
         return await factlog.inclusion_proof_for(book, fact_id, head.size)
@@ -135,13 +142,7 @@ def witness_request_cmd(
     from statebook.adapters.witness import witness_request
     from statebook.lifecycle import factlog, tlog
 
-    try:
-        note = checkpoint.read_bytes()
-        head = tlog.parse_checkpoint(note.partition(b"\n\n")[0] + b"\n")
-    except OSError as exc:
-        raise fail(f"--checkpoint {checkpoint}: {exc.strerror}") from None
-    except tlog.CheckpointFormatError as exc:
-        raise fail(f"--checkpoint {checkpoint} is not a checkpoint note ({exc})") from None
+    note, head = _checkpoint_note(checkpoint)
     if old > head.size:
         raise fail(f"--old {old} is above the checkpoint's size {head.size}")
 

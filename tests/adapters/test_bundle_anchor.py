@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 from conformance.lifecycle.support import new_task, prepare, start, task_registry
 from test_audit_forgery import (
-    KEY, OTHER, appended, cut_tail, erased, field_edit, forged_rehashed, inserted, reordered, seeded)
+    KEY, OTHER, appended, cut_tail, engine, erased, field_edit, forged_rehashed, inserted, reordered, seeded)
 from typer.testing import CliRunner
 
 from statebook.adapters.anchor import Anchors
@@ -35,15 +35,6 @@ APP = "conformance.lifecycle.support:task_registry"
 runner = CliRunner()
 
 
-@pytest.fixture
-async def engine(db_url):
-    engine = connect(db_url)
-    await prepare(engine, FakeClock())
-    try:
-        yield engine
-    finally:
-        await reset_schema(engine)  # the shared PostgreSQL database is not left keyed
-        await engine.dispose()
 
 
 @pytest.fixture(scope="module")
