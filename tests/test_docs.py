@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.S | re.M)
 TESTED = ("tutorial.md", "how-to/extend.md", "how-to/outbox.md", "how-to/scheduler.md", "how-to/notifications.md",
-          "how-to/tracing.md", "how-to/fastapi.md", "how-to/sync.md")  # how-to/testing.md: tests/test_readme_kit.py
+          "how-to/tracing.md", "how-to/fastapi.md", "how-to/sync.md", "how-to/anchors.md")  # how-to/testing.md: tests/test_readme_kit.py
 
 
 def blocks(page: Path) -> list[tuple[str, str, str]]:
