@@ -107,6 +107,9 @@ WRITES_NO_FACT: dict[str, str] = {
     "audit verify": "reads a bundle", "audit replay": "reads a bundle", "demo": "its own database file",
     "db upgrade": "the schema; no fact", "db current": "reads", "db history": "reads", "db check": "reads",
     "web hash-password": "prints a hash",
+    "checkpoint note-key": "writes a key file", "checkpoint publish": "reads the log; writes a checkpoint file",
+    "audit prove": "reads", "audit witness-request": "reads", "audit check-proof": "reads a proof and a fact",
+    "audit witness": "its own state directory",
 }
 SERVES: dict[str, str] = {
     # a server whose writes are its requests' (the console's actions), checked where it is tested
