@@ -37,8 +37,8 @@ from .errors import page_error
 from .pages import render, root
 from .state import Console, console
 
-__all__ = ["CHECKPOINT_BYTES", "SHOWN_FINDINGS", "Auditor", "Checkpoint", "VerifyRun", "audit_page", "auditor",
-           "read_document", "routes", "run_verify", "shutdown", "startup", "top_seq"]
+__all__ = ["CHECKPOINT_BYTES", "SHOWN_FINDINGS", "Auditor", "Checkpoint", "LogCheckpoint", "VerifyRun", "audit_page",
+           "auditor", "log_checkpoint", "read_document", "routes", "run_verify", "shutdown", "startup", "top_seq"]
 
 log = logging.getLogger("statebook.adapters.web.audit")
 
@@ -102,6 +102,45 @@ def read_document(data: bytes, name: str, public_key: bytes | None = None) -> Ch
     return Checkpoint(body, problems, notes, name)
 
 
+@dataclass(frozen=True)
+class LogCheckpoint:
+    """The last checkpoint of the fact log in ``[audit] checkpoint_dir``: its tree head when its note opens with the
+    log's key (derived from ``[audit] log_key``, never shown), the names on its other signature lines (witnesses'
+    cosignatures, listed as found), and what is wrong with it."""
+
+    name: str
+    head: Any = None
+    cosigners: tuple[str, ...] = ()
+    problem: str | None = None
+
+
+def log_checkpoint(settings: Any) -> LogCheckpoint | None:
+    """The fact log's last published checkpoint (None when the settings name no checkpoint directory or it is
+    empty). Read from the directory at each page view: a checkpoint the daemon published a moment ago shows."""
+    from statebook.adapters.checkpoints import DirectorySink
+    from statebook.adapters.errors import ConfigError
+    from statebook.adapters.note import NoteError, open_note
+    from statebook.lifecycle import tlog
+
+    audit: Any = getattr(settings, "audit", None)
+    folder = getattr(audit, "checkpoint_dir", None)
+    path = None if folder is None else DirectorySink(Path(folder)).latest()
+    if path is None or audit is None:
+        return None
+    try:
+        note = path.read_bytes()
+        signer = audit.log_signer()
+        if signer is None:
+            return LogCheckpoint(path.name, problem="[audit] log_key is not set here, so its signature is not checked")
+        text, _ = open_note(note, [signer.verifier()])
+        head = tlog.parse_checkpoint(text)
+    except (OSError, ConfigError, NoteError, tlog.CheckpointFormatError) as exc:
+        return LogCheckpoint(path.name, problem=f"it does not verify: {exc}")
+    names = [line.split(" ")[1] for line in note.decode("utf-8").split("\n\n", 1)[1].splitlines()
+             if line.startswith("\u2014 ") and len(line.split(" ")) > 2]
+    return LogCheckpoint(path.name, head, tuple(n for n in names if n != head.origin))
+
+
 @dataclass
 class VerifyRun:
     """One ``verify`` run by the console: who asked, its progress, and its report once it ends."""
@@ -109,6 +148,7 @@ class VerifyRun:
     by: str
     started_at: float
     checkpoint: Checkpoint | None = None
+    tree_head: Any = None
     done: int = 0
     total: int = 0
     ended_at: float | None = None
@@ -139,14 +179,14 @@ class Auditor:
         self.run: VerifyRun | None = None
         self.checkpoint: Checkpoint | None = None
 
-    def start(self, book: Book, *, by: str, checkpoint: Checkpoint | None = None) -> VerifyRun:
-        """Start ``verify`` over the whole book (against ``checkpoint`` when it is usable); the running one
-        when a run is still going (a second would only read everything twice)."""
+    def start(self, book: Book, *, by: str, checkpoint: Checkpoint | None = None, tree_head: Any = None) -> VerifyRun:
+        """Start ``verify`` over the whole book (against ``checkpoint`` when it is usable, and the fact log against
+        ``tree_head``); the running one when a run is still going (a second would only read everything twice)."""
         if self.run is not None and self.run.running:
             return self.run
         if checkpoint is not None:
             self.checkpoint = checkpoint
-        run = VerifyRun(by=by, started_at=book.clock.now(), checkpoint=checkpoint)
+        run = VerifyRun(by=by, started_at=book.clock.now(), checkpoint=checkpoint, tree_head=tree_head)
         usable = checkpoint.body if checkpoint is not None and not checkpoint.problems else None
 
         def progress(done: int, total: int) -> None:
@@ -154,7 +194,7 @@ class Auditor:
 
         async def go() -> None:
             try:
-                run.report = await verify(book, progress=progress, checkpoint=usable)
+                run.report = await verify(book, progress=progress, checkpoint=usable, tree_head=tree_head)
             except asyncio.CancelledError:
                 run.error = "the console stopped before verify ended"
                 raise
@@ -217,6 +257,7 @@ async def audit_page(request: Request) -> Response:
     context = {
         "switch": await read_switch(book), "key_id": None if book.chain_key is None else book.chain_key.id,
         "checkpoint": found.checkpoint, "run": run, "top": await top_seq(book), "shown": SHOWN_FINDINGS,
+        "log_checkpoint": log_checkpoint(c.settings),
     }
     headers = {"Refresh": str(REFRESH_SECONDS)} if run is not None and run.running else None
     return render(request, "audit/page.html", context, headers=headers)
@@ -247,7 +288,9 @@ async def run_verify(request: Request) -> Response:
     if document is not None:
         name = getattr(data.get("checkpoint"), "filename", "checkpoint")
         checkpoint = read_document(document, str(name)[:200], public_key)
-    auditor(c).start(c.book, by=request.state.identity.name, checkpoint=checkpoint)
+    published = log_checkpoint(c.settings)
+    auditor(c).start(c.book, by=request.state.identity.name, checkpoint=checkpoint,
+                     tree_head=None if published is None else published.head)
     return RedirectResponse(f"{root(request)}/audit#verify", status_code=303)
 
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from statebook.adapters.audit import checkpoint_document, keygen
 from statebook.adapters.db import open_book, reset_schema
-from statebook.adapters.web.audit_view import auditor
+from statebook.adapters.web.audit_view import auditor, log_checkpoint
 from statebook.lifecycle import Book
 from statebook.lifecycle.chainkey import ChainKey
 from statebook.lifecycle.chain import checkpoint
@@ -141,3 +142,51 @@ class TestKeyedChain:
         for html in pages:
             for form in (SECRET, SECRET.hex().encode(), base64.b64encode(SECRET), SECRET[:16]):
                 assert form.decode() not in html
+
+
+async def test_the_fact_logs_last_checkpoint_and_verify_against_it(book: Book, tmp_path: Path) -> None:
+    """Issue 31: the page shows the fact log's last checkpoint from [audit] checkpoint_dir (size, root, signed by
+    the log's key, the witnesses its note names) and verify checks the database against it: a fact moved below it
+    is a tree_head_mismatch finding. A note another key signed is shown as not verifying."""
+    from .conftest import web_settings
+
+    from statebook.adapters.checkpoints import BookLog, DirectorySink, take_checkpoint
+    from statebook.adapters.note import COSIGNATURE_V1, Signer, cosign
+    from statebook.adapters.web import create_app
+    from statebook.lifecycle.facts import facts_table
+
+    pytest.importorskip("cryptography")
+    signer = Signer.generate("example.test/log")
+    (tmp_path / "log.key").write_text(signer.skey)
+    folder = tmp_path / "checkpoints"
+    settings = type(web_settings())(web=web_settings().web,
+                                    audit={"log_key": {"file": str(tmp_path / "log.key")}, "checkpoint_dir": folder})
+    for i in range(3):
+        await enqueue_dispatch(book, kind="k", deliver_to="ok", body={"i": i})
+    done = await take_checkpoint(BookLog(book), signer, DirectorySink(folder))
+    witness = Signer.generate("witness.test/w1", COSIGNATURE_V1)
+    path = folder / f"{done.head.size:020d}.checkpoint"
+    path.write_bytes(cosign(path.read_bytes(), witness, 1_700_000_000))
+    app = create_app(book, settings)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            from .conftest import PASSWORDS, csrf_of
+
+            token = await csrf_of(client)
+            signed = await client.post("/sign-in", data={"name": "vic", "password": PASSWORDS["vic"], "next": "/",
+                                                         "csrf_token": token})
+            assert signed.status_code == 303, signed.text
+            html = (await client.get("/audit")).text
+            assert 'data-figure="log-checkpoint-size">3<' in html, html
+            assert 'data-figure="cosigners">witness.test/w1' in html and signer.skey not in html
+            token = await csrf_of(client, "/sign-in")
+            html = await verified(client, app, token)
+            assert re.search(r'data-figure="verify">ok<', html) and "against its checkpoint of 3 facts" in html
+            async with book.store.begin() as conn:  # a fact renumbered below the checkpoint's size
+                low = (await conn.execute(sa.select(sa.func.min(facts_table.c.seq)))).scalar_one()
+                await conn.execute(facts_table.update().where(facts_table.c.seq == low).values(seq=low + 10_000))
+            html = await verified(client, app, token)
+            assert "tree_head_mismatch" in html
+    path.write_bytes(path.read_bytes().replace(b"example.test/log\n3", b"example.test/log\n2"))
+    found = log_checkpoint(settings)
+    assert found is not None and found.head is None and "does not verify" in (found.problem or "")
