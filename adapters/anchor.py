@@ -19,9 +19,10 @@ from typing import Any
 from statebook.lifecycle.tlog import CheckpointFormatError, Frontier, fact_leaf, leaf_hash, parse_checkpoint
 
 from .errors import ConfigError
-from .note import ED25519, NoteError, Verifier, open_note
+from .note import ED25519, NoteError, Verifier, open_note, open_witnessed
 
-__all__ = ["Anchors", "Leaves", "anchor_findings", "bundle_tree", "export_findings", "read_verifiers", "tree_findings"]
+__all__ = ["Anchors", "Leaves", "anchor_findings", "bundle_tree", "export_findings", "open_checkpoint", "read_verifiers",
+           "tree_findings"]
 
 
 def _b64(root: bytes) -> str:
@@ -106,6 +107,16 @@ def read_verifiers(keys: Iterable[str], option: str = "--key", kind: int = ED255
     return found
 
 
+def open_checkpoint(note: bytes, keys: Sequence[Verifier], witnesses: Sequence[Verifier] = (),
+                    k: int = 0) -> tuple[str, list[str]]:
+    """The note's text and who signed it: one of the log's ``keys`` and, when ``k`` > 0, ``k`` of ``witnesses``
+    (their cosignatures checked, C2SP tlog-cosignature). :class:`NoteError` when the policy is not met."""
+    if k <= 0:
+        return open_note(note, keys)
+    seen = open_witnessed(note, keys, witnesses, k)
+    return seen.text, [seen.log, *(c.name for c in seen.cosignatures)]
+
+
 @dataclass(frozen=True)
 class Anchors:
     """What ``audit verify`` checks a bundle against besides itself: a checkpoint note (its bytes) signed by
@@ -114,6 +125,9 @@ class Anchors:
     checkpoint: bytes | None = None
     keys: Sequence[Verifier] = field(default_factory=tuple)
     chain_key_id: str | None = None
+    witnesses: Sequence[Verifier] = field(default_factory=tuple)
+    k: int = 0
+    """how many of ``witnesses`` must have cosigned the checkpoint (0: none asked)"""
 
 
 def tree_findings(manifest: Mapping[str, Any], pairs: Sequence[tuple[int, str]]) -> list[str]:
@@ -138,7 +152,7 @@ def _checkpoint_findings(manifest: Mapping[str, Any], pairs: Sequence[tuple[int,
                          notes: list[str]) -> list[str]:
     assert anchors.checkpoint is not None
     try:
-        text, signers = open_note(anchors.checkpoint, anchors.keys)
+        text, signers = open_checkpoint(anchors.checkpoint, anchors.keys, anchors.witnesses, anchors.k)
         head = parse_checkpoint(text)
     except (NoteError, CheckpointFormatError) as exc:
         return [f"the checkpoint note: {exc}"]

@@ -125,6 +125,9 @@ def audit_verify_cmd(
              "repeat for several"),
     chain_key_id: str = typer.Option(None, "--chain-key-id", metavar="ID",
                                      help="the id of the log's chain key: the bundle's facts must be keyed with it"),
+    witnesses: list[str] = typer.Option(None, "--witness", metavar="VKEY",
+                                        help="a witness's public key (text or file; repeat for several)"),
+    k: int = typer.Option(0, "--k", min=0, help="how many of the --witness keys must have cosigned the checkpoint"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Check a bundle offline (signatures with --public-key, digests, every chain, the checkpoint, the facts'
@@ -143,7 +146,14 @@ def audit_verify_cmd(
             checkpoint_note = checkpoint.read_bytes()
         except OSError as exc:
             raise fail(f"cannot read the checkpoint note {checkpoint}: {exc.strerror}") from None
-    anchors = Anchors(checkpoint_note, tuple(read_verifiers(keys)), chain_key_id)
+    from statebook.adapters.note import COSIGNATURE_V1
+
+    witnesses = witnesses or []
+    if k > len(witnesses) or (witnesses and checkpoint is None):
+        raise fail("--witness and --k check a checkpoint's cosignatures: give --checkpoint, and at most as many --k "
+                   "as --witness keys")
+    anchors = Anchors(checkpoint_note, tuple(read_verifiers(keys)), chain_key_id,
+                      tuple(read_verifiers(witnesses, "--witness", COSIGNATURE_V1)), k)
     report = verify_bundle(bundle, public_key, anchors)
     if as_json:
         emit_json(report.to_json())

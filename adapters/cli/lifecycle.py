@@ -335,6 +335,9 @@ def verify_cmd(
                                         "publish): its first SIZE facts must give its root"),
     log_key: list[str] = typer.Option([], "--key", metavar="VKEY",
                                       help="the log's public key the --tree-head note must open with (text or file)"),
+    witnesses: list[str] = typer.Option(None, "--witness", metavar="VKEY",
+                                        help="a witness's public key (text or file; repeat for several)"),
+    k: int = typer.Option(0, "--k", min=0, help="how many of the --witness keys must have cosigned the checkpoint"),
 ) -> None:
     """Check every row against its facts and every fact against its chain and policy; exit 1 on a finding.
 
@@ -347,9 +350,9 @@ def verify_cmd(
     from .audit import chain_key
 
     key = chain_key(config)
-    head = None if tree_head is None else _tree_head(tree_head, log_key)
-    if tree_head is None and log_key:
-        raise fail("--key opens a checkpoint note: give --tree-head NOTE too")
+    head = None if tree_head is None else _tree_head(tree_head, log_key, witnesses or [], k)
+    if tree_head is None and (log_key or witnesses):
+        raise fail("--key and --witness open a checkpoint note: give --tree-head NOTE too")
     body, problems, notes = (None, [], []) if checkpoint is None else read_checkpoint(checkpoint, public_key)
     if checkpoint is None and public_key is not None:
         raise fail("--public-key checks a checkpoint's signature: give --checkpoint FILE too")
@@ -367,16 +370,21 @@ def verify_cmd(
         raise typer.Exit(1)
 
 
-def _tree_head(path: Path, keys: list[str]) -> Any:
-    """The tree head of the checkpoint note at ``path``, opened with one of ``keys``; a one-line error otherwise."""
-    from statebook.adapters.anchor import read_verifiers
-    from statebook.adapters.note import NoteError, open_note
+def _tree_head(path: Path, keys: list[str], witnesses: list[str], k: int) -> Any:
+    """The tree head of the checkpoint note at ``path``, opened with one of ``keys`` (and cosigned by ``k`` of
+    ``witnesses``); a one-line error otherwise."""
+    from statebook.adapters.anchor import open_checkpoint, read_verifiers
+    from statebook.adapters.note import COSIGNATURE_V1, NoteError
     from statebook.lifecycle import tlog
+
+    if k > len(witnesses):
+        raise fail(f"--k {k} asks for more cosignatures than the {len(witnesses)} --witness key(s) given")
 
     if not keys:
         raise fail("--tree-head needs the log's public key (--key VKEY): an unsigned tree head anchors nothing")
     try:
-        text, _ = open_note(path.read_bytes(), read_verifiers(keys))
+        text, _ = open_checkpoint(path.read_bytes(), read_verifiers(keys),
+                                  read_verifiers(witnesses, "--witness", COSIGNATURE_V1), k)
         return tlog.parse_checkpoint(text)
     except OSError as exc:
         raise fail(f"--tree-head {path}: {exc.strerror}") from None

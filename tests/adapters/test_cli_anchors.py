@@ -145,3 +145,26 @@ def test_verify_checks_the_database_against_a_signed_tree_head(log, tmp_path):
                      "status_transitions)")
     found = invoke("verify", "--tree-head", note, "--key", log["vkey"], "--json")
     assert found.exit_code == 1 and "tree_head_mismatch" in found.stdout, found.output
+
+
+def test_verify_and_audit_verify_take_a_witness_policy(log, tmp_path):
+    """A8: `verify --tree-head` and `audit verify --checkpoint` accept "k of these witness keys": a checkpoint the
+    witness cosigned passes with --k 1, the same note without the cosignature (or with a forged one) does not."""
+    w1 = invoke("checkpoint", "note-key", "--witness", "--name", "witness.test/w1", "--out", "w1.key").stdout.strip()
+    (tmp_path / "log.vkey").write_text(log["vkey"] + "\n")
+    invoke("checkpoint", "publish")
+    note = tmp_path / "checkpoints" / f"{2:020d}.checkpoint"
+    (tmp_path / "req").write_bytes(invoke("audit", "witness-request", "--checkpoint", str(note), "--old",
+                                          "0").stdout_bytes)
+    line = invoke("audit", "witness", "req", "--log-key", "log.vkey", "--key", "w1.key", "--state", "w").stdout_bytes
+    (tmp_path / "witnessed").write_bytes(note.read_bytes() + line)
+    policy = ["--key", "log.vkey", "--witness", w1, "--k", "1"]
+    assert invoke("verify", "--tree-head", "witnessed", *policy).exit_code == 0
+    refused = invoke("verify", "--tree-head", str(note), *policy)
+    assert refused.exit_code == 1 and "does not verify" in refused.stderr, refused.output
+    assert invoke("verify", "--witness", w1).exit_code == 2  # a policy without a note to check
+    exported = invoke("export", "--bundle", "bundle")
+    assert exported.exit_code == 0, exported.output
+    assert invoke("audit", "verify", "bundle", "--checkpoint", "witnessed", *policy).exit_code == 0
+    unwitnessed = invoke("audit", "verify", "bundle", "--checkpoint", str(note), *policy)
+    assert unwitnessed.exit_code == 1 and "checkpoint note" in unwitnessed.stdout, unwitnessed.output
