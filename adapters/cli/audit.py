@@ -117,8 +117,8 @@ def audit_verify_cmd(
     public_key: Path = typer.Option(None, "--public-key", metavar="FILE", help="the signer's Ed25519 public key (PEM)"),
     checkpoint: Path = typer.Option(
         None, "--checkpoint", metavar="FILE",
-        help="a checkpoint note of the log (C2SP signed note of its tree head): the bundle's facts must give its "
-             "root at its size; needs --key"),
+        help="a checkpoint note of the log (C2SP signed note of its tree head), or a checkpoint directory (its "
+             "latest): the bundle's facts must give its root at its size; needs --key"),
     keys: list[str] = typer.Option(
         None, "--key", metavar="VKEY",
         help="the log's note verifier key (vkey text, or a file holding it) the checkpoint must be signed with; "
@@ -141,6 +141,13 @@ def audit_verify_cmd(
     if (checkpoint is None) != (not keys):
         raise fail("--checkpoint FILE and --key VKEY go together: a checkpoint note is checked with the log's key")
     checkpoint_note = None
+    if checkpoint is not None and checkpoint.is_dir():  # a checkpoint directory ([audit] checkpoint_dir): its latest
+        from statebook.adapters.checkpoints import DirectorySink
+
+        latest = DirectorySink(checkpoint).latest()
+        if latest is None:
+            raise fail(f"--checkpoint {checkpoint} is a directory without a checkpoint in it")
+        checkpoint = latest
     if checkpoint is not None:
         try:
             checkpoint_note = checkpoint.read_bytes()

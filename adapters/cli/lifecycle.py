@@ -332,7 +332,8 @@ def verify_cmd(
     config: Path = typer.Option(None, "--config", help="settings file whose \\[audit] chain_key keys the chain"),
     tree_head: Path = typer.Option(None, "--tree-head", metavar="NOTE",
                                    help="also check the fact log against a signed checkpoint note (checkpoint "
-                                        "publish): its first SIZE facts must give its root"),
+                                        "publish), or the latest in a checkpoint directory: its first SIZE facts "
+                                        "must give its root"),
     log_key: list[str] = typer.Option([], "--key", metavar="VKEY",
                                       help="the log's public key the --tree-head note must open with (text or file)"),
     witnesses: list[str] = typer.Option(None, "--witness", metavar="VKEY",
@@ -382,6 +383,13 @@ def _tree_head(path: Path, keys: list[str], witnesses: list[str], k: int) -> Any
 
     if not keys:
         raise fail("--tree-head needs the log's public key (--key VKEY): an unsigned tree head anchors nothing")
+    if path.is_dir():  # a checkpoint directory ([audit] checkpoint_dir): its latest
+        from statebook.adapters.checkpoints import DirectorySink
+
+        latest = DirectorySink(path).latest()
+        if latest is None:
+            raise fail(f"--tree-head {path} is a directory without a checkpoint in it")
+        path = latest
     try:
         text, _ = open_checkpoint(path.read_bytes(), read_verifiers(keys),
                                   read_verifiers(witnesses, "--witness", COSIGNATURE_V1), k)

@@ -168,3 +168,25 @@ def test_verify_and_audit_verify_take_a_witness_policy(log, tmp_path):
     assert invoke("audit", "verify", "bundle", "--checkpoint", "witnessed", *policy).exit_code == 0
     unwitnessed = invoke("audit", "verify", "bundle", "--checkpoint", str(note), *policy)
     assert unwitnessed.exit_code == 1 and "checkpoint note" in unwitnessed.stdout, unwitnessed.output
+
+
+def test_the_checkpoint_directory_stands_for_its_latest_and_an_embedded_daemon_fills_it(log, tmp_path):
+    """A7: `verify --tree-head DIR` and `audit verify --checkpoint DIR` take a checkpoint directory for its latest
+    checkpoint; an application's in-process daemon (statebook.adapters.asgi.embedded) takes checkpoints too."""
+    from statebook.adapters.asgi import embedded
+
+    settings = load_settings(tmp_path / "statebook.toml", environ={})
+
+    async def run_embedded() -> None:
+        async with embedded(settings, delivery=True):
+            await asyncio.sleep(0.3)
+
+    asyncio.run(run_embedded())
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [f"{2:020d}.checkpoint"]
+    (tmp_path / "log.vkey").write_text(log["vkey"] + "\n")
+    assert invoke("verify", "--tree-head", "checkpoints", "--key", "log.vkey").exit_code == 0
+    assert invoke("export", "--bundle", "bundle").exit_code == 0
+    assert invoke("audit", "verify", "bundle", "--checkpoint", "checkpoints", "--key", "log.vkey").exit_code == 0
+    (tmp_path / "empty").mkdir()
+    empty = invoke("verify", "--tree-head", "empty", "--key", "log.vkey")
+    assert empty.exit_code == 2 and "without a checkpoint" in empty.stderr
