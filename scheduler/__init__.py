@@ -4,8 +4,9 @@ The engine and the schedule commands below are what an application or operator n
 (evaluation, firing, runs, the launcher) stay importable from their modules.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from statebook.lifecycle.lazy import lazy_names
 
 if TYPE_CHECKING:  # what a type checker and the API reference read; at run time each module loads on first use
     from .engine import SchedulerEngine
@@ -38,20 +39,8 @@ _WHERE = {
     ),
 }
 """The module of each public name: ``statebook ...`` commands import only what they use (specs/cli.md C10)."""
-_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+_MODULE_OF, __getattr__, __dir__ = lazy_names(__name__, _WHERE, globals())
 
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULE_OF})
 
 __all__ = [
     "SCHEDULE", "SCHEDULE_RUN", "CapacityExhausted", "CreateScheduleRequest", "LaunchRefused", "Leader",
