@@ -198,6 +198,7 @@ def _root(
     ctx_state.debug = debug
     ctx_state._registry = None
     ctx_state.given = {}
+    ctx_state.parsed = {}
     ctx_state.default_named = False
     for option, name, value in (("--db", "db", db), ("--app", "app_", app_), ("--config", "config", config)):
         source = ctx.get_parameter_source(name)

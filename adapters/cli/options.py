@@ -44,6 +44,8 @@ class Context:
     """option -> (its value, the command path it followed) for the global options typed on the command line"""
     command_path: str = "statebook"
     """the command the root looked up to run (``statebook dispatch``)"""
+    parsed: dict[Path, dict[str, Any]] = {}
+    """settings files read for their db and app keys this command (:func:`_from_settings`)"""
     default_named: bool = False
     """whether the ./statebook.toml line was printed (once per command)"""
 
@@ -71,17 +73,20 @@ def _from_settings(key: str) -> str | None:
     """The settings file's top-level ``key`` (``db`` or ``app``), read without validating the rest of the file: a
     read command needs the database, not a channel's secret. A file that is not TOML, or a value that is not
     text, is a one-line error naming the file."""
-    import tomllib
-
     from .app import fail
 
     path = settings_file()
     if path is None or not path.is_file():
         return None  # a missing --config file is the settings' own one-line error, where they are loaded
-    try:
-        value = tomllib.loads(path.read_text(encoding="utf-8")).get(key)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise fail(f"{path}: cannot read the settings ({exc})") from None
+    parsed = ctx_state.parsed.get(path)
+    if parsed is None:  # read once per command: the options are asked for at several places
+        import tomllib
+
+        try:
+            parsed = ctx_state.parsed[path] = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise fail(f"{path}: cannot read the settings ({exc})") from None
+    value = parsed.get(key)
     if value is not None and not isinstance(value, str):
         raise fail(f"{path}: {key} is text (a {'database URL' if key == 'db' else 'module:attr'}), not {value!r}")
     return value
