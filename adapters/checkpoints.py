@@ -28,7 +28,7 @@ from .errors import ConfigError
 from .note import NoteError, Signer, Verifier, open_note, sign_note
 
 __all__ = ["BookLog", "CheckpointAlarm", "Checkpointer", "CommandSink", "DirectorySink", "Published", "Sink",
-           "TreeSource", "next_head", "previous", "publish", "take_checkpoint"]
+           "TreeSource", "checkpoint_file", "next_head", "previous", "publish", "take_checkpoint"]
 
 log = logging.getLogger("statebook.checkpoints")
 
@@ -93,6 +93,11 @@ class DirectorySink:
                     raise CheckpointAlarm(f"{final} exists with another note for the same tree size") from None
         finally:
             os.unlink(temporary)
+
+
+def checkpoint_file(path: Path) -> Path | None:
+    """``path`` itself, or when it is a checkpoint directory its latest checkpoint (None: an empty directory)."""
+    return DirectorySink(path).latest() if path.is_dir() else path
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from .extras import require
 __all__ = [
     "COSIGNATURE_V1", "ED25519", "BadSignature", "Cosignature", "MalformedNote", "NoteError", "NoteKeyError",
     "Signer", "TooFewWitnesses", "UnverifiedNote", "Verifier", "Witnessed", "cosign", "cosigned_message", "key_id",
-    "open_note", "open_witnessed", "sign_note"]
+    "open_note", "open_witnessed", "sign_note", "signature_names"]
 
 ED25519 = 0x01
 """The signature type of an Ed25519 note signature over the text."""
@@ -311,6 +311,12 @@ def _split(note: bytes) -> tuple[bytes, list[_Line]]:
             raise MalformedNote(f"signature line {number} is not '— name base64(key id || signature)'")
         parsed.append(_Line(name, raw[:4], raw[4:], line))
     return text, parsed
+
+
+def signature_names(note: bytes | str) -> list[str]:
+    """The key names on the note's signature lines, in order, none of them checked (:class:`MalformedNote` for
+    bytes that are no note): what a page may list beside what :func:`open_note` verified."""
+    return [line.name for line in _split(_as_bytes(note))[1]]
 
 
 def _keyring(verifiers: Iterable[Verifier]) -> dict[tuple[str, bytes], Verifier]:

@@ -141,13 +141,13 @@ def audit_verify_cmd(
     if (checkpoint is None) != (not keys):
         raise fail("--checkpoint FILE and --key VKEY go together: a checkpoint note is checked with the log's key")
     checkpoint_note = None
-    if checkpoint is not None and checkpoint.is_dir():  # a checkpoint directory ([audit] checkpoint_dir): its latest
-        from statebook.adapters.checkpoints import DirectorySink
+    if checkpoint is not None:  # a checkpoint directory ([audit] checkpoint_dir): its latest
+        from statebook.adapters.checkpoints import checkpoint_file
 
-        latest = DirectorySink(checkpoint).latest()
-        if latest is None:
+        found = checkpoint_file(checkpoint)
+        if found is None:
             raise fail(f"--checkpoint {checkpoint} is a directory without a checkpoint in it")
-        checkpoint = latest
+        checkpoint = found
     if checkpoint is not None:
         try:
             checkpoint_note = checkpoint.read_bytes()

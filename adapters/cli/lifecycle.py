@@ -383,13 +383,12 @@ def _tree_head(path: Path, keys: list[str], witnesses: list[str], k: int) -> Any
 
     if not keys:
         raise fail("--tree-head needs the log's public key (--key VKEY): an unsigned tree head anchors nothing")
-    if path.is_dir():  # a checkpoint directory ([audit] checkpoint_dir): its latest
-        from statebook.adapters.checkpoints import DirectorySink
+    from statebook.adapters.checkpoints import checkpoint_file
 
-        latest = DirectorySink(path).latest()
-        if latest is None:
-            raise fail(f"--tree-head {path} is a directory without a checkpoint in it")
-        path = latest
+    found = checkpoint_file(path)  # a checkpoint directory ([audit] checkpoint_dir): its latest
+    if found is None:
+        raise fail(f"--tree-head {path} is a directory without a checkpoint in it")
+    path = found
     try:
         text, _ = open_checkpoint(path.read_bytes(), read_verifiers(keys),
                                   read_verifiers(witnesses, "--witness", COSIGNATURE_V1), k)

@@ -119,7 +119,7 @@ def log_checkpoint(settings: Any) -> LogCheckpoint | None:
     empty). Read from the directory at each page view: a checkpoint the daemon published a moment ago shows."""
     from statebook.adapters.checkpoints import DirectorySink
     from statebook.adapters.errors import ConfigError
-    from statebook.adapters.note import NoteError, open_note
+    from statebook.adapters.note import NoteError, open_note, signature_names
     from statebook.lifecycle import tlog
 
     audit: Any = getattr(settings, "audit", None)
@@ -136,9 +136,7 @@ def log_checkpoint(settings: Any) -> LogCheckpoint | None:
         head = tlog.parse_checkpoint(text)
     except (OSError, ConfigError, NoteError, tlog.CheckpointFormatError) as exc:
         return LogCheckpoint(path.name, problem=f"it does not verify: {exc}")
-    names = [line.split(" ")[1] for line in note.decode("utf-8").split("\n\n", 1)[1].splitlines()
-             if line.startswith("\u2014 ") and len(line.split(" ")) > 2]
-    return LogCheckpoint(path.name, head, tuple(n for n in names if n != head.origin))
+    return LogCheckpoint(path.name, head, tuple(n for n in signature_names(note) if n != head.origin))
 
 
 @dataclass
